@@ -1,0 +1,1 @@
+void tbd__placeholder(void) {}

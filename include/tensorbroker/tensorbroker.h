@@ -1,0 +1,371 @@
+/* libtensorbroker: zero-copy exchange of DLPack tensors between processes on
+ * one node, brokered by tensorbrokerd.
+ *
+ * Conventions that hold for every function below unless its comment says
+ * otherwise:
+ *  - It returns 0 on success or a negative TB_E* code (errors.h); tb_strerror()
+ *    and tb_err_name() turn a code into text, and tb_client_last_error() gives
+ *    the daemon's own explanation of the last failed call.
+ *  - Out-parameters are written only on success.
+ *  - Calls are synchronous: each sends one request and waits for its reply.
+ *    There are no hidden threads. All calls on one tb_client may be made from
+ *    any thread; they are serialised by a lock inside the client.
+ *  - The library never prints, never exits and never aborts on runtime
+ *    errors.
+ *  - Strings passed in are copied; nothing passed in is kept after return
+ *    unless stated.
+ *
+ * Streams follow DLPack's integers: NULL (no stream given) takes the
+ * connection's contract default, TB_STREAM_NO_SYNC (-1) means "do not
+ * synchronise", TB_STREAM_LEGACY (1) the legacy default stream,
+ * TB_STREAM_PER_THREAD (2) the per-thread default stream, and anything else is
+ * a CUstream. Host (kDLCPU) tensors take no stream.
+ */
+#ifndef TENSORBROKER_TENSORBROKER_H
+#define TENSORBROKER_TENSORBROKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tensorbroker/dlpack.h>
+#include <tensorbroker/errors.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(TB_BUILDING_LIBRARY)
+#define TB_EXPORT __attribute__((visibility("default")))
+#else
+#define TB_EXPORT
+#endif
+
+#define TB_VERSION_MAJOR 0
+#define TB_VERSION_MINOR 1
+#define TB_VERSION_PATCH 0
+#define TB_VERSION_STRING "0.1.0"
+/* Wire protocol version spoken by this library (Hello.protocol_version). */
+#define TB_PROTOCOL_VERSION 1
+
+/* Longest channel name accepted, in bytes, without the terminating NUL. */
+#define TB_NAME_MAX 255
+
+/* ---- versions and errors ------------------------------------------------ */
+
+/* The library's version, "MAJOR.MINOR.PATCH". Static storage; any thread. */
+TB_EXPORT const char *tb_version(void);
+
+/* Text for an error code ("timed out"); "unknown error" for a code not in
+ * errors.h. Static storage; any thread. */
+TB_EXPORT const char *tb_strerror(int err);
+
+/* Name of an error code ("TB_ETIMEDOUT"); "TB_E?" for an unknown code. */
+TB_EXPORT const char *tb_err_name(int err);
+
+/* ---- streams and contracts ---------------------------------------------- */
+
+#define TB_STREAM_DEFAULT ((void *)0)
+#define TB_STREAM_NO_SYNC ((void *)(intptr_t)-1)
+#define TB_STREAM_LEGACY ((void *)(intptr_t)1)
+#define TB_STREAM_PER_THREAD ((void *)(intptr_t)2)
+
+/* What a NULL stream means on a connection (DESIGN.md section 4). */
+enum tb_stream_contract {
+  TB_CONTRACT_SPEC = 0,       /* legacy default stream, as DLPack says */
+  TB_CONTRACT_NO_SYNC = 1,    /* -1: the caller orders its own work */
+  TB_CONTRACT_PER_THREAD = 2, /* the per-thread default stream */
+  TB_CONTRACT_EXPLICIT = 3    /* TB_ESTREAM: a stream must be passed */
+};
+
+/* "spec", "no_sync", "per_thread", "explicit"; NULL for an unknown value. */
+TB_EXPORT const char *tb_contract_name(int contract);
+
+/* Parse a contract name (as above; '-' may stand for '_'). Writes *out and
+ * returns 0, or TB_EINVAL. */
+TB_EXPORT int tb_contract_parse(const char *name, int *out);
+
+/* ---- connections ------------------------------------------------------- */
+
+typedef struct tb_client tb_client;
+
+struct tb_connect_options {
+  /* sizeof(struct tb_connect_options); lets later versions add fields. */
+  size_t struct_size;
+  /* Socket path; NULL: tb_default_socket_path(). */
+  const char *socket_path;
+  /* Shown by `tbctl sessions`; NULL: the program name. At most 63 bytes. */
+  const char *client_name;
+  /* enum tb_stream_contract; default TB_CONTRACT_SPEC. */
+  int stream_contract;
+  /* Longest wait for any reply, in milliseconds, not counting the waits a
+   * call asks for itself (acquire's timeout is added). <=0: 30000. */
+  int timeout_ms;
+};
+
+/* Fill *opts with the defaults. */
+TB_EXPORT void tb_connect_options_init(struct tb_connect_options *opts);
+
+/* The socket path used when none is given: $TENSORBROKER_SOCKET, else
+ * $XDG_RUNTIME_DIR/tensorbroker.sock, else
+ * /run/tensorbroker/tensorbroker.sock. Writes a NUL-terminated path into buf.
+ * Returns 0, or TB_ELIMIT when it does not fit in len bytes. */
+TB_EXPORT int tb_default_socket_path(char *buf, size_t len);
+
+/* Connect to the daemon and open a session. opts may be NULL for defaults.
+ * On success *out owns the connection; free it with tb_client_disconnect().
+ * Fails with TB_ECONNECT when no daemon listens, TB_EVERSION when it speaks
+ * another protocol, TB_ETIMEDOUT when it does not answer. */
+TB_EXPORT int tb_client_connect(const struct tb_connect_options *opts,
+                                tb_client **out);
+
+/* Close the session. The daemon then ends every lease, buffer registration
+ * and subscription the session held. Tensors acquired through this client
+ * stay valid (their memory stays mapped) until their deleters run, which is
+ * safe after this call. NULL is accepted. No other thread may use the client
+ * during or after this call. */
+TB_EXPORT void tb_client_disconnect(tb_client *c);
+
+/* The connection's socket. It becomes readable when a notice (or a reply)
+ * arrives; poll it, then call tb_client_poll_notice(). Do not read from it or
+ * close it. */
+TB_EXPORT int tb_client_fd(const tb_client *c);
+
+/* The session id the daemon gave this connection. */
+TB_EXPORT uint64_t tb_client_session_id(const tb_client *c);
+
+/* The stream contract negotiated at connect time. */
+TB_EXPORT int tb_client_contract(const tb_client *c);
+
+/* Copy the explanation of the last failed call on this client (the daemon's
+ * message, or the library's) into buf, NUL-terminated and truncated to len.
+ * Returns the length of the full message. An empty string when the last call
+ * succeeded. */
+TB_EXPORT size_t tb_client_last_error(tb_client *c, char *buf, size_t len);
+
+/* ---- host buffers ------------------------------------------------------ */
+
+typedef struct tb_buffer tb_buffer;
+
+/* Consumers may map the buffer writable (default: read-only). */
+#define TB_BUFFER_CONSUMERS_MAY_WRITE 0x1u
+
+/* Create a shareable host buffer of size bytes (a memfd, sealed against
+ * shrinking and growing), map it read-write in this process and register it
+ * with the daemon. The application writes tensors into tb_buffer_data() and
+ * publishes them with tb_publish(). On success *out owns the buffer; free it
+ * with tb_buffer_destroy(). The buffer belongs to c and must be destroyed
+ * before c is disconnected, or is destroyed with it. */
+TB_EXPORT int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,
+                                    tb_buffer **out);
+
+/* Start of the buffer's mapping in this process (page-aligned). */
+TB_EXPORT void *tb_buffer_data(const tb_buffer *b);
+
+/* Size in bytes, as created. */
+TB_EXPORT size_t tb_buffer_size(const tb_buffer *b);
+
+/* The daemon's id for the buffer. */
+TB_EXPORT uint64_t tb_buffer_id(const tb_buffer *b);
+
+/* Unregister and unmap the buffer. Versions already published from it stay
+ * readable by consumers: the daemon keeps the memory until their leases end,
+ * then tells consumers to drop it. NULL is accepted. Returns 0, or an error
+ * from the daemon (the local mapping is freed in either case). */
+TB_EXPORT int tb_buffer_destroy(tb_buffer *b);
+
+/* ---- publishing ---------------------------------------------------------- */
+
+struct tb_publish_options {
+  size_t struct_size;   /* sizeof(struct tb_publish_options) */
+  const void *metadata; /* user bytes delivered with the version (copied) */
+  size_t metadata_len;  /* at most the daemon's limit (default 4096) */
+  /* Versions the channel keeps after newer ones arrive (>=1); 0: leave the
+   * channel's depth as it is (1 for a new channel). */
+  uint32_t history_depth;
+  /* CUDA tensors: the stream whose work produces the data. NULL follows the
+   * contract. Host tensors: must be NULL. */
+  void *stream;
+  /* DLPACK_FLAG_BITMASK_READ_ONLY etc., carried to consumers. */
+  uint64_t flags;
+};
+
+TB_EXPORT void tb_publish_options_init(struct tb_publish_options *opts);
+
+/* Publish t as the next version of channel. t's data must lie inside a buffer
+ * created with tb_host_buffer_create() on this client (kDLCPU), or inside
+ * CUDA device memory (kDLCUDA; see the CUDA section of the README). t is
+ * borrowed: its shape and strides are copied, and its data must not be
+ * rewritten until the daemon says the version is free (tb_wait_free()).
+ * NULL strides mean compact row-major. Only one session may publish to a
+ * channel at a time (TB_EBUSY otherwise); the channel is created on first
+ * publish. opts may be NULL. Writes the new version number to *out_version
+ * when out_version is not NULL. */
+TB_EXPORT int tb_publish(tb_client *c, const char *channel, const DLTensor *t,
+                         const struct tb_publish_options *opts,
+                         uint64_t *out_version);
+
+/* Publish a copy of t, which may live in any host memory: the bytes are
+ * copied into a new broker buffer (compact row-major) that the daemon frees
+ * once the version is. Slower than tb_publish() by one copy and one buffer
+ * registration; meant for data not produced in a broker buffer. */
+TB_EXPORT int tb_publish_copy(tb_client *c, const char *channel,
+                              const DLTensor *t,
+                              const struct tb_publish_options *opts,
+                              uint64_t *out_version);
+
+/* Wait until nobody reads version of channel any more, so that its buffer may
+ * be rewritten. For CUDA versions, stream (NULL follows the contract) is made
+ * to wait on every consumer's done event; the host does not block on the GPU.
+ * timeout_ms: <0 waits forever, 0 only asks (TB_EBUSY if still leased or kept
+ * in history). TB_ETIMEDOUT when the wait runs out, TB_ENOTFOUND for a version
+ * never published. A version leaves the channel's history when history_depth
+ * newer versions exist. */
+TB_EXPORT int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
+                           int timeout_ms, void *stream);
+
+/* ---- acquiring ----------------------------------------------------------- */
+
+enum tb_acquire_mode {
+  TB_ACQUIRE_LATEST = 0, /* the newest version (waits if there is none yet) */
+  TB_ACQUIRE_NEXT = 1,   /* the first version newer than opts->version */
+  TB_ACQUIRE_EXACT = 2   /* exactly opts->version, if still held */
+};
+
+struct tb_acquire_options {
+  size_t struct_size; /* sizeof(struct tb_acquire_options) */
+  int mode;           /* enum tb_acquire_mode; default TB_ACQUIRE_LATEST */
+  uint64_t version;   /* for NEXT and EXACT */
+  /* How long to wait for a version to exist: <0 forever, 0 not at all
+   * (TB_EAGAIN then). Default -1. */
+  int timeout_ms;
+  /* CUDA tensors: the stream that will read the data; it is made to wait on
+   * the producer's ready event. NULL follows the contract. Host: NULL. */
+  void *stream;
+};
+
+TB_EXPORT void tb_acquire_options_init(struct tb_acquire_options *opts);
+
+/* Take a lease on a version of channel and return it as a DLPack tensor that
+ * points into the producer's memory (no copy). On success *out is owned by
+ * the caller; calling (*out)->deleter(*out), or tb_release(), ends the lease.
+ * The deleter may be called from any thread, also after
+ * tb_client_disconnect(). The tensor is read-only (flag
+ * DLPACK_FLAG_BITMASK_READ_ONLY, memory mapped PROT_READ) unless the producer
+ * allowed writes. opts may be NULL. Errors: TB_ETIMEDOUT, TB_EAGAIN (timeout
+ * 0 and nothing there), TB_ENOTFOUND (EXACT version gone, or no such channel
+ * with timeout 0), TB_ECLOSED (the producer left and no version matches),
+ * TB_ELIMIT (too many leases). */
+TB_EXPORT int tb_acquire(tb_client *c, const char *channel,
+                         const struct tb_acquire_options *opts,
+                         DLManagedTensorVersioned **out);
+
+/* End a lease early, recording that the consumer is done reading on stream
+ * (CUDA: a done event is recorded on stream and handed to the producer; NULL
+ * follows the contract). Host tensors take NULL. t is freed whether or not
+ * the call succeeds; do not use it afterwards. */
+TB_EXPORT int tb_release(DLManagedTensorVersioned *t, void *stream);
+
+struct tb_lease_info {
+  uint64_t version;
+  uint64_t lease_id;
+  const void *metadata; /* valid as long as the tensor */
+  size_t metadata_len;
+  const char *channel;  /* valid as long as the tensor */
+  uint64_t buffer_id;
+  int memory_kind;      /* 1 host memfd, 2 CUDA IPC */
+  uint32_t producer_pid;
+};
+
+/* Describe a tensor returned by tb_acquire(). TB_EINVAL for any other
+ * tensor. */
+TB_EXPORT int tb_lease_info(const DLManagedTensorVersioned *t,
+                            struct tb_lease_info *out);
+
+/* ---- notices --------------------------------------------------------------- */
+
+enum tb_notice_type {
+  TB_NOTICE_NEW_VERSION = 1,    /* channel, version (subscribers only) */
+  TB_NOTICE_VERSION_FREE = 2,   /* channel, version, buffer_id (producer) */
+  TB_NOTICE_BUFFER_RETIRED = 3, /* buffer_id */
+  TB_NOTICE_CHANNEL_CLOSED = 4, /* channel, reason */
+  TB_NOTICE_DAEMON_CLOSING = 5  /* reason */
+};
+
+struct tb_notice {
+  int type;
+  char channel[TB_NAME_MAX + 1];
+  uint64_t version;
+  uint64_t buffer_id;
+  char reason[128];
+};
+
+/* Receive new-version notices for channel (which need not exist yet). */
+TB_EXPORT int tb_subscribe(tb_client *c, const char *channel);
+TB_EXPORT int tb_unsubscribe(tb_client *c, const char *channel);
+
+/* Take the oldest queued notice into *out. Waits up to timeout_ms for one
+ * (<0 forever, 0 not at all); TB_EAGAIN when none came. The client keeps at
+ * most 4096 notices; older ones are dropped first. Notices that only concern
+ * the library (buffer retired) are also handled internally. */
+TB_EXPORT int tb_client_poll_notice(tb_client *c, struct tb_notice *out,
+                                    int timeout_ms);
+
+/* ---- introspection -------------------------------------------------------- */
+
+struct tb_channel_info {
+  char name[TB_NAME_MAX + 1];
+  uint64_t latest_version;
+  uint32_t history_depth;
+  uint64_t publisher_session; /* 0: none connected */
+  uint32_t versions_held;
+  uint32_t leases;
+  uint32_t subscribers;
+  int closed;
+  uint64_t publishes;
+};
+
+struct tb_session_info {
+  uint64_t session_id;
+  uint32_t pid, uid, gid;
+  char name[64];
+  int stream_contract;
+  uint32_t leases;
+  uint32_t buffers;
+  uint32_t subscriptions;
+  uint64_t implicit_stream_calls; /* calls that relied on the NULL default */
+  uint64_t requests;
+};
+
+struct tb_status {
+  char daemon_version[32];
+  uint32_t pid;
+  uint64_t uptime_ms;
+  uint32_t sessions, channels, buffers, leases;
+  uint64_t requests;
+  uint64_t bad_messages;
+  uint64_t sessions_dropped;
+  char socket_path[108];
+};
+
+/* Lists: *out is an array of *count entries allocated by the library; free
+ * it with tb_free(). */
+TB_EXPORT int tb_list_channels(tb_client *c, struct tb_channel_info **out,
+                               size_t *count);
+TB_EXPORT int tb_list_sessions(tb_client *c, struct tb_session_info **out,
+                               size_t *count);
+TB_EXPORT int tb_daemon_status(tb_client *c, struct tb_status *out);
+
+/* Free memory returned by the library. NULL is accepted. */
+TB_EXPORT void tb_free(void *p);
+
+/* ---- CUDA ---------------------------------------------------------------- */
+
+/* 0 when the CUDA driver (libcuda.so.1) could be loaded and initialised and
+ * has at least one device; TB_ENOCUDA otherwise. Any thread. */
+TB_EXPORT int tb_cuda_available(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TENSORBROKER_TENSORBROKER_H */

@@ -1,0 +1,102 @@
+/* Internal: what the daemon and the client library share about the wire.
+ *
+ * - tb__codec_*: protobuf-c messages to and from bytes, with hard limits
+ *   (sans-I/O, unit-tested and fuzzable on their own).
+ * - tb__layout_*, tb__dtype_*: tensor layout validation with overflow-checked
+ *   arithmetic.
+ * - tb__name_check: channel name rules.
+ * - tb__wire_*: one datagram plus file descriptors over a SOCK_SEQPACKET
+ *   socket.
+ * Not installed; not part of the public API. */
+#ifndef TB_PROTO_H
+#define TB_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensorbroker.pb-c.h"
+
+/* Hard ceilings no configuration can raise. The daemon's configurable
+ * limits sit at or below these. */
+#define TB__MAX_MESSAGE_HARD (1u << 20) /* bytes in one datagram */
+#define TB__MAX_NDIM_HARD 64
+#define TB__MAX_FDS 4 /* fds attached to one datagram */
+
+/* Defaults shared by both sides. */
+#define TB__DEFAULT_MAX_MESSAGE (64u * 1024u)
+#define TB__DEFAULT_MAX_NDIM 32
+#define TB__DEFAULT_MAX_METADATA 4096
+#define TB__DEFAULT_MAX_NAME 255
+#define TB__CUDA_IPC_HANDLE_SIZE 64
+#define TB__UUID_SIZE 16
+
+typedef Tensorbroker__V1__Request tb__request;
+typedef Tensorbroker__V1__ServerMessage tb__server_message;
+
+/* ---- codec ---- */
+
+/* Decode one request datagram. On success *out owns the message (free with
+ * tb__request_free). TB_EPROTO when the bytes are not a request, or carry no
+ * body. */
+int tb__request_decode(const uint8_t *buf, size_t len, tb__request **out);
+void tb__request_free(tb__request *m);
+
+int tb__server_message_decode(const uint8_t *buf, size_t len,
+                              tb__server_message **out);
+void tb__server_message_free(tb__server_message *m);
+
+/* Encode into buf of cap bytes. Returns the length, or TB_ELIMIT when the
+ * encoding would exceed cap. */
+long tb__request_encode(const tb__request *m, uint8_t *buf, size_t cap);
+long tb__server_message_encode(const tb__server_message *m, uint8_t *buf,
+                               size_t cap);
+
+/* ---- layouts ---- */
+
+/* Check a DLPack dtype. On success writes the storage bits of one element
+ * (bits * lanes; sub-byte types stay below 8) to *elem_bits. TB_EDTYPE for
+ * an unknown code or a width that code does not have. */
+int tb__dtype_check(uint32_t code, uint32_t bits, uint32_t lanes,
+                    uint64_t *elem_bits);
+
+/* Compute the byte range [*lo, *hi) that a tensor touches, relative to the
+ * start of its buffer. strides may be NULL (compact row-major). Every
+ * multiplication and addition is overflow-checked. A tensor with a zero
+ * extent touches nothing: *lo == *hi == byte_offset. Sub-byte element types
+ * must be compact. Returns TB_ELAYOUT with a reason in why (may be NULL). */
+int tb__layout_extent(int32_t ndim, const int64_t *shape,
+                      const int64_t *strides, uint64_t elem_bits,
+                      uint64_t flags, uint64_t byte_offset, uint64_t *lo,
+                      uint64_t *hi, char *why, size_t whylen);
+
+/* Validate a wire layout against a buffer of buffer_size bytes. */
+int tb__layout_check(const Tensorbroker__V1__Layout *l, uint64_t buffer_size,
+                     uint32_t max_ndim, char *why, size_t whylen);
+
+/* ---- names ---- */
+
+/* A channel name: 1..max_len bytes of [A-Za-z0-9._-/], no leading or
+ * trailing '/', no empty or "." or ".." component. TB_ENAME otherwise. */
+int tb__name_check(const char *name, size_t max_len);
+
+/* ---- wire (SOCK_SEQPACKET datagrams) ---- */
+
+/* Send one datagram with nfds descriptors attached. flags are passed to
+ * sendmsg (MSG_NOSIGNAL is always added). Returns 0, or -errno. */
+int tb__wire_send(int sock, const void *buf, size_t len, const int *fds,
+                  int nfds, int flags);
+
+/* Receive one datagram into buf (cap bytes) and up to TB__MAX_FDS
+ * descriptors (opened O_CLOEXEC) into fds, count in *nfds. Returns the
+ * datagram length, 0 at end of stream, -EMSGSIZE when the datagram was
+ * longer than cap or carried more descriptors than allowed (any received
+ * descriptors are closed), or -errno. */
+long tb__wire_recv(int sock, void *buf, size_t cap, int *fds, int *nfds,
+                   int flags);
+
+/* ---- misc ---- */
+
+/* Monotonic milliseconds. */
+uint64_t tb__now_ms(void);
+
+#endif /* TB_PROTO_H */

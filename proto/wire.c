@@ -1,0 +1,91 @@
+/* One datagram plus descriptors over a SOCK_SEQPACKET socket. SEQPACKET keeps
+ * message boundaries and delivers the descriptors with the datagram they
+ * were sent with, so no framing layer is needed. */
+#include "tb_proto.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+int tb__wire_send(int sock, const void *buf, size_t len, const int *fds,
+                  int nfds, int flags) {
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * TB__MAX_FDS)];
+    struct cmsghdr align;
+  } ctl;
+  struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  ssize_t n;
+
+  if (nfds < 0 || nfds > TB__MAX_FDS)
+    return -EINVAL;
+  if (nfds > 0) {
+    struct cmsghdr *c;
+    memset(&ctl, 0, sizeof(ctl));
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+    c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+  }
+  do {
+    n = sendmsg(sock, &msg, flags | MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0)
+    return -errno;
+  if ((size_t)n != len)
+    return -EMSGSIZE; /* cannot happen on SEQPACKET; be explicit anyway */
+  return 0;
+}
+
+long tb__wire_recv(int sock, void *buf, size_t cap, int *fds, int *nfds,
+                   int flags) {
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * TB__MAX_FDS)];
+    struct cmsghdr align;
+  } ctl;
+  struct iovec iov = {.iov_base = buf, .iov_len = cap};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1,
+                       .msg_control = ctl.buf,
+                       .msg_controllen = sizeof(ctl.buf)};
+  struct cmsghdr *c;
+  ssize_t n;
+  int got = 0;
+
+  *nfds = 0;
+  do {
+    n = recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0)
+    return -errno;
+  for (c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+      continue;
+    size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; i++) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (got < TB__MAX_FDS)
+        fds[got++] = fd;
+      else
+        close(fd);
+    }
+  }
+  if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+    for (int i = 0; i < got; i++)
+      close(fds[i]);
+    return -EMSGSIZE;
+  }
+  *nfds = got;
+  return (long)n;
+}
+
+uint64_t tb__now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
