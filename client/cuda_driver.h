@@ -1,0 +1,147 @@
+/* Internal: the CUDA driver API, reached through dlopen("libcuda.so.1").
+ *
+ * libtensorbroker never links CUDA: it declares the few driver types it needs
+ * here (from the driver API's published ABI, cuda.h of CUDA 12/13) and looks
+ * the functions up at run time, so the same library runs on machines with and
+ * without a GPU. tests/unit checks these declarations against cuda.h where
+ * the toolkit is installed. */
+#ifndef TB_CUDA_DRIVER_H
+#define TB_CUDA_DRIVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int tb_cu_result;                 /* CUresult; 0 = CUDA_SUCCESS */
+typedef int tb_cu_device;                 /* CUdevice */
+typedef unsigned long long tb_cu_deviceptr; /* CUdeviceptr */
+typedef struct tb_cu_ctx_st *tb_cu_context;  /* CUcontext */
+typedef struct tb_cu_stream_st *tb_cu_stream; /* CUstream */
+typedef struct tb_cu_event_st *tb_cu_event;   /* CUevent */
+typedef struct tb_cu_mod_st *tb_cu_module;    /* CUmodule */
+typedef struct tb_cu_func_st *tb_cu_function; /* CUfunction */
+
+typedef struct {
+  char reserved[64];
+} tb_cu_ipc_mem_handle; /* CUipcMemHandle */
+typedef struct {
+  char reserved[64];
+} tb_cu_ipc_event_handle; /* CUipcEventHandle */
+typedef struct {
+  char bytes[16];
+} tb_cu_uuid; /* CUuuid */
+
+/* Constants, with cuda.h's values. */
+#define TB_CU_STREAM_LEGACY ((tb_cu_stream)0x1)
+#define TB_CU_STREAM_PER_THREAD ((tb_cu_stream)0x2)
+#define TB_CU_EVENT_DISABLE_TIMING 0x2
+#define TB_CU_EVENT_INTERPROCESS 0x4
+#define TB_CU_EVENT_WAIT_DEFAULT 0x0
+#define TB_CU_EVENT_WAIT_EXTERNAL 0x1
+#define TB_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
+#define TB_CU_STREAM_CAPTURE_STATUS_NONE 0
+#define TB_CU_STREAM_CAPTURE_STATUS_ACTIVE 1
+#define TB_CU_STREAM_CAPTURE_STATUS_INVALIDATED 2
+#define TB_CU_POINTER_ATTRIBUTE_CONTEXT 1
+#define TB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define TB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define TB_CU_MEMORYTYPE_HOST 1
+#define TB_CU_MEMORYTYPE_DEVICE 2
+#define TB_CUDA_ERROR_NOT_READY 600
+#define TB_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT 906
+
+/* The driver functions libtensorbroker (and its GPU tests) use. Each member
+ * is resolved with cuGetProcAddress for CUDA 12.0 semantics, so versioned
+ * entry points (_v2, _ptsz) are chosen by the driver, not by us. */
+struct tb_cuda {
+  tb_cu_result (*cuInit)(unsigned flags);
+  tb_cu_result (*cuDriverGetVersion)(int *v);
+  tb_cu_result (*cuGetErrorName)(tb_cu_result r, const char **s);
+  tb_cu_result (*cuGetErrorString)(tb_cu_result r, const char **s);
+  tb_cu_result (*cuDeviceGetCount)(int *n);
+  tb_cu_result (*cuDeviceGet)(tb_cu_device *d, int ordinal);
+  tb_cu_result (*cuDeviceGetUuid)(tb_cu_uuid *u, tb_cu_device d);
+  tb_cu_result (*cuDeviceGetAttribute)(int *v, int attr, tb_cu_device d);
+  tb_cu_result (*cuDeviceCanAccessPeer)(int *can, tb_cu_device a,
+                                        tb_cu_device b);
+  tb_cu_result (*cuDevicePrimaryCtxRetain)(tb_cu_context *c, tb_cu_device d);
+  tb_cu_result (*cuDevicePrimaryCtxRelease)(tb_cu_device d);
+  tb_cu_result (*cuCtxGetCurrent)(tb_cu_context *c);
+  tb_cu_result (*cuCtxSetCurrent)(tb_cu_context c);
+  tb_cu_result (*cuCtxGetDevice)(tb_cu_device *d);
+  tb_cu_result (*cuCtxSynchronize)(void);
+  tb_cu_result (*cuPointerGetAttribute)(void *data, int attr,
+                                        tb_cu_deviceptr p);
+  tb_cu_result (*cuMemGetAddressRange)(tb_cu_deviceptr *base, size_t *size,
+                                       tb_cu_deviceptr p);
+  tb_cu_result (*cuMemAlloc)(tb_cu_deviceptr *p, size_t size);
+  tb_cu_result (*cuMemFree)(tb_cu_deviceptr p);
+  tb_cu_result (*cuMemcpyHtoD)(tb_cu_deviceptr dst, const void *src,
+                               size_t n);
+  tb_cu_result (*cuMemcpyDtoH)(void *dst, tb_cu_deviceptr src, size_t n);
+  tb_cu_result (*cuMemcpyDtoDAsync)(tb_cu_deviceptr dst, tb_cu_deviceptr src,
+                                    size_t n, tb_cu_stream s);
+  tb_cu_result (*cuMemsetD32Async)(tb_cu_deviceptr p, unsigned v, size_t n,
+                                   tb_cu_stream s);
+  tb_cu_result (*cuIpcGetMemHandle)(tb_cu_ipc_mem_handle *h,
+                                    tb_cu_deviceptr p);
+  tb_cu_result (*cuIpcOpenMemHandle)(tb_cu_deviceptr *p,
+                                     tb_cu_ipc_mem_handle h, unsigned flags);
+  tb_cu_result (*cuIpcCloseMemHandle)(tb_cu_deviceptr p);
+  tb_cu_result (*cuIpcGetEventHandle)(tb_cu_ipc_event_handle *h,
+                                      tb_cu_event e);
+  tb_cu_result (*cuIpcOpenEventHandle)(tb_cu_event *e,
+                                       tb_cu_ipc_event_handle h);
+  tb_cu_result (*cuEventCreate)(tb_cu_event *e, unsigned flags);
+  tb_cu_result (*cuEventDestroy)(tb_cu_event e);
+  tb_cu_result (*cuEventRecord)(tb_cu_event e, tb_cu_stream s);
+  tb_cu_result (*cuEventRecordWithFlags)(tb_cu_event e, tb_cu_stream s,
+                                         unsigned flags);
+  tb_cu_result (*cuEventQuery)(tb_cu_event e);
+  tb_cu_result (*cuEventSynchronize)(tb_cu_event e);
+  tb_cu_result (*cuStreamCreate)(tb_cu_stream *s, unsigned flags);
+  tb_cu_result (*cuStreamDestroy)(tb_cu_stream s);
+  tb_cu_result (*cuStreamSynchronize)(tb_cu_stream s);
+  tb_cu_result (*cuStreamWaitEvent)(tb_cu_stream s, tb_cu_event e,
+                                    unsigned flags);
+  tb_cu_result (*cuStreamIsCapturing)(tb_cu_stream s, int *status);
+  tb_cu_result (*cuStreamGetCtx)(tb_cu_stream s, tb_cu_context *c);
+  tb_cu_result (*cuStreamBeginCapture)(tb_cu_stream s, int mode);
+  tb_cu_result (*cuStreamEndCapture)(tb_cu_stream s, void **graph);
+  tb_cu_result (*cuGraphInstantiate)(void **exec, void *graph,
+                                     unsigned long long flags);
+  tb_cu_result (*cuGraphLaunch)(void *exec, tb_cu_stream s);
+  tb_cu_result (*cuGraphExecDestroy)(void *exec);
+  tb_cu_result (*cuGraphDestroy)(void *graph);
+  tb_cu_result (*cuModuleLoadData)(tb_cu_module *m, const void *image);
+  tb_cu_result (*cuModuleGetFunction)(tb_cu_function *f, tb_cu_module m,
+                                      const char *name);
+  tb_cu_result (*cuLaunchKernel)(tb_cu_function f, unsigned gx, unsigned gy,
+                                 unsigned gz, unsigned bx, unsigned by,
+                                 unsigned bz, unsigned shmem, tb_cu_stream s,
+                                 void **params, void **extra);
+};
+
+/* Load and initialise the driver once per process (thread-safe). On success
+ * *out points to the process-wide table. TB_ENOCUDA when libcuda.so.1 is
+ * missing, a required symbol is absent, cuInit fails, or no device exists;
+ * the reason is kept for tb__cuda_why(). */
+int tb__cuda_load(const struct tb_cuda **out);
+
+/* Why the last load failed (static text), or "" after success. */
+const char *tb__cuda_why(void);
+
+/* Name of a CUresult, e.g. "CUDA_ERROR_INVALID_VALUE" (never NULL). */
+const char *tb__cuda_err_name(tb_cu_result r);
+
+/* Test hook: count of calls made through selected members, so tests can show
+ * that a cache hit made no cuIpcOpenMemHandle call. */
+struct tb_cuda_counters {
+  unsigned long ipc_open_mem;
+  unsigned long ipc_close_mem;
+  unsigned long ipc_open_event;
+  unsigned long ipc_get_mem;
+  unsigned long event_create;
+};
+void tb__cuda_counters(struct tb_cuda_counters *out);
+
+#endif /* TB_CUDA_DRIVER_H */
