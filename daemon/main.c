@@ -1,1 +1,370 @@
-int main(void) { return 0; }
+/* tensorbrokerd: options, the listening socket, signals, the loop. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <uv.h>
+
+#include <tensorbroker/tensorbroker.h>
+
+#include "config.h"
+#include "log.h"
+#include "server.h"
+
+#define SYSTEM_SOCKET "/run/tensorbroker/tensorbroker.sock"
+#define OPT_LIMIT_BASE 1000
+
+enum {
+  OPT_SOCKET = 's',
+  OPT_HELP = 'h',
+  OPT_VERSION = 'V',
+  OPT_SOCKET_MODE = 256,
+  OPT_LOG_LEVEL,
+  OPT_READY_FD,
+};
+
+struct options {
+  char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  int socket_is_system_default;
+  unsigned mode;
+  enum tbd_log_level level;
+  int ready_fd;
+  struct tbd_limits lim;
+};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "Usage: tensorbrokerd [OPTION]...\n"
+          "Broker zero-copy DLPack tensor exchange between processes.\n\n"
+          "  -s, --socket PATH      listening socket (default "
+          "$TENSORBROKER_SOCKET,\n"
+          "                         else $XDG_RUNTIME_DIR/tensorbroker.sock, "
+          "else\n"
+          "                         " SYSTEM_SOCKET ")\n"
+          "      --socket-mode OCTAL  permissions of the socket (default "
+          "0660)\n"
+          "      --log-level LEVEL  error, warn, info or debug (default "
+          "info)\n"
+          "      --ready-fd N       write \"READY\\n\" to descriptor N once "
+          "listening,\n"
+          "                         then close it (default: none)\n");
+  for (unsigned i = 0; i < tbd_limit_count; i++) {
+    const struct tbd_limit_desc *d = &tbd_limit_table[i];
+    char flag[48];
+    snprintf(flag, sizeof(flag), "--%s N", d->flag);
+    fprintf(f, "      %-21s %s (default %u, %u..%u)\n", flag, d->help, d->def,
+            d->min, d->max);
+  }
+  fprintf(f, "  -h, --help             this text\n"
+             "  -V, --version          print the version\n\n"
+             "SIGTERM or SIGINT: tell clients, close everything, remove the "
+             "socket, exit 0.\n");
+}
+
+static int parse_u32(const char *s, int base, unsigned long min,
+                     unsigned long max, uint32_t *out) {
+  char *end;
+  unsigned long v;
+
+  if (s == NULL || *s == '\0' || *s == '-' || *s == '+')
+    return -1;
+  errno = 0;
+  v = strtoul(s, &end, base);
+  if (errno != 0 || *end != '\0' || v < min || v > max)
+    return -1;
+  *out = (uint32_t)v;
+  return 0;
+}
+
+static int default_socket(struct options *o) {
+  const char *env = getenv("TENSORBROKER_SOCKET");
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  int n;
+
+  if (env != NULL && *env != '\0')
+    n = snprintf(o->socket, sizeof(o->socket), "%s", env);
+  else if (xdg != NULL && *xdg != '\0')
+    n = snprintf(o->socket, sizeof(o->socket), "%s/tensorbroker.sock", xdg);
+  else {
+    n = snprintf(o->socket, sizeof(o->socket), "%s", SYSTEM_SOCKET);
+    o->socket_is_system_default = 1;
+  }
+  return n < 0 || (size_t)n >= sizeof(o->socket) ? -1 : 0;
+}
+
+/* Returns -1 to continue, else the exit status. */
+static int parse_options(int argc, char **argv, struct options *o) {
+  struct option longopts[8 + 32];
+  unsigned n = 0;
+  int c, have_socket = 0;
+
+  longopts[n++] = (struct option){"socket", required_argument, NULL, 's'};
+  longopts[n++] =
+      (struct option){"socket-mode", required_argument, NULL, OPT_SOCKET_MODE};
+  longopts[n++] =
+      (struct option){"log-level", required_argument, NULL, OPT_LOG_LEVEL};
+  longopts[n++] =
+      (struct option){"ready-fd", required_argument, NULL, OPT_READY_FD};
+  longopts[n++] = (struct option){"help", no_argument, NULL, 'h'};
+  longopts[n++] = (struct option){"version", no_argument, NULL, 'V'};
+  for (unsigned i = 0; i < tbd_limit_count; i++)
+    longopts[n++] = (struct option){tbd_limit_table[i].flag,
+                                    required_argument, NULL,
+                                    OPT_LIMIT_BASE + (int)i};
+  longopts[n] = (struct option){NULL, 0, NULL, 0};
+
+  memset(o, 0, sizeof(*o));
+  o->mode = 0660;
+  o->level = TBD_LOG_INFO;
+  o->ready_fd = -1;
+  tbd_limits_default(&o->lim);
+
+  while ((c = getopt_long(argc, argv, "s:hV", longopts, NULL)) != -1) {
+    uint32_t v;
+
+    switch (c) {
+    case 's':
+      if (strlen(optarg) == 0 || strlen(optarg) >= sizeof(o->socket)) {
+        fprintf(stderr, "tensorbrokerd: --socket: path must be 1..%zu "
+                        "bytes\n", sizeof(o->socket) - 1);
+        return 2;
+      }
+      snprintf(o->socket, sizeof(o->socket), "%s", optarg);
+      have_socket = 1;
+      break;
+    case OPT_SOCKET_MODE:
+      if (parse_u32(optarg, 8, 0, 0777, &v) < 0) {
+        fprintf(stderr, "tensorbrokerd: --socket-mode: '%s' is not an octal "
+                        "mode 0..0777\n", optarg);
+        return 2;
+      }
+      o->mode = v;
+      break;
+    case OPT_LOG_LEVEL:
+      if (tbd_log_parse_level(optarg, &o->level) < 0) {
+        fprintf(stderr, "tensorbrokerd: --log-level: '%s' is not one of "
+                        "error, warn, info, debug\n", optarg);
+        return 2;
+      }
+      break;
+    case OPT_READY_FD:
+      if (parse_u32(optarg, 10, 0, INT_MAX, &v) < 0) {
+        fprintf(stderr, "tensorbrokerd: --ready-fd: '%s' is not a "
+                        "descriptor number\n", optarg);
+        return 2;
+      }
+      o->ready_fd = (int)v;
+      break;
+    case 'h':
+      usage(stdout);
+      return 0;
+    case 'V':
+      printf("tensorbrokerd %s (protocol %d)\n", TB_VERSION_STRING,
+             TB_PROTOCOL_VERSION);
+      return 0;
+    default:
+      if (c >= OPT_LIMIT_BASE && c < OPT_LIMIT_BASE + (int)tbd_limit_count) {
+        const struct tbd_limit_desc *d = &tbd_limit_table[c - OPT_LIMIT_BASE];
+        if (parse_u32(optarg, 10, d->min, d->max, &v) < 0) {
+          fprintf(stderr, "tensorbrokerd: --%s: '%s' is not a number in "
+                          "%u..%u\n", d->flag, optarg, d->min, d->max);
+          return 2;
+        }
+        *tbd_limit_field(&o->lim, d) = v;
+        break;
+      }
+      fprintf(stderr, "Try 'tensorbrokerd --help'.\n");
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "tensorbrokerd: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  if (o->lim.max_metadata + 4096 > o->lim.max_message) {
+    fprintf(stderr, "tensorbrokerd: --max-metadata %u leaves no room in "
+                    "--max-message %u (need 4096 bytes more)\n",
+            o->lim.max_metadata, o->lim.max_message);
+    return 2;
+  }
+  if (!have_socket && default_socket(o) < 0) {
+    fprintf(stderr, "tensorbrokerd: default socket path too long; use "
+                    "--socket\n");
+    return 2;
+  }
+  return -1;
+}
+
+/* Make the socket path ours: refuse if a daemon answers there or the path
+ * is not a socket, remove a stale socket file. */
+static int claim_path(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  struct stat st;
+  int fd, rc;
+
+  if (lstat(path, &st) < 0) {
+    if (errno == ENOENT)
+      return 0;
+    tbd_error("%s: %s", path, strerror(errno));
+    return -1;
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    tbd_error("%s exists and is not a socket; not replacing it", path);
+    return -1;
+  }
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    tbd_error("socket: %s", strerror(errno));
+    return -1;
+  }
+  memcpy(sa.sun_path, path, strlen(path));
+  rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+  close(fd);
+  if (rc == 0) {
+    tbd_error("another daemon is listening on %s; not starting", path);
+    return -1;
+  }
+  if (errno != ECONNREFUSED) {
+    tbd_error("cannot check %s: %s", path, strerror(errno));
+    return -1;
+  }
+  tbd_info("removing stale socket %s", path);
+  if (unlink(path) < 0 && errno != ENOENT) {
+    tbd_error("unlink %s: %s", path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+static int listen_on(const struct options *o) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  mode_t old;
+  int fd;
+
+  if (o->socket_is_system_default &&
+      mkdir("/run/tensorbroker", 0755) < 0 && errno != EEXIST) {
+    tbd_error("mkdir /run/tensorbroker: %s", strerror(errno));
+    return -1;
+  }
+  if (claim_path(o->socket) < 0)
+    return -1;
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    tbd_error("socket: %s", strerror(errno));
+    return -1;
+  }
+  memcpy(sa.sun_path, o->socket, strlen(o->socket));
+  /* no window in which the socket is more open than asked */
+  old = umask(0777 & ~o->mode);
+  if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    tbd_error("bind %s: %s", o->socket, strerror(errno));
+    umask(old);
+    goto out_close;
+  }
+  umask(old);
+  if (chmod(o->socket, o->mode) < 0) {
+    tbd_error("chmod %s: %s", o->socket, strerror(errno));
+    goto out_unlink;
+  }
+  if (listen(fd, 128) < 0) {
+    tbd_error("listen %s: %s", o->socket, strerror(errno));
+    goto out_unlink;
+  }
+  return fd;
+
+out_unlink:
+  unlink(o->socket);
+out_close:
+  close(fd);
+  return -1;
+}
+
+struct daemon {
+  struct tbd_server srv;
+  uv_signal_t sigterm, sigint;
+};
+
+static void on_signal(uv_signal_t *h, int signum) {
+  struct daemon *d = h->data;
+  char reason[64];
+
+  snprintf(reason, sizeof(reason), "daemon received %s",
+           signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  tbd_server_shutdown(&d->srv, reason);
+  uv_close((uv_handle_t *)&d->sigterm, NULL);
+  uv_close((uv_handle_t *)&d->sigint, NULL);
+}
+
+static void signal_ready(int fd) {
+  static const char msg[] = "READY\n";
+  ssize_t n;
+
+  if (fd < 0)
+    return;
+  do {
+    n = write(fd, msg, sizeof(msg) - 1);
+  } while (n < 0 && errno == EINTR);
+  if (n != (ssize_t)sizeof(msg) - 1)
+    tbd_warn("--ready-fd %d: %s", fd, n < 0 ? strerror(errno) : "short write");
+  close(fd);
+}
+
+int main(int argc, char **argv) {
+  struct options o;
+  struct daemon d;
+  uv_loop_t loop;
+  int rc, fd;
+
+  rc = parse_options(argc, argv, &o);
+  if (rc >= 0)
+    return rc;
+  tbd_log_set_level(o.level);
+  signal(SIGPIPE, SIG_IGN);
+
+  fd = listen_on(&o);
+  if (fd < 0)
+    return 1;
+  rc = uv_loop_init(&loop);
+  if (rc < 0) {
+    tbd_error("uv_loop_init: %s", uv_strerror(rc));
+    unlink(o.socket);
+    close(fd);
+    return 1;
+  }
+  rc = tbd_server_init(&d.srv, &loop, &o.lim, fd, o.socket);
+  if (rc < 0) {
+    tbd_error("cannot start: %s", tb_strerror(rc));
+    unlink(o.socket);
+    close(fd);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+    return 1;
+  }
+  uv_signal_init(&loop, &d.sigterm);
+  uv_signal_init(&loop, &d.sigint);
+  d.sigterm.data = d.sigint.data = &d;
+  uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+  uv_signal_start(&d.sigint, on_signal, SIGINT);
+
+  tbd_info("tensorbrokerd %s listening on %s (mode %04o, pid %d)",
+           TB_VERSION_STRING, o.socket, o.mode, (int)getpid());
+  signal_ready(o.ready_fd);
+
+  uv_run(&loop, UV_RUN_DEFAULT);
+  tbd_server_free(&d.srv);
+  rc = uv_loop_close(&loop);
+  if (rc != 0) {
+    tbd_error("uv_loop_close: %s (a handle was left open)", uv_strerror(rc));
+    return 1;
+  }
+  tbd_info("stopped");
+  return 0;
+}

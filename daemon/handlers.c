@@ -1,0 +1,634 @@
+/* Request dispatch: session state checks (Hello first, descriptors only
+ * where expected), validation of every field, and the replies. State
+ * changes themselves are in registry.c. */
+#include "registry_impl.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <dlpack/dlpack.h>
+#include <tensorbroker/tensorbroker.h>
+
+#include "log.h"
+
+#define BODY(x) TENSORBROKER__V1__REQUEST__BODY_##x
+
+static void close_fds(int *fds, int nfds) {
+  for (int i = 0; i < nfds; i++) {
+    if (fds[i] >= 0)
+      close(fds[i]);
+    fds[i] = -1;
+  }
+}
+
+void tbd_session_protocol_error(struct tbd_registry *r, struct tbd_session *s,
+                                uint64_t request_id, const char *why) {
+  r->stats.bad_messages++;
+  r->stats.sessions_dropped++;
+  tbd_warn("session %llu (pid %d uid %u '%s'): protocol error: %s",
+           (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, s->name,
+           why);
+  tbd__reply_status(r, s, request_id, TB_EPROTO, "protocol error: %s", why);
+}
+
+static int proto_error(struct tbd_registry *r, struct tbd_session *s,
+                       uint64_t request_id, const char *why) {
+  tbd_session_protocol_error(r, s, request_id, why);
+  return TB_EPROTO;
+}
+
+static int name_bad(struct tbd_registry *r, struct tbd_session *s,
+                    uint64_t id, const char *name) {
+  if (name == NULL || tb__name_check(name, r->lim.max_name) < 0) {
+    tbd__reply_status(r, s, id, TB_ENAME,
+                      "invalid channel name (1..%u bytes of [A-Za-z0-9._-/], "
+                      "no empty, '.' or '..' component)",
+                      r->lim.max_name);
+    return 1;
+  }
+  return 0;
+}
+
+static int client_name_ok(const char *name) {
+  size_t n = strlen(name);
+
+  if (n > 63)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)name[i];
+    if (c < 0x20 || c > 0x7e)
+      return 0;
+  }
+  return 1;
+}
+
+static int on_hello(struct tbd_registry *r, struct tbd_session *s,
+                    uint64_t id, const Tensorbroker__V1__Hello *h) {
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Tensorbroker__V1__HelloReply hr = TENSORBROKER__V1__HELLO_REPLY__INIT;
+  const char *name = h->client_name ? h->client_name : "";
+
+  if (h->protocol_version != TB_PROTOCOL_VERSION)
+    return tbd__reply_status(r, s, id, TB_EVERSION,
+                             "protocol version %u not supported (this daemon "
+                             "speaks %d)",
+                             h->protocol_version, TB_PROTOCOL_VERSION);
+  if (!client_name_ok(name))
+    return tbd__reply_status(r, s, id, TB_ENAME,
+                             "client name must be at most 63 printable bytes");
+  if ((unsigned)h->stream_contract > TB_CONTRACT_EXPLICIT)
+    return tbd__reply_status(r, s, id, TB_EINVAL, "unknown stream contract %d",
+                             (int)h->stream_contract);
+  if (r->nhello >= r->lim.max_sessions) {
+    tbd_warn("refusing session from pid %d uid %u: %u sessions "
+             "(--max-sessions)",
+             (int)s->pid, (unsigned)s->uid, r->lim.max_sessions);
+    tbd__reply_status(r, s, id, TB_ELIMIT, "daemon has %u sessions "
+                      "(--max-sessions)", r->lim.max_sessions);
+    return TB_ELIMIT;
+  }
+  snprintf(s->name, sizeof(s->name), "%s", name);
+  s->contract = (int)h->stream_contract;
+  s->memory_kinds = h->memory_kinds;
+  s->hello = true;
+  r->nhello++;
+  tbd_info("session %llu open: pid %d uid %u gid %u name '%s' contract %s",
+           (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid,
+           (unsigned)s->gid, s->name, tb_contract_name(s->contract));
+  rep.request_id = id;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_HELLO;
+  rep.hello = &hr;
+  hr.protocol_version = TB_PROTOCOL_VERSION;
+  hr.session_id = s->id;
+  hr.daemon_version = (char *)TB_VERSION_STRING;
+  hr.max_message = r->lim.max_message;
+  hr.max_ndim = r->lim.max_ndim;
+  hr.max_metadata = r->lim.max_metadata;
+  hr.max_name = r->lim.max_name;
+  tbd__send_reply(r, s, &rep, NULL, 0);
+  return 0;
+}
+
+static int copy_device(const Tensorbroker__V1__Device *d, int32_t *type,
+                       int32_t *devid, uint8_t *uuid, size_t *uuid_len) {
+  if (d == NULL)
+    return 0;
+  if (d->uuid.len != 0 && d->uuid.len != TB__UUID_SIZE)
+    return TB_EINVAL;
+  *type = d->type;
+  *devid = d->id;
+  if (d->uuid.len > 0)
+    memcpy(uuid, d->uuid.data, d->uuid.len);
+  *uuid_len = d->uuid.len;
+  return 0;
+}
+
+static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
+                              uint64_t id,
+                              const Tensorbroker__V1__BufferRegister *m,
+                              int *fds, int nfds) {
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Tensorbroker__V1__BufferRegisterReply br =
+      TENSORBROKER__V1__BUFFER_REGISTER_REPLY__INIT;
+  struct tbd_buffer *b;
+  struct stat st;
+  int seals, rc;
+
+  if (m->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) {
+    if (nfds != 1)
+      return nfds > 1 ? proto_error(r, s, id, "BufferRegister with more than "
+                                              "one descriptor")
+                      : tbd__reply_status(r, s, id, TB_EINVAL,
+                                          "HOST_MEMFD needs a memfd attached");
+    if (m->size == 0)
+      return tbd__reply_status(r, s, id, TB_EINVAL, "buffer size is 0");
+    if (fstat(fds[0], &st) < 0 || !S_ISREG(st.st_mode))
+      return tbd__reply_status(r, s, id, TB_EINVAL,
+                               "descriptor is not a memfd");
+    if ((uint64_t)st.st_size < m->size)
+      return tbd__reply_status(r, s, id, TB_EINVAL,
+                               "memfd has %lld bytes, %llu declared",
+                               (long long)st.st_size,
+                               (unsigned long long)m->size);
+    seals = fcntl(fds[0], F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK))
+      return tbd__reply_status(r, s, id, TB_EINVAL,
+                               "memfd is not sealed against shrinking "
+                               "(F_SEAL_SHRINK)");
+  } else if (m->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
+    if (nfds != 0)
+      return proto_error(r, s, id, "CUDA_IPC BufferRegister with descriptors");
+    if (m->cuda_ipc_handle.len != TB__CUDA_IPC_HANDLE_SIZE)
+      return tbd__reply_status(r, s, id, TB_EINVAL,
+                               "cuda_ipc_handle must be %d bytes",
+                               TB__CUDA_IPC_HANDLE_SIZE);
+    if (m->device == NULL || m->device->uuid.len != TB__UUID_SIZE)
+      return tbd__reply_status(r, s, id, TB_EINVAL,
+                               "CUDA buffer needs a 16-byte device uuid");
+    if (m->device->type != kDLCUDA)
+      return tbd__reply_status(r, s, id, TB_EDEVICE,
+                               "CUDA_IPC buffer on device type %d",
+                               (int)m->device->type);
+    if (m->size == 0)
+      return tbd__reply_status(r, s, id, TB_EINVAL, "buffer size is 0");
+  } else if (m->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD) {
+    return tbd__reply_status(r, s, id, TB_ENOTSUP,
+                             "CUDA_VMM_FD buffers are not supported yet");
+  } else {
+    return tbd__reply_status(r, s, id, TB_EINVAL, "unknown memory kind %d",
+                             (int)m->kind);
+  }
+  if (s->nbuffers >= r->lim.max_buffers)
+    return tbd__reply_status(r, s, id, TB_ELIMIT,
+                             "session has %u buffers (--max-buffers)",
+                             r->lim.max_buffers);
+  b = tbd_calloc(1, sizeof(*b));
+  if (b == NULL)
+    return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
+  b->kind = m->kind;
+  b->size = m->size;
+  b->writable = m->consumers_may_write;
+  b->fd = -1;
+  b->dev_type = kDLCPU;
+  if (copy_device(m->device, &b->dev_type, &b->dev_id, b->uuid,
+                  &b->uuid_len) < 0) {
+    tbd_free(b);
+    return tbd__reply_status(r, s, id, TB_EINVAL, "device uuid must be %d "
+                             "bytes", TB__UUID_SIZE);
+  }
+  if (b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD)
+    b->dev_type = kDLCPU;
+  if (m->cuda_ipc_handle.len == TB__CUDA_IPC_HANDLE_SIZE) {
+    memcpy(b->handle, m->cuda_ipc_handle.data, TB__CUDA_IPC_HANDLE_SIZE);
+    b->handle_len = TB__CUDA_IPC_HANDLE_SIZE;
+  }
+  rc = tbd__buffer_add(r, s, b);
+  if (rc < 0) {
+    tbd_free(b);
+    return tbd__reply_status(r, s, id, rc, "out of memory");
+  }
+  if (nfds == 1) {
+    b->fd = fds[0]; /* the received descriptor is the daemon's own dup */
+    fds[0] = -1;
+  }
+  rep.request_id = id;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_BUFFER_REGISTER;
+  rep.buffer_register = &br;
+  br.buffer_id = b->id;
+  br.generation = b->generation;
+  tbd__send_reply(r, s, &rep, NULL, 0);
+  return 0;
+}
+
+static int on_buffer_unregister(struct tbd_registry *r, struct tbd_session *s,
+                                uint64_t id, uint64_t buffer_id) {
+  struct tbd_buffer *b;
+
+  HASH_FIND(hh, r->buffers, &buffer_id, sizeof(buffer_id), b);
+  if (b == NULL)
+    return tbd__reply_status(r, s, id, TB_ENOTFOUND, "no buffer %llu",
+                             (unsigned long long)buffer_id);
+  if (b->owner != s)
+    return tbd__reply_status(r, s, id, b->retired ? TB_ENOTFOUND : TB_EPERM,
+                             "buffer %llu is not registered by this session",
+                             (unsigned long long)buffer_id);
+  tbd__buffer_retire(r, b);
+  return tbd__reply_status(r, s, id, 0, NULL);
+}
+
+static int on_event_register(struct tbd_registry *r, struct tbd_session *s,
+                             uint64_t id,
+                             const Tensorbroker__V1__EventRegister *m) {
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Tensorbroker__V1__EventRegisterReply er =
+      TENSORBROKER__V1__EVENT_REGISTER_REPLY__INIT;
+  struct tbd_event *e;
+  int rc;
+
+  if (m->cuda_ipc_event_handle.len != TB__CUDA_IPC_HANDLE_SIZE)
+    return tbd__reply_status(r, s, id, TB_EINVAL,
+                             "cuda_ipc_event_handle must be %d bytes",
+                             TB__CUDA_IPC_HANDLE_SIZE);
+  if (s->nevents >= r->lim.max_events)
+    return tbd__reply_status(r, s, id, TB_ELIMIT,
+                             "session has %u events (--max-events)",
+                             r->lim.max_events);
+  e = tbd_calloc(1, sizeof(*e));
+  if (e == NULL)
+    return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
+  memcpy(e->info.handle, m->cuda_ipc_event_handle.data,
+         TB__CUDA_IPC_HANDLE_SIZE);
+  e->info.dev_type = kDLCUDA;
+  if (copy_device(m->device, &e->info.dev_type, &e->info.dev_id,
+                  e->info.uuid, &e->info.uuid_len) < 0) {
+    tbd_free(e);
+    return tbd__reply_status(r, s, id, TB_EINVAL, "device uuid must be %d "
+                             "bytes", TB__UUID_SIZE);
+  }
+  rc = tbd__event_add(r, s, e);
+  if (rc < 0) {
+    tbd_free(e);
+    return tbd__reply_status(r, s, id, rc, "out of memory");
+  }
+  rep.request_id = id;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_EVENT_REGISTER;
+  rep.event_register = &er;
+  er.event_id = e->info.id;
+  tbd__send_reply(r, s, &rep, NULL, 0);
+  return 0;
+}
+
+/* An event id named in a request: 0 (none) or one of this session's. */
+static int own_event(struct tbd_registry *r, struct tbd_session *s,
+                     uint64_t event_id, struct tbd_event **out) {
+  struct tbd_event *e = NULL;
+
+  if (event_id != 0) {
+    HASH_FIND(hh, r->events, &event_id, sizeof(event_id), e);
+    if (e == NULL)
+      return TB_ENOTFOUND;
+    if (e->owner != s)
+      return TB_EPERM;
+  }
+  *out = e;
+  return 0;
+}
+
+static int on_event_unregister(struct tbd_registry *r, struct tbd_session *s,
+                               uint64_t id, uint64_t event_id) {
+  struct tbd_event *e;
+  int rc = event_id == 0 ? TB_ENOTFOUND : own_event(r, s, event_id, &e);
+
+  if (rc < 0)
+    return tbd__reply_status(r, s, id, rc, "event %llu is not registered by "
+                             "this session", (unsigned long long)event_id);
+  tbd__event_remove(r, e);
+  return tbd__reply_status(r, s, id, 0, NULL);
+}
+
+static int on_publish(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t id, const Tensorbroker__V1__Publish *m) {
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Tensorbroker__V1__PublishReply pr = TENSORBROKER__V1__PUBLISH_REPLY__INIT;
+  struct tbd_buffer *b;
+  struct tbd_event *ready;
+  char why[160] = "";
+  uint64_t version;
+  int rc, want_dev;
+
+  if (name_bad(r, s, id, m->channel))
+    return TB_ENAME;
+  HASH_FIND(hh, r->buffers, &m->buffer_id, sizeof(m->buffer_id), b);
+  if (b == NULL)
+    return tbd__reply_status(r, s, id, TB_ENOTFOUND, "no buffer %llu",
+                             (unsigned long long)m->buffer_id);
+  if (b->retired)
+    return tbd__reply_status(r, s, id, TB_ENOTFOUND,
+                             "buffer %llu was unregistered",
+                             (unsigned long long)m->buffer_id);
+  if (b->owner != s)
+    return tbd__reply_status(r, s, id, TB_EPERM,
+                             "buffer %llu belongs to another session",
+                             (unsigned long long)m->buffer_id);
+  rc = tb__layout_check(m->layout, b->size, r->lim.max_ndim, why, sizeof(why));
+  if (rc < 0)
+    return tbd__reply_status(r, s, id, rc, "%s", why);
+  want_dev = b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD ? kDLCPU
+                                                                  : kDLCUDA;
+  if (m->layout->device == NULL || m->layout->device->type != want_dev)
+    return tbd__reply_status(r, s, id, TB_EDEVICE,
+                             "layout device type %d does not match the "
+                             "buffer's (%d)",
+                             m->layout->device ? (int)m->layout->device->type
+                                               : -1,
+                             want_dev);
+  if (m->metadata.len > r->lim.max_metadata)
+    return tbd__reply_status(r, s, id, TB_ELIMIT,
+                             "metadata of %zu bytes (--max-metadata %u)",
+                             m->metadata.len, r->lim.max_metadata);
+  if (m->history_depth > r->lim.max_history)
+    return tbd__reply_status(r, s, id, TB_ELIMIT,
+                             "history depth %u (--max-history %u)",
+                             m->history_depth, r->lim.max_history);
+  rc = own_event(r, s, m->ready_event_id, &ready);
+  if (rc < 0)
+    return tbd__reply_status(r, s, id, rc, "ready event %llu is not "
+                             "registered by this session",
+                             (unsigned long long)m->ready_event_id);
+  rc = tbd__publish(r, s, m->channel, b, m->layout, ready, m->metadata.data,
+                    m->metadata.len, m->history_depth, &version, why,
+                    sizeof(why));
+  if (rc < 0)
+    return tbd__reply_status(r, s, id, rc, "%s", why);
+  rep.request_id = id;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_PUBLISH;
+  rep.publish = &pr;
+  pr.version = version;
+  tbd__send_reply(r, s, &rep, NULL, 0);
+  return 0;
+}
+
+static int on_acquire(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t id, const Tensorbroker__V1__Acquire *m) {
+  if (m->implicit_stream)
+    s->implicit_stream_calls++;
+  if (name_bad(r, s, id, m->channel))
+    return TB_ENAME;
+  if ((unsigned)m->mode > TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT)
+    return tbd__reply_status(r, s, id, TB_EINVAL, "unknown acquire mode %d",
+                             (int)m->mode);
+  return tbd__acquire(r, s, id, m->channel, (int)m->mode, m->version,
+                      m->timeout_ms);
+}
+
+static int on_release(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t id, const Tensorbroker__V1__Release *m) {
+  uint64_t rid = m->want_reply ? id : 0;
+  struct tbd_lease *l;
+  struct tbd_event *done;
+  int rc;
+
+  if (m->implicit_stream)
+    s->implicit_stream_calls++;
+  HASH_FIND(hh, r->leases, &m->lease_id, sizeof(m->lease_id), l);
+  if (l == NULL)
+    return tbd__reply_status(r, s, rid, TB_ENOTFOUND, "no lease %llu",
+                             (unsigned long long)m->lease_id);
+  if (l->s != s)
+    return tbd__reply_status(r, s, rid, TB_EPERM,
+                             "lease %llu belongs to another session",
+                             (unsigned long long)m->lease_id);
+  rc = own_event(r, s, m->done_event_id, &done);
+  if (rc < 0)
+    return tbd__reply_status(r, s, rid, rc, "done event %llu is not "
+                             "registered by this session",
+                             (unsigned long long)m->done_event_id);
+  rc = tbd__lease_release(r, l, done);
+  if (rc < 0)
+    return tbd__reply_status(r, s, rid, rc, "out of memory");
+  return tbd__reply_status(r, s, rid, 0, NULL);
+}
+
+static int on_subscribe(struct tbd_registry *r, struct tbd_session *s,
+                        uint64_t id, const char *name, bool sub) {
+  int rc;
+
+  if (name_bad(r, s, id, name))
+    return TB_ENAME;
+  rc = sub ? tbd__subscribe(r, s, name) : tbd__unsubscribe(r, s, name);
+  if (rc == TB_ELIMIT)
+    return tbd__reply_status(r, s, id, rc,
+                             "session has %u subscriptions "
+                             "(--max-subscriptions)",
+                             r->lim.max_subscriptions);
+  if (rc == TB_ENOTFOUND)
+    return tbd__reply_status(r, s, id, rc, "not subscribed to '%s'", name);
+  if (rc < 0)
+    return tbd__reply_status(r, s, id, rc, "out of memory");
+  return tbd__reply_status(r, s, id, 0, NULL);
+}
+
+/* Lists are cut so that the reply fits in one datagram. */
+#define LIST_ROOM(r) ((size_t)(r)->lim.max_message - 512)
+
+static int on_list_channels(struct tbd_registry *r, struct tbd_session *s,
+                            uint64_t id) {
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Tensorbroker__V1__ListChannelsReply lr =
+      TENSORBROKER__V1__LIST_CHANNELS_REPLY__INIT;
+  Tensorbroker__V1__ChannelInfo *infos, **ptrs;
+  struct tbd_channel *ch;
+  size_t n = 0, used = 0;
+
+  infos = tbd_calloc(r->nchannels, sizeof(*infos));
+  ptrs = tbd_calloc(r->nchannels, sizeof(*ptrs));
+  if (infos == NULL || ptrs == NULL) {
+    tbd_free(infos);
+    tbd_free(ptrs);
+    return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
+  }
+  for (ch = r->channels; ch != NULL; ch = ch->hh.next) {
+    Tensorbroker__V1__ChannelInfo *ci = &infos[n];
+    struct tbd_subgroup *g;
+    struct tbd_sub *sub;
+    uint32_t nsub = 0;
+
+    tensorbroker__v1__channel_info__init(ci);
+    ci->name = ch->name;
+    ci->latest_version = ch->latest;
+    ci->history_depth = ch->depth;
+    ci->publisher_session = ch->publisher ? ch->publisher->id : 0;
+    ci->versions_held = ch->nversions;
+    ci->leases = ch->nleases;
+    HASH_FIND_STR(r->subgroups, ch->name, g);
+    if (g != NULL)
+      DL_FOREACH2(g->members, sub, gnext) { nsub++; }
+    ci->subscribers = nsub;
+    ci->closed = ch->closed;
+    ci->publishes = ch->publishes;
+    used += tensorbroker__v1__channel_info__get_packed_size(ci) + 8;
+    if (used > LIST_ROOM(r))
+      break;
+    ptrs[n] = ci;
+    n++;
+  }
+  rep.request_id = id;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_LIST_CHANNELS;
+  rep.list_channels = &lr;
+  lr.n_channels = n;
+  lr.channels = ptrs;
+  tbd__send_reply(r, s, &rep, NULL, 0);
+  tbd_free(infos);
+  tbd_free(ptrs);
+  return 0;
+}
+
+static int on_list_sessions(struct tbd_registry *r, struct tbd_session *s,
+                            uint64_t id) {
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Tensorbroker__V1__ListSessionsReply lr =
+      TENSORBROKER__V1__LIST_SESSIONS_REPLY__INIT;
+  Tensorbroker__V1__SessionInfo *infos, **ptrs;
+  struct tbd_session *t;
+  size_t n = 0, used = 0;
+
+  infos = tbd_calloc(r->nsessions, sizeof(*infos));
+  ptrs = tbd_calloc(r->nsessions, sizeof(*ptrs));
+  if (infos == NULL || ptrs == NULL) {
+    tbd_free(infos);
+    tbd_free(ptrs);
+    return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
+  }
+  for (t = r->sessions; t != NULL; t = t->hh.next) {
+    Tensorbroker__V1__SessionInfo *si = &infos[n];
+
+    if (!t->hello)
+      continue;
+    tensorbroker__v1__session_info__init(si);
+    si->session_id = t->id;
+    si->pid = (uint32_t)t->pid;
+    si->uid = t->uid;
+    si->gid = t->gid;
+    si->name = t->name;
+    si->stream_contract = t->contract;
+    si->leases = t->nleases;
+    si->buffers = t->nbuffers;
+    si->implicit_stream_calls = t->implicit_stream_calls;
+    si->requests = t->requests;
+    si->subscriptions = t->nsubs;
+    used += tensorbroker__v1__session_info__get_packed_size(si) + 8;
+    if (used > LIST_ROOM(r))
+      break;
+    ptrs[n] = si;
+    n++;
+  }
+  rep.request_id = id;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_LIST_SESSIONS;
+  rep.list_sessions = &lr;
+  lr.n_sessions = n;
+  lr.sessions = ptrs;
+  tbd__send_reply(r, s, &rep, NULL, 0);
+  tbd_free(infos);
+  tbd_free(ptrs);
+  return 0;
+}
+
+static int on_status(struct tbd_registry *r, struct tbd_session *s,
+                     uint64_t id) {
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Tensorbroker__V1__StatusReply st = TENSORBROKER__V1__STATUS_REPLY__INIT;
+
+  rep.request_id = id;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_STATUS_INFO;
+  rep.status_info = &st;
+  st.daemon_version = (char *)TB_VERSION_STRING;
+  st.pid = (uint32_t)getpid();
+  st.uptime_ms = tbd__now(r) - r->start_ms;
+  st.sessions = r->nhello;
+  st.channels = r->nchannels;
+  st.buffers = r->nbuffers;
+  st.leases = r->nleases;
+  st.requests = r->stats.requests;
+  st.bad_messages = r->stats.bad_messages;
+  st.sessions_dropped = r->stats.sessions_dropped;
+  st.socket_path = (char *)r->socket_path;
+  tbd__send_reply(r, s, &rep, NULL, 0);
+  return 0;
+}
+
+static int on_forget(struct tbd_registry *r, struct tbd_session *s,
+                     uint64_t buffer_id) {
+  struct tbd_sent *e;
+
+  (void)r;
+  HASH_FIND(hh, s->sent, &buffer_id, sizeof(buffer_id), e);
+  if (e != NULL)
+    e->fd_current = false;
+  return 0;
+}
+
+static int dispatch(struct tbd_registry *r, struct tbd_session *s,
+                    const tb__request *q, int *fds, int nfds) {
+  uint64_t id = q->request_id;
+
+  if (q->body_case != BODY(HELLO) && !s->hello)
+    return proto_error(r, s, id, "first request must be Hello");
+  if (nfds > 0 && q->body_case != BODY(BUFFER_REGISTER))
+    return proto_error(r, s, id, "unexpected descriptors");
+  switch (q->body_case) {
+  case BODY(HELLO):
+    if (s->hello)
+      return proto_error(r, s, id, "second Hello");
+    return on_hello(r, s, id, q->hello) == TB_ELIMIT ? TB_ELIMIT : 0;
+  case BODY(BUFFER_REGISTER):
+    return on_buffer_register(r, s, id, q->buffer_register, fds, nfds);
+  case BODY(BUFFER_UNREGISTER):
+    return on_buffer_unregister(r, s, id, q->buffer_unregister->buffer_id);
+  case BODY(EVENT_REGISTER):
+    return on_event_register(r, s, id, q->event_register);
+  case BODY(EVENT_UNREGISTER):
+    return on_event_unregister(r, s, id, q->event_unregister->event_id);
+  case BODY(PUBLISH):
+    return on_publish(r, s, id, q->publish);
+  case BODY(ACQUIRE):
+    return on_acquire(r, s, id, q->acquire);
+  case BODY(RELEASE):
+    return on_release(r, s, id, q->release);
+  case BODY(SUBSCRIBE):
+    return on_subscribe(r, s, id, q->subscribe->channel, true);
+  case BODY(UNSUBSCRIBE):
+    return on_subscribe(r, s, id, q->unsubscribe->channel, false);
+  case BODY(LIST_CHANNELS):
+    return on_list_channels(r, s, id);
+  case BODY(LIST_SESSIONS):
+    return on_list_sessions(r, s, id);
+  case BODY(STATUS):
+    return on_status(r, s, id);
+  case BODY(FORGET):
+    return on_forget(r, s, q->forget->buffer_id);
+  case BODY(WAIT_FREE):
+    if (name_bad(r, s, id, q->wait_free->channel))
+      return 0;
+    return tbd__wait_free(r, s, id, q->wait_free->channel,
+                          q->wait_free->version, q->wait_free->timeout_ms);
+  default:
+    return proto_error(r, s, id, "unknown request");
+  }
+}
+
+int tbd_session_request(struct tbd_registry *r, struct tbd_session *s,
+                        const tb__request *req, int *fds, int nfds) {
+  int rc;
+
+  r->stats.requests++;
+  s->requests++;
+  rc = dispatch(r, s, req, fds, nfds);
+  close_fds(fds, nfds); /* whatever was not kept */
+  /* Only these end the session; any other status was a reply. */
+  if (rc == TB_EPROTO || (rc == TB_ELIMIT && !s->hello))
+    return rc;
+  return 0;
+}

@@ -1,1 +1,0 @@
-void tbd__placeholder(void) {}

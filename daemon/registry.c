@@ -1,0 +1,1008 @@
+/* The broker's state and its transitions: lease accounting, version and
+ * buffer lifetimes, notices, parked waits, session teardown. */
+#include "registry_impl.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <tensorbroker/tensorbroker.h>
+
+#include "log.h"
+
+static uint64_t default_clock(void *ud) {
+  (void)ud;
+  return tb__now_ms();
+}
+
+uint64_t tbd__now(struct tbd_registry *r) { return r->now(r->now_ud); }
+
+int tbd_registry_new(const struct tbd_limits *limits, tbd_emit_fn emit,
+                     void *emit_ud, struct tbd_registry **out) {
+  struct tbd_registry *r = tbd_calloc(1, sizeof(*r));
+
+  if (r == NULL)
+    return TB_ENOMEM;
+  r->lim = *limits;
+  r->emit = emit;
+  r->emit_ud = emit_ud;
+  r->now = default_clock;
+  r->start_ms = tbd__now(r);
+  r->socket_path = "";
+  r->next_session_id = r->next_buffer_id = r->next_event_id = 1;
+  r->next_lease_id = 1;
+  *out = r;
+  return 0;
+}
+
+void tbd_registry_set_clock(struct tbd_registry *r, tbd_clock_fn now,
+                            void *ud) {
+  r->now = now;
+  r->now_ud = ud;
+  r->start_ms = tbd__now(r);
+}
+
+void tbd_registry_set_socket_path(struct tbd_registry *r, const char *path) {
+  r->socket_path = path;
+}
+
+struct tbd_stats *tbd_registry_stats(struct tbd_registry *r) {
+  return &r->stats;
+}
+
+void tbd_registry_counts(const struct tbd_registry *r, struct tbd_counts *c) {
+  c->sessions = r->nsessions;
+  c->channels = r->nchannels;
+  c->versions = r->nversions;
+  c->buffers = r->nbuffers;
+  c->events = r->nevents;
+  c->leases = r->nleases;
+  c->subscriptions = r->nsubs;
+  c->waits = r->nwaits;
+}
+
+void tbd_registry_free(struct tbd_registry *r) {
+  struct tbd_session *s, *stmp;
+
+  if (r == NULL)
+    return;
+  HASH_ITER(hh, r->sessions, s, stmp) { s->muted = true; }
+  while (r->sessions != NULL)
+    tbd_session_close(r, r->sessions);
+  tbd_free(r);
+}
+
+/* ---- emitting ---- */
+
+void tbd__emit(struct tbd_registry *r, struct tbd_session *s,
+               Tensorbroker__V1__ServerMessage *m, const int *fds, int nfds) {
+  if (s->muted)
+    return;
+  r->emit(r->emit_ud, s, m, fds, nfds);
+}
+
+void tbd__send_reply(struct tbd_registry *r, struct tbd_session *s,
+                     Tensorbroker__V1__Reply *rep, const int *fds, int nfds) {
+  Tensorbroker__V1__ServerMessage m = TENSORBROKER__V1__SERVER_MESSAGE__INIT;
+
+  m.body_case = TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY;
+  m.reply = rep;
+  tbd__emit(r, s, &m, fds, nfds);
+}
+
+int tbd__reply_status(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t request_id, int status, const char *fmt, ...) {
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  char msg[256] = "";
+  va_list ap;
+
+  if (fmt != NULL) {
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+  }
+  if (status < 0)
+    tbd_debug("session %llu: request %llu: %s: %s",
+              (unsigned long long)s->id, (unsigned long long)request_id,
+              tb_err_name(status), msg);
+  if (request_id == 0 && status != TB_EPROTO)
+    return status;
+  rep.request_id = request_id;
+  rep.status = status;
+  rep.message = msg;
+  tbd__send_reply(r, s, &rep, NULL, 0);
+  return status;
+}
+
+static void emit_notice(struct tbd_registry *r, struct tbd_session *s,
+                        Tensorbroker__V1__Notice *n) {
+  Tensorbroker__V1__ServerMessage m = TENSORBROKER__V1__SERVER_MESSAGE__INIT;
+
+  m.body_case = TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE;
+  m.notice = n;
+  tbd__emit(r, s, &m, NULL, 0);
+}
+
+void tbd__evinfo_to_pb(const struct tbd_evinfo *e,
+                       Tensorbroker__V1__EventInfo *pb,
+                       Tensorbroker__V1__Device *dev) {
+  tensorbroker__v1__event_info__init(pb);
+  tensorbroker__v1__device__init(dev);
+  pb->event_id = e->id;
+  pb->cuda_ipc_event_handle.data = (uint8_t *)e->handle;
+  pb->cuda_ipc_event_handle.len = sizeof(e->handle);
+  dev->type = e->dev_type;
+  dev->id = e->dev_id;
+  dev->uuid.data = (uint8_t *)e->uuid;
+  dev->uuid.len = e->uuid_len;
+  pb->device = dev;
+  pb->owner_pid = e->pid;
+}
+
+/* ---- lookups ---- */
+
+struct tbd_channel *tbd__channel_find(struct tbd_registry *r,
+                                      const char *name) {
+  struct tbd_channel *ch;
+
+  HASH_FIND_STR(r->channels, name, ch);
+  return ch;
+}
+
+struct tbd_session *tbd__session_find(struct tbd_registry *r, uint64_t id) {
+  struct tbd_session *s;
+
+  HASH_FIND(hh, r->sessions, &id, sizeof(id), s);
+  return s;
+}
+
+/* ---- waits ---- */
+
+static void wait_remove(struct tbd_registry *r, struct tbd_wait *w) {
+  DL_DELETE(r->waits, w);
+  r->nwaits--;
+  w->s->wait = NULL;
+  tbd_free(w->channel);
+  tbd_free(w);
+}
+
+static int wait_park(struct tbd_registry *r, struct tbd_session *s,
+                     enum tbd_wait_kind kind, uint64_t request_id,
+                     const char *channel, int mode, uint64_t version,
+                     int64_t timeout_ms) {
+  struct tbd_wait *w;
+
+  if (s->wait != NULL)
+    return TB_EBUSY;
+  w = tbd_calloc(1, sizeof(*w));
+  if (w == NULL)
+    return TB_ENOMEM;
+  w->channel = tbd_strdup(channel);
+  if (w->channel == NULL) {
+    tbd_free(w);
+    return TB_ENOMEM;
+  }
+  w->kind = kind;
+  w->s = s;
+  w->request_id = request_id;
+  w->mode = mode;
+  w->version = version;
+  if (timeout_ms < 0 || (uint64_t)timeout_ms > UINT64_MAX / 2)
+    w->deadline = UINT64_MAX;
+  else
+    w->deadline = tbd__now(r) + (uint64_t)timeout_ms;
+  DL_APPEND(r->waits, w);
+  r->nwaits++;
+  s->wait = w;
+  return 0;
+}
+
+uint64_t tbd_registry_next_deadline(const struct tbd_registry *r) {
+  uint64_t best = UINT64_MAX;
+  const struct tbd_wait *w;
+
+  DL_FOREACH(r->waits, w) {
+    if (w->deadline < best)
+      best = w->deadline;
+  }
+  return best;
+}
+
+void tbd_registry_expire(struct tbd_registry *r) {
+  uint64_t now = tbd__now(r);
+  struct tbd_wait *w, *tmp;
+
+  DL_FOREACH_SAFE(r->waits, w, tmp) {
+    if (w->deadline > now)
+      continue;
+    struct tbd_session *s = w->s;
+    uint64_t id = w->request_id;
+    const char *what = w->kind == TBD_WAIT_ACQUIRE ? "acquire" : "wait-free";
+    char name[TB__DEFAULT_MAX_NAME + 1];
+    snprintf(name, sizeof(name), "%s", w->channel);
+    wait_remove(r, w);
+    tbd__reply_status(r, s, id, TB_ETIMEDOUT, "%s on '%s' timed out", what,
+                      name);
+  }
+}
+
+/* ---- version, buffer and channel lifetimes ---- */
+
+static void buffer_unlink_owner(struct tbd_buffer *b) {
+  if (b->owner == NULL)
+    return;
+  DL_DELETE2(b->owner->buffers, b, sprev, snext);
+  b->owner->nbuffers--;
+  b->owner = NULL;
+}
+
+static void buffer_maybe_free(struct tbd_registry *r, struct tbd_buffer *b) {
+  Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
+  Tensorbroker__V1__BufferRetired br = TENSORBROKER__V1__BUFFER_RETIRED__INIT;
+  struct tbd_session *s, *stmp;
+
+  if (!b->retired || b->nversions > 0)
+    return;
+  n.body_case = TENSORBROKER__V1__NOTICE__BODY_BUFFER_RETIRED;
+  n.buffer_retired = &br;
+  br.buffer_id = b->id;
+  br.generation = b->generation;
+  HASH_ITER(hh, r->sessions, s, stmp) {
+    struct tbd_sent *e;
+    HASH_FIND(hh, s->sent, &b->id, sizeof(b->id), e);
+    if (e == NULL)
+      continue;
+    HASH_DEL(s->sent, e);
+    tbd_free(e);
+    emit_notice(r, s, &n);
+  }
+  if (b->fd >= 0)
+    close(b->fd);
+  HASH_DEL(r->buffers, b);
+  r->nbuffers--;
+  tbd_free(b);
+}
+
+void tbd__buffer_retire(struct tbd_registry *r, struct tbd_buffer *b) {
+  buffer_unlink_owner(b);
+  b->retired = true;
+  buffer_maybe_free(r, b);
+}
+
+static void channel_maybe_free(struct tbd_registry *r, struct tbd_channel *ch) {
+  if (ch->publisher != NULL || ch->versions != NULL)
+    return;
+  HASH_DEL(r->channels, ch);
+  r->nchannels--;
+  tbd_free(ch->name);
+  tbd_free(ch);
+}
+
+static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
+  Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
+  Tensorbroker__V1__VersionFree vf = TENSORBROKER__V1__VERSION_FREE__INIT;
+  Tensorbroker__V1__EventInfo *evs = NULL, **evp = NULL;
+  Tensorbroker__V1__Device *devs = NULL;
+  struct tbd_session *pub = tbd__session_find(r, v->publisher_id);
+  struct tbd_wait *w, *tmp;
+  size_t nev = v->ndone;
+
+  if (nev > 0) {
+    /* Without memory for the event list the notice still goes out, without
+     * its events: a lost notice would leave the producer waiting forever. */
+    evs = tbd_calloc(nev, sizeof(*evs));
+    devs = tbd_calloc(nev, sizeof(*devs));
+    evp = tbd_calloc(nev, sizeof(*evp));
+    if (evs == NULL || devs == NULL || evp == NULL) {
+      tbd_warn("out of memory: VersionFree for %s@%llu sent without events",
+               v->ch->name, (unsigned long long)v->number);
+      nev = 0;
+    }
+    for (size_t i = 0; i < nev; i++) {
+      tbd__evinfo_to_pb(&v->done[i], &evs[i], &devs[i]);
+      evp[i] = &evs[i];
+    }
+  }
+  if (pub != NULL) {
+    n.body_case = TENSORBROKER__V1__NOTICE__BODY_VERSION_FREE;
+    n.version_free = &vf;
+    vf.channel = v->ch->name;
+    vf.version = v->number;
+    vf.buffer_id = v->buf->id;
+    vf.n_done_events = nev;
+    vf.done_events = evp;
+    emit_notice(r, pub, &n);
+  }
+  DL_FOREACH_SAFE(r->waits, w, tmp) {
+    Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+    Tensorbroker__V1__WaitFreeReply wf =
+        TENSORBROKER__V1__WAIT_FREE_REPLY__INIT;
+    struct tbd_session *s = w->s;
+
+    if (w->kind != TBD_WAIT_FREE || w->version != v->number ||
+        strcmp(w->channel, v->ch->name) != 0)
+      continue;
+    rep.request_id = w->request_id;
+    rep.body_case = TENSORBROKER__V1__REPLY__BODY_WAIT_FREE;
+    rep.wait_free = &wf;
+    wf.version = v->number;
+    wf.n_done_events = nev;
+    wf.done_events = evp;
+    wait_remove(r, w);
+    tbd__send_reply(r, s, &rep, NULL, 0);
+  }
+  tbd_free(evs);
+  tbd_free(devs);
+  tbd_free(evp);
+}
+
+/* A version is freed once it left the history and its last lease ended. */
+static void version_maybe_free(struct tbd_registry *r, struct tbd_version *v) {
+  struct tbd_channel *ch = v->ch;
+  struct tbd_buffer *b = v->buf;
+
+  if (v->in_history || v->nleases > 0)
+    return;
+  version_free_notify(r, v);
+  DL_DELETE(ch->versions, v);
+  ch->nversions--;
+  r->nversions--;
+  b->nversions--;
+  tbd_free(v->layout);
+  tbd_free(v->meta);
+  tbd_free(v->done);
+  tbd_free(v);
+  buffer_maybe_free(r, b);
+  channel_maybe_free(r, ch);
+}
+
+/* Keep the newest ch->depth versions in history. */
+static void channel_trim(struct tbd_registry *r, struct tbd_channel *ch) {
+  struct tbd_version *v, *prev;
+  uint32_t kept = 0;
+
+  /* newest first; prev of the head is the tail */
+  for (v = ch->versions ? ch->versions->prev : NULL; v != NULL; v = prev) {
+    prev = v == ch->versions ? NULL : v->prev;
+    if (!v->in_history)
+      continue;
+    if (kept < ch->depth) {
+      kept++;
+      continue;
+    }
+    v->in_history = false;
+    version_maybe_free(r, v);
+  }
+}
+
+/* ---- sessions ---- */
+
+int tbd_session_open(struct tbd_registry *r, pid_t pid, uid_t uid, gid_t gid,
+                     void *conn, struct tbd_session **out) {
+  struct tbd_session *s = tbd_calloc(1, sizeof(*s));
+
+  if (s == NULL)
+    return TB_ENOMEM;
+  s->id = r->next_session_id;
+  s->pid = pid;
+  s->uid = uid;
+  s->gid = gid;
+  s->conn = conn;
+  tbd_hash_oom = 0;
+  HASH_ADD(hh, r->sessions, id, sizeof(s->id), s);
+  if (tbd_hash_oom) {
+    tbd_free(s);
+    return TB_ENOMEM;
+  }
+  r->next_session_id++;
+  r->nsessions++;
+  *out = s;
+  return 0;
+}
+
+void tbd_session_mute(struct tbd_session *s) { s->muted = true; }
+void *tbd_session_conn(const struct tbd_session *s) { return s->conn; }
+uint64_t tbd_session_id(const struct tbd_session *s) { return s->id; }
+const char *tbd_session_name(const struct tbd_session *s) { return s->name; }
+pid_t tbd_session_pid(const struct tbd_session *s) { return s->pid; }
+uid_t tbd_session_uid(const struct tbd_session *s) { return s->uid; }
+
+struct tbd_session *tbd_registry_first_session(struct tbd_registry *r) {
+  return r->sessions;
+}
+
+struct tbd_session *tbd_session_next(struct tbd_session *s) {
+  return s->hh.next;
+}
+
+/* The publisher of ch left: tell subscribers and lease holders (each once)
+ * and fail the acquires waiting on it. */
+static void channel_close(struct tbd_registry *r, struct tbd_channel *ch,
+                          const char *reason) {
+  Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
+  Tensorbroker__V1__ChannelClosed cc = TENSORBROKER__V1__CHANNEL_CLOSED__INIT;
+  struct tbd_subgroup *g;
+  struct tbd_sub *sub;
+  struct tbd_version *v;
+  struct tbd_lease *l;
+  struct tbd_session *s;
+  struct tbd_wait *w, *wtmp;
+  uint64_t stamp;
+
+  ch->publisher = NULL;
+  ch->closed = true;
+  n.body_case = TENSORBROKER__V1__NOTICE__BODY_CHANNEL_CLOSED;
+  n.channel_closed = &cc;
+  cc.channel = ch->name;
+  cc.reason = (char *)reason;
+  /* each session once, whether it subscribed, holds leases, or both */
+  stamp = ++r->mark_seq;
+  HASH_FIND_STR(r->subgroups, ch->name, g);
+  if (g != NULL) {
+    DL_FOREACH2(g->members, sub, gnext) {
+      sub->s->mark = stamp;
+      emit_notice(r, sub->s, &n);
+    }
+  }
+  DL_FOREACH(ch->versions, v) {
+    DL_FOREACH2(v->leases, l, vnext) {
+      if (l->s->mark == stamp)
+        continue;
+      l->s->mark = stamp;
+      emit_notice(r, l->s, &n);
+    }
+  }
+  DL_FOREACH_SAFE(r->waits, w, wtmp) {
+    if (w->kind != TBD_WAIT_ACQUIRE || strcmp(w->channel, ch->name) != 0)
+      continue;
+    s = w->s;
+    uint64_t id = w->request_id;
+    wait_remove(r, w);
+    tbd__reply_status(r, s, id, TB_ECLOSED, "channel '%s' closed: %s",
+                      ch->name, reason);
+  }
+}
+
+void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
+  struct tbd_lease *l, *ltmp;
+  struct tbd_sub *sub, *subtmp;
+  struct tbd_channel *ch, *chtmp;
+  struct tbd_event *e, *etmp;
+  struct tbd_buffer *b, *btmp;
+  struct tbd_sent *se, *setmp;
+
+  /* Nothing more goes to the closing session itself. */
+  s->muted = true;
+  if (s->wait != NULL)
+    wait_remove(r, s->wait);
+  DL_FOREACH_SAFE2(s->leases, l, ltmp, snext) {
+    /* no done events: a crashed consumer leaves nothing to wait on */
+    tbd__lease_release(r, l, NULL);
+  }
+  HASH_ITER(hh, s->subs, sub, subtmp) {
+    tbd__unsubscribe(r, s, sub->name);
+  }
+  HASH_ITER(hh, r->channels, ch, chtmp) {
+    if (ch->publisher != s)
+      continue;
+    channel_close(r, ch, "publisher disconnected");
+    channel_maybe_free(r, ch);
+  }
+  DL_FOREACH_SAFE2(s->events, e, etmp, snext) { tbd__event_remove(r, e); }
+  DL_FOREACH_SAFE2(s->buffers, b, btmp, snext) { tbd__buffer_retire(r, b); }
+  HASH_ITER(hh, s->sent, se, setmp) {
+    HASH_DEL(s->sent, se);
+    tbd_free(se);
+  }
+  if (s->hello)
+    r->nhello--;
+  HASH_DEL(r->sessions, s);
+  r->nsessions--;
+  tbd_free(s);
+}
+
+void tbd_registry_broadcast_closing(struct tbd_registry *r,
+                                    const char *reason) {
+  Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
+  Tensorbroker__V1__DaemonClosing dc = TENSORBROKER__V1__DAEMON_CLOSING__INIT;
+  struct tbd_session *s, *stmp;
+
+  n.body_case = TENSORBROKER__V1__NOTICE__BODY_DAEMON_CLOSING;
+  n.daemon_closing = &dc;
+  dc.reason = (char *)reason;
+  HASH_ITER(hh, r->sessions, s, stmp) { emit_notice(r, s, &n); }
+}
+
+/* ---- buffers and events ---- */
+
+int tbd__buffer_add(struct tbd_registry *r, struct tbd_session *s,
+                    struct tbd_buffer *b) {
+  if (s->nbuffers >= r->lim.max_buffers)
+    return TB_ELIMIT;
+  b->id = r->next_buffer_id;
+  b->generation = 1;
+  tbd_hash_oom = 0;
+  HASH_ADD(hh, r->buffers, id, sizeof(b->id), b);
+  if (tbd_hash_oom)
+    return TB_ENOMEM;
+  r->next_buffer_id++;
+  r->nbuffers++;
+  b->owner = s;
+  b->owner_pid = (uint32_t)s->pid;
+  DL_APPEND2(s->buffers, b, sprev, snext);
+  s->nbuffers++;
+  return 0;
+}
+
+int tbd__event_add(struct tbd_registry *r, struct tbd_session *s,
+                   struct tbd_event *e) {
+  if (s->nevents >= r->lim.max_events)
+    return TB_ELIMIT;
+  e->info.id = r->next_event_id;
+  e->info.pid = (uint32_t)s->pid;
+  tbd_hash_oom = 0;
+  HASH_ADD(hh, r->events, info.id, sizeof(e->info.id), e);
+  if (tbd_hash_oom)
+    return TB_ENOMEM;
+  r->next_event_id++;
+  r->nevents++;
+  e->owner = s;
+  DL_APPEND2(s->events, e, sprev, snext);
+  s->nevents++;
+  return 0;
+}
+
+void tbd__event_remove(struct tbd_registry *r, struct tbd_event *e) {
+  DL_DELETE2(e->owner->events, e, sprev, snext);
+  e->owner->nevents--;
+  HASH_DEL(r->events, e);
+  r->nevents--;
+  tbd_free(e);
+}
+
+/* ---- publish ---- */
+
+static struct tbd_version *find_match(struct tbd_channel *ch, int mode,
+                                      uint64_t version);
+
+
+int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
+                 const char *channel, struct tbd_buffer *b,
+                 const Tensorbroker__V1__Layout *layout,
+                 const struct tbd_event *ready, const uint8_t *meta,
+                 size_t meta_len, uint32_t depth, uint64_t *version,
+                 char *why, size_t whylen) {
+  struct tbd_channel *ch = tbd__channel_find(r, channel), *newch = NULL;
+  struct tbd_version *v;
+  Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
+  Tensorbroker__V1__NewVersion nv = TENSORBROKER__V1__NEW_VERSION__INIT;
+  struct tbd_subgroup *g;
+  struct tbd_sub *sub;
+  struct tbd_wait *w, *wtmp;
+  int rc = TB_ENOMEM;
+
+  if (ch != NULL && ch->publisher != NULL && ch->publisher != s) {
+    snprintf(why, whylen, "channel '%s' has another publisher (session %llu)",
+             channel, (unsigned long long)ch->publisher->id);
+    return TB_EBUSY;
+  }
+  if (ch == NULL && r->nchannels >= r->lim.max_channels) {
+    snprintf(why, whylen, "%u channels exist (--max-channels)",
+             r->lim.max_channels);
+    return TB_ELIMIT;
+  }
+  /* Allocate everything first so that a failure changes nothing. */
+  v = tbd_calloc(1, sizeof(*v));
+  if (v == NULL)
+    goto out_nomem;
+  v->layout_len = tensorbroker__v1__layout__get_packed_size(layout);
+  v->layout = tbd_malloc(v->layout_len);
+  if (v->layout == NULL)
+    goto out_free_version;
+  tensorbroker__v1__layout__pack(layout, v->layout);
+  v->meta_len = meta_len;
+  v->meta = tbd_memdup(meta, meta_len);
+  if (v->meta == NULL)
+    goto out_free_version;
+  if (ch == NULL) {
+    newch = tbd_calloc(1, sizeof(*newch));
+    if (newch == NULL)
+      goto out_free_version;
+    newch->name = tbd_strdup(channel);
+    if (newch->name == NULL)
+      goto out_free_channel;
+    newch->depth = 1;
+    newch->closed = true;
+    tbd_hash_oom = 0;
+    HASH_ADD_KEYPTR(hh, r->channels, newch->name, strlen(newch->name), newch);
+    if (tbd_hash_oom)
+      goto out_free_channel;
+    r->nchannels++;
+    ch = newch;
+  }
+
+  /* Commit: nothing below fails. */
+  if (ch->publisher == NULL) {
+    ch->publisher = s;
+    ch->closed = false;
+  }
+  if (depth != 0)
+    ch->depth = depth;
+  v->ch = ch;
+  v->number = ++ch->latest;
+  v->buf = b;
+  v->publisher_id = s->id;
+  v->in_history = true;
+  if (ready != NULL) {
+    v->has_ready = true;
+    v->ready = ready->info;
+  }
+  DL_APPEND(ch->versions, v);
+  ch->nversions++;
+  ch->publishes++;
+  r->nversions++;
+  b->nversions++;
+  channel_trim(r, ch);
+  *version = v->number;
+
+  HASH_FIND_STR(r->subgroups, channel, g);
+  if (g != NULL) {
+    n.body_case = TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION;
+    n.new_version = &nv;
+    nv.channel = ch->name;
+    nv.version = v->number;
+    DL_FOREACH2(g->members, sub, gnext) { emit_notice(r, sub->s, &n); }
+  }
+  /* Parked acquires that the new version satisfies are answered now, before
+   * the publisher's own reply (the caller sends it). */
+  DL_FOREACH_SAFE(r->waits, w, wtmp) {
+    if (w->kind != TBD_WAIT_ACQUIRE || strcmp(w->channel, channel) != 0 ||
+        find_match(ch, w->mode, w->version) == NULL)
+      continue;
+    struct tbd_session *ws = w->s;
+    uint64_t id = w->request_id;
+    int mode = w->mode;
+    uint64_t after = w->version;
+    wait_remove(r, w);
+    /* cannot park again: a version now exists that matches */
+    tbd__acquire(r, ws, id, channel, mode, after, 0);
+  }
+  return 0;
+
+out_free_channel:
+  tbd_free(newch->name);
+  tbd_free(newch);
+out_free_version:
+  tbd_free(v->meta);
+  tbd_free(v->layout);
+  tbd_free(v);
+out_nomem:
+  snprintf(why, whylen, "out of memory");
+  return rc;
+}
+
+/* ---- acquire and release ---- */
+
+static struct tbd_version *find_match(struct tbd_channel *ch, int mode,
+                                      uint64_t version) {
+  struct tbd_version *v;
+
+  if (ch == NULL || ch->versions == NULL)
+    return NULL;
+  switch (mode) {
+  case TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_LATEST:
+    return ch->versions->prev; /* the tail: newest */
+  case TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_NEXT:
+    DL_FOREACH(ch->versions, v) {
+      if (v->number > version)
+        return v;
+    }
+    return NULL;
+  default:
+    DL_FOREACH(ch->versions, v) {
+      if (v->number == version)
+        return v;
+    }
+    return NULL;
+  }
+}
+
+/* Create a lease on v for s and emit the AcquireReply. Nothing changes on
+ * failure (TB_ENOMEM). */
+static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
+                       uint64_t request_id, struct tbd_version *v) {
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Tensorbroker__V1__AcquireReply ar = TENSORBROKER__V1__ACQUIRE_REPLY__INIT;
+  Tensorbroker__V1__BufferInfo bi = TENSORBROKER__V1__BUFFER_INFO__INIT;
+  Tensorbroker__V1__Device bdev = TENSORBROKER__V1__DEVICE__INIT;
+  Tensorbroker__V1__EventInfo ei;
+  Tensorbroker__V1__Device edev;
+  Tensorbroker__V1__Layout *layout;
+  struct tbd_buffer *b = v->buf;
+  struct tbd_lease *l;
+  struct tbd_sent *sent, *newsent = NULL;
+  bool attach;
+
+  l = tbd_calloc(1, sizeof(*l));
+  if (l == NULL)
+    goto out_nomem;
+  l->id = r->next_lease_id;
+  HASH_FIND(hh, s->sent, &b->id, sizeof(b->id), sent);
+  if (sent == NULL) {
+    newsent = tbd_calloc(1, sizeof(*newsent));
+    if (newsent == NULL)
+      goto out_free_lease;
+    newsent->buffer_id = b->id;
+  }
+  layout = tensorbroker__v1__layout__unpack(&tbd_pb_allocator, v->layout_len,
+                                            v->layout);
+  if (layout == NULL)
+    goto out_free_sent;
+  tbd_hash_oom = 0;
+  HASH_ADD(hh, r->leases, id, sizeof(l->id), l);
+  if (tbd_hash_oom)
+    goto out_free_layout;
+  tbd_hash_oom = 0;
+  if (newsent != NULL)
+    HASH_ADD(hh, s->sent, buffer_id, sizeof(newsent->buffer_id), newsent);
+  if (tbd_hash_oom) {
+    HASH_DEL(r->leases, l);
+    goto out_free_layout;
+  }
+  if (newsent != NULL)
+    sent = newsent;
+
+  /* Commit. */
+  r->next_lease_id++;
+  l->s = s;
+  l->v = v;
+  DL_APPEND2(s->leases, l, sprev, snext);
+  DL_APPEND2(v->leases, l, vprev, vnext);
+  s->nleases++;
+  v->nleases++;
+  v->ch->nleases++;
+  r->nleases++;
+  attach = b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD &&
+           !sent->fd_current && b->fd >= 0;
+  if (b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD)
+    sent->fd_current = true;
+
+  rep.request_id = request_id;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_ACQUIRE;
+  rep.acquire = &ar;
+  ar.lease_id = l->id;
+  ar.version = v->number;
+  ar.layout = layout;
+  ar.buffer = &bi;
+  ar.metadata.data = v->meta;
+  ar.metadata.len = v->meta_len;
+  ar.channel = v->ch->name;
+  bi.buffer_id = b->id;
+  bi.generation = b->generation;
+  bi.kind = b->kind;
+  bi.size = b->size;
+  bi.device = &bdev;
+  bdev.type = b->dev_type;
+  bdev.id = b->dev_id;
+  bdev.uuid.data = b->uuid;
+  bdev.uuid.len = b->uuid_len;
+  bi.cuda_ipc_handle.data = b->handle;
+  bi.cuda_ipc_handle.len = b->handle_len;
+  bi.writable = b->writable;
+  bi.fd_attached = attach;
+  bi.producer_pid = b->owner_pid;
+  if (v->has_ready) {
+    tbd__evinfo_to_pb(&v->ready, &ei, &edev);
+    ar.ready_event = &ei;
+  }
+  tbd__send_reply(r, s, &rep, attach ? &b->fd : NULL, attach ? 1 : 0);
+  tensorbroker__v1__layout__free_unpacked(layout, &tbd_pb_allocator);
+  return 0;
+
+out_free_layout:
+  tensorbroker__v1__layout__free_unpacked(layout, &tbd_pb_allocator);
+out_free_sent:
+  tbd_free(newsent);
+out_free_lease:
+  tbd_free(l);
+out_nomem:
+  return TB_ENOMEM;
+}
+
+int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
+                 uint64_t request_id, const char *channel, int mode,
+                 uint64_t version, int64_t timeout_ms) {
+  struct tbd_channel *ch = tbd__channel_find(r, channel);
+  struct tbd_version *v;
+  int rc;
+
+  if (s->nleases >= r->lim.max_leases)
+    return tbd__reply_status(r, s, request_id, TB_ELIMIT,
+                             "session holds %u leases (--max-leases)",
+                             r->lim.max_leases);
+  v = find_match(ch, mode, version);
+  if (v != NULL) {
+    rc = lease_grant(r, s, request_id, v);
+    if (rc < 0)
+      return tbd__reply_status(r, s, request_id, rc, "out of memory");
+    return 0;
+  }
+  if (mode == TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT)
+    return tbd__reply_status(r, s, request_id, TB_ENOTFOUND,
+                             "version %llu of '%s' is not held",
+                             (unsigned long long)version, channel);
+  if (ch != NULL && ch->closed)
+    return tbd__reply_status(r, s, request_id, TB_ECLOSED,
+                             "channel '%s' is closed and has no such version",
+                             channel);
+  if (timeout_ms == 0) {
+    if (ch == NULL)
+      return tbd__reply_status(r, s, request_id, TB_ENOTFOUND,
+                               "no channel '%s'", channel);
+    return tbd__reply_status(r, s, request_id, TB_EAGAIN,
+                             "no version of '%s' yet", channel);
+  }
+  rc = wait_park(r, s, TBD_WAIT_ACQUIRE, request_id, channel, mode, version,
+                 timeout_ms);
+  if (rc == TB_EBUSY)
+    return tbd__reply_status(r, s, request_id, rc,
+                             "another request of this session is waiting");
+  if (rc < 0)
+    return tbd__reply_status(r, s, request_id, rc, "out of memory");
+  return 0;
+}
+
+int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
+                       const struct tbd_event *done) {
+  struct tbd_version *v = l->v;
+  struct tbd_session *s = l->s;
+
+  if (done != NULL) {
+    bool seen = false;
+    for (size_t i = 0; i < v->ndone; i++)
+      seen = seen || v->done[i].id == done->info.id;
+    if (!seen) {
+      struct tbd_evinfo *d = tbd_malloc((v->ndone + 1) * sizeof(*d));
+      if (d == NULL)
+        return TB_ENOMEM;
+      if (v->ndone > 0)
+        memcpy(d, v->done, v->ndone * sizeof(*d));
+      d[v->ndone] = done->info;
+      tbd_free(v->done);
+      v->done = d;
+      v->ndone++;
+    }
+  }
+  HASH_DEL(r->leases, l);
+  DL_DELETE2(s->leases, l, sprev, snext);
+  DL_DELETE2(v->leases, l, vprev, vnext);
+  s->nleases--;
+  v->nleases--;
+  v->ch->nleases--;
+  r->nleases--;
+  tbd_free(l);
+  version_maybe_free(r, v);
+  return 0;
+}
+
+/* ---- subscriptions ---- */
+
+int tbd__subscribe(struct tbd_registry *r, struct tbd_session *s,
+                   const char *name) {
+  struct tbd_sub *sub;
+  struct tbd_subgroup *g, *newg = NULL;
+
+  HASH_FIND_STR(s->subs, name, sub);
+  if (sub != NULL)
+    return 0;
+  if (s->nsubs >= r->lim.max_subscriptions)
+    return TB_ELIMIT;
+  sub = tbd_calloc(1, sizeof(*sub));
+  if (sub == NULL)
+    return TB_ENOMEM;
+  sub->name = tbd_strdup(name);
+  if (sub->name == NULL)
+    goto out_free_sub;
+  HASH_FIND_STR(r->subgroups, name, g);
+  if (g == NULL) {
+    newg = tbd_calloc(1, sizeof(*newg));
+    if (newg == NULL)
+      goto out_free_sub;
+    newg->name = tbd_strdup(name);
+    if (newg->name == NULL)
+      goto out_free_group;
+    tbd_hash_oom = 0;
+    HASH_ADD_KEYPTR(hh, r->subgroups, newg->name, strlen(newg->name), newg);
+    if (tbd_hash_oom)
+      goto out_free_group;
+    g = newg;
+  }
+  tbd_hash_oom = 0;
+  HASH_ADD_KEYPTR(hh, s->subs, sub->name, strlen(sub->name), sub);
+  if (tbd_hash_oom) {
+    if (newg != NULL)
+      HASH_DEL(r->subgroups, newg);
+    goto out_free_group;
+  }
+  sub->s = s;
+  sub->g = g;
+  DL_APPEND2(g->members, sub, gprev, gnext);
+  s->nsubs++;
+  r->nsubs++;
+  return 0;
+
+out_free_group:
+  if (newg != NULL)
+    tbd_free(newg->name);
+  tbd_free(newg);
+out_free_sub:
+  tbd_free(sub->name);
+  tbd_free(sub);
+  return TB_ENOMEM;
+}
+
+int tbd__unsubscribe(struct tbd_registry *r, struct tbd_session *s,
+                     const char *name) {
+  struct tbd_sub *sub;
+  struct tbd_subgroup *g;
+
+  HASH_FIND_STR(s->subs, name, sub);
+  if (sub == NULL)
+    return TB_ENOTFOUND;
+  g = sub->g;
+  DL_DELETE2(g->members, sub, gprev, gnext);
+  if (g->members == NULL) {
+    HASH_DEL(r->subgroups, g);
+    tbd_free(g->name);
+    tbd_free(g);
+  }
+  HASH_DEL(s->subs, sub);
+  s->nsubs--;
+  r->nsubs--;
+  tbd_free(sub->name);
+  tbd_free(sub);
+  return 0;
+}
+
+/* ---- wait free ---- */
+
+int tbd__wait_free(struct tbd_registry *r, struct tbd_session *s,
+                   uint64_t request_id, const char *channel, uint64_t version,
+                   int64_t timeout_ms) {
+  struct tbd_channel *ch = tbd__channel_find(r, channel);
+  struct tbd_version *v;
+  int rc;
+
+  if (ch == NULL || version == 0 || version > ch->latest)
+    return tbd__reply_status(r, s, request_id, TB_ENOTFOUND,
+                             "version %llu of '%s' was never published",
+                             (unsigned long long)version, channel);
+  v = find_match(ch, TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT, version);
+  if (v == NULL) {
+    Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+    Tensorbroker__V1__WaitFreeReply wf =
+        TENSORBROKER__V1__WAIT_FREE_REPLY__INIT;
+    /* already freed: its VersionFree notice went out before this reply */
+    rep.request_id = request_id;
+    rep.body_case = TENSORBROKER__V1__REPLY__BODY_WAIT_FREE;
+    rep.wait_free = &wf;
+    wf.version = version;
+    tbd__send_reply(r, s, &rep, NULL, 0);
+    return 0;
+  }
+  if (timeout_ms == 0)
+    return tbd__reply_status(r, s, request_id, TB_EBUSY,
+                             "version %llu of '%s' is %s",
+                             (unsigned long long)version, channel,
+                             v->nleases > 0 ? "leased" : "in history");
+  rc = wait_park(r, s, TBD_WAIT_FREE, request_id, channel, 0, version,
+                 timeout_ms);
+  if (rc == TB_EBUSY)
+    return tbd__reply_status(r, s, request_id, rc,
+                             "another request of this session is waiting");
+  if (rc < 0)
+    return tbd__reply_status(r, s, request_id, rc, "out of memory");
+  return 0;
+}

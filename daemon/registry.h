@@ -1,0 +1,99 @@
+/* The broker's state: sessions, channels, versions, buffers, events, leases,
+ * subscriptions and parked waits. Sans-I/O: it never touches a socket. It
+ * talks back through an emit callback (one ServerMessage, plus descriptors,
+ * for one session) and reads time through a clock callback, so that the
+ * unit tests drive it with decoded requests and a fake clock.
+ *
+ * One thread: every function is called from the daemon's loop thread. */
+#ifndef TBD_REGISTRY_H
+#define TBD_REGISTRY_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config.h"
+#include "tb_proto.h"
+
+struct tbd_registry;
+struct tbd_session;
+
+/* Deliver m to session s with nfds descriptors attached. The descriptors
+ * still belong to the registry: the callee must dup them if it keeps them
+ * past its return. m is only valid during the call. */
+typedef void (*tbd_emit_fn)(void *ud, struct tbd_session *s,
+                            const tb__server_message *m, const int *fds,
+                            int nfds);
+typedef uint64_t (*tbd_clock_fn)(void *ud);
+
+struct tbd_stats {
+  uint64_t requests;
+  uint64_t bad_messages;
+  uint64_t sessions_dropped;
+};
+
+/* Sizes of everything the registry holds (tests and Status). */
+struct tbd_counts {
+  uint32_t sessions; /* open connections, with or without Hello */
+  uint32_t channels;
+  uint32_t versions;
+  uint32_t buffers;  /* registered or retired but still used */
+  uint32_t events;
+  uint32_t leases;
+  uint32_t subscriptions;
+  uint32_t waits;
+};
+
+/* Create a registry. limits is copied. Returns 0 or TB_ENOMEM. */
+int tbd_registry_new(const struct tbd_limits *limits, tbd_emit_fn emit,
+                     void *emit_ud, struct tbd_registry **out);
+/* Close every session without notices and free everything. NULL is fine. */
+void tbd_registry_free(struct tbd_registry *r);
+/* Replace the clock (default: tb__now_ms). */
+void tbd_registry_set_clock(struct tbd_registry *r, tbd_clock_fn now,
+                            void *ud);
+/* Borrowed; reported by Status. */
+void tbd_registry_set_socket_path(struct tbd_registry *r, const char *path);
+struct tbd_stats *tbd_registry_stats(struct tbd_registry *r);
+void tbd_registry_counts(const struct tbd_registry *r, struct tbd_counts *c);
+
+/* A new connection with the peer's credentials. conn is the caller's. */
+int tbd_session_open(struct tbd_registry *r, pid_t pid, uid_t uid, gid_t gid,
+                     void *conn, struct tbd_session **out);
+/* End a session for any reason: release its leases, drop subscriptions and
+ * waits, retire its buffers and events, close the channels it published,
+ * and notify everyone affected. s is freed. */
+void tbd_session_close(struct tbd_registry *r, struct tbd_session *s);
+/* Tell the registry not to emit anything to s any more (its connection is
+ * going away); the session stays until tbd_session_close(). */
+void tbd_session_mute(struct tbd_session *s);
+void *tbd_session_conn(const struct tbd_session *s);
+uint64_t tbd_session_id(const struct tbd_session *s);
+const char *tbd_session_name(const struct tbd_session *s);
+pid_t tbd_session_pid(const struct tbd_session *s);
+uid_t tbd_session_uid(const struct tbd_session *s);
+struct tbd_session *tbd_registry_first_session(struct tbd_registry *r);
+struct tbd_session *tbd_session_next(struct tbd_session *s);
+
+/* Handle one decoded request from s. fds (nfds of them) now belong to the
+ * registry: it keeps or closes each. The reply, if any, has been emitted
+ * when this returns. Returns 0, or a negative code when the session must
+ * now be closed: TB_EPROTO for a protocol error (a best-effort reply was
+ * emitted), TB_ELIMIT when the daemon is full. */
+int tbd_session_request(struct tbd_registry *r, struct tbd_session *s,
+                        const tb__request *req, int *fds, int nfds);
+
+/* Emit a Reply{request_id, status=TB_EPROTO, message} and count a bad
+ * message (the server calls it for datagrams that do not decode). */
+void tbd_session_protocol_error(struct tbd_registry *r, struct tbd_session *s,
+                                uint64_t request_id, const char *why);
+
+/* Earliest deadline of a parked wait (clock milliseconds), or UINT64_MAX. */
+uint64_t tbd_registry_next_deadline(const struct tbd_registry *r);
+/* Answer TB_ETIMEDOUT to every parked wait whose deadline has passed. */
+void tbd_registry_expire(struct tbd_registry *r);
+
+/* Send Notice{DaemonClosing} to every session. */
+void tbd_registry_broadcast_closing(struct tbd_registry *r,
+                                    const char *reason);
+
+#endif /* TBD_REGISTRY_H */

@@ -1,0 +1,233 @@
+/* Internal to the registry (registry.c) and its request handlers
+ * (handlers.c): the objects and the state transitions. */
+#ifndef TBD_REGISTRY_IMPL_H
+#define TBD_REGISTRY_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "hash.h"
+#include "registry.h"
+
+/* An event as handed to peers; versions keep copies, so an event may be
+ * unregistered while versions still name it. */
+struct tbd_evinfo {
+  uint64_t id;
+  uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
+  int32_t dev_type, dev_id;
+  uint8_t uuid[TB__UUID_SIZE];
+  size_t uuid_len;
+  uint32_t pid;
+};
+
+struct tbd_buffer {
+  uint64_t id;
+  uint32_t generation;
+  struct tbd_session *owner; /* NULL once retired */
+  uint32_t owner_pid;
+  int kind;                  /* TENSORBROKER__V1__MEMORY_KIND__* */
+  uint64_t size;
+  int fd;                    /* HOST_MEMFD: the daemon's own descriptor */
+  int32_t dev_type, dev_id;
+  uint8_t uuid[TB__UUID_SIZE];
+  size_t uuid_len;
+  uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
+  size_t handle_len;
+  bool writable;
+  bool retired;              /* no new publish; freed with its last version */
+  uint32_t nversions;        /* live versions that refer to it */
+  UT_hash_handle hh;         /* registry->buffers, by id */
+  struct tbd_buffer *snext, *sprev; /* owner->buffers */
+};
+
+struct tbd_event {
+  struct tbd_evinfo info;
+  struct tbd_session *owner;
+  UT_hash_handle hh;         /* registry->events, by info.id */
+  struct tbd_event *snext, *sprev;
+};
+
+struct tbd_lease;
+
+struct tbd_version {
+  struct tbd_channel *ch;
+  uint64_t number;
+  struct tbd_buffer *buf;
+  uint64_t publisher_id;     /* session id; it may have gone */
+  uint8_t *layout;           /* packed Layout: a deep copy for free */
+  size_t layout_len;
+  uint8_t *meta;
+  size_t meta_len;
+  bool has_ready;
+  struct tbd_evinfo ready;
+  struct tbd_evinfo *done;   /* consumers' done events, each once */
+  size_t ndone;
+  bool in_history;
+  uint32_t nleases;
+  struct tbd_lease *leases;  /* vnext/vprev */
+  struct tbd_version *next, *prev; /* ch->versions, oldest first */
+};
+
+struct tbd_channel {
+  char *name;
+  UT_hash_handle hh;         /* registry->channels, by name */
+  struct tbd_session *publisher; /* NULL: closed */
+  bool closed;
+  uint64_t latest;
+  uint32_t depth;
+  uint64_t publishes;
+  uint32_t nversions;
+  uint32_t nleases;
+  struct tbd_version *versions;
+};
+
+struct tbd_lease {
+  uint64_t id;
+  struct tbd_session *s;
+  struct tbd_version *v;
+  UT_hash_handle hh;         /* registry->leases, by id */
+  struct tbd_lease *snext, *sprev, *vnext, *vprev;
+};
+
+struct tbd_subgroup;
+
+struct tbd_sub {
+  char *name;
+  struct tbd_session *s;
+  struct tbd_subgroup *g;
+  UT_hash_handle hh;         /* s->subs, by name */
+  struct tbd_sub *gnext, *gprev;
+};
+
+/* All subscriptions to one name, so a publish finds its subscribers. */
+struct tbd_subgroup {
+  char *name;
+  UT_hash_handle hh;         /* registry->subgroups, by name */
+  struct tbd_sub *members;
+};
+
+/* Buffers this session has been sent; fd_current: it holds a mapping (no
+ * Forget since the descriptor was last attached). */
+struct tbd_sent {
+  uint64_t buffer_id;
+  bool fd_current;
+  UT_hash_handle hh;
+};
+
+enum tbd_wait_kind { TBD_WAIT_ACQUIRE = 1, TBD_WAIT_FREE = 2 };
+
+struct tbd_wait {
+  enum tbd_wait_kind kind;
+  struct tbd_session *s;
+  uint64_t request_id;
+  char *channel;
+  int mode;
+  uint64_t version;
+  uint64_t deadline;         /* UINT64_MAX: none */
+  struct tbd_wait *next, *prev; /* registry->waits */
+};
+
+struct tbd_session {
+  uint64_t id;
+  UT_hash_handle hh;         /* registry->sessions, by id */
+  void *conn;
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+  char name[64];
+  bool hello;
+  bool muted;
+  uint64_t mark;              /* to notify each session once */
+  int contract;
+  uint32_t memory_kinds;
+  uint32_t nleases, nbuffers, nevents, nsubs;
+  uint64_t implicit_stream_calls;
+  uint64_t requests;
+  struct tbd_lease *leases;
+  struct tbd_buffer *buffers;
+  struct tbd_event *events;
+  struct tbd_sub *subs;
+  struct tbd_sent *sent;
+  struct tbd_wait *wait;     /* at most one parked request */
+};
+
+struct tbd_registry {
+  struct tbd_limits lim;
+  tbd_emit_fn emit;
+  void *emit_ud;
+  tbd_clock_fn now;
+  void *now_ud;
+  const char *socket_path;
+  uint64_t start_ms;
+  struct tbd_stats stats;
+  struct tbd_session *sessions;
+  uint32_t nsessions, nhello;
+  struct tbd_channel *channels;
+  uint32_t nchannels, nversions;
+  struct tbd_buffer *buffers;
+  uint32_t nbuffers;
+  struct tbd_event *events;
+  uint32_t nevents;
+  struct tbd_lease *leases;
+  uint32_t nleases;
+  struct tbd_subgroup *subgroups;
+  uint32_t nsubs;
+  struct tbd_wait *waits;
+  uint32_t nwaits;
+  uint64_t mark_seq;
+  uint64_t next_session_id, next_buffer_id, next_event_id, next_lease_id;
+};
+
+/* ---- helpers shared by registry.c and handlers.c ---- */
+
+uint64_t tbd__now(struct tbd_registry *r);
+void tbd__emit(struct tbd_registry *r, struct tbd_session *s,
+               Tensorbroker__V1__ServerMessage *m, const int *fds, int nfds);
+void tbd__send_reply(struct tbd_registry *r, struct tbd_session *s,
+                     Tensorbroker__V1__Reply *rep, const int *fds, int nfds);
+/* Reply {request_id, status, message}; returns status. Nothing is sent
+ * for request_id 0 (one-way) unless status is TB_EPROTO. */
+int tbd__reply_status(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t request_id, int status, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+struct tbd_channel *tbd__channel_find(struct tbd_registry *r,
+                                      const char *name);
+struct tbd_session *tbd__session_find(struct tbd_registry *r, uint64_t id);
+void tbd__evinfo_to_pb(const struct tbd_evinfo *e,
+                       Tensorbroker__V1__EventInfo *pb,
+                       Tensorbroker__V1__Device *dev);
+
+/* Buffers and events. */
+int tbd__buffer_add(struct tbd_registry *r, struct tbd_session *s,
+                    struct tbd_buffer *b);
+void tbd__buffer_retire(struct tbd_registry *r, struct tbd_buffer *b);
+int tbd__event_add(struct tbd_registry *r, struct tbd_session *s,
+                   struct tbd_event *e);
+void tbd__event_remove(struct tbd_registry *r, struct tbd_event *e);
+
+/* Publish a validated version; on success writes its number. Nothing
+ * changes on failure (TB_ENOMEM, TB_ELIMIT, TB_EBUSY). */
+int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
+                 const char *channel, struct tbd_buffer *b,
+                 const Tensorbroker__V1__Layout *layout,
+                 const struct tbd_event *ready, const uint8_t *meta,
+                 size_t meta_len, uint32_t depth, uint64_t *version,
+                 char *why, size_t whylen);
+/* Answer an Acquire now, park it, or fail: the reply is always emitted
+ * (or the wait parked). Returns the status sent (0 when parked). */
+int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
+                 uint64_t request_id, const char *channel, int mode,
+                 uint64_t version, int64_t timeout_ms);
+/* End a lease; done may be NULL. TB_ENOMEM leaves the lease. */
+int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
+                       const struct tbd_event *done);
+int tbd__subscribe(struct tbd_registry *r, struct tbd_session *s,
+                   const char *name);
+int tbd__unsubscribe(struct tbd_registry *r, struct tbd_session *s,
+                     const char *name);
+int tbd__wait_free(struct tbd_registry *r, struct tbd_session *s,
+                   uint64_t request_id, const char *channel, uint64_t version,
+                   int64_t timeout_ms);
+
+#endif /* TBD_REGISTRY_IMPL_H */

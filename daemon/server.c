@@ -1,0 +1,457 @@
+/* Sockets and the loop. The daemon reads every session socket itself
+ * (uv_poll_t + recvmsg) because libuv pipes cannot carry arbitrary
+ * descriptors, and never blocks on a client: sends use MSG_DONTWAIT, what
+ * does not go out waits in a bounded per-session queue flushed when the
+ * socket turns writable, and a session whose queue overflows is dropped. */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <tensorbroker/errors.h>
+
+#include "alloc.h"
+#include "log.h"
+#include "tb_proto.h"
+
+/* Datagrams read per readable event, so one busy client cannot starve
+ * the others. */
+#define READ_BUDGET 32
+/* Connections allowed beyond --max-sessions that have not said Hello. */
+#define EXTRA_CONNS 64
+
+struct tbd_outmsg {
+  struct tbd_outmsg *next;
+  size_t len;
+  int fds[TB__MAX_FDS];
+  int nfds;
+  uint8_t data[];
+};
+
+struct tbd_conn {
+  struct tbd_server *srv;
+  int fd;
+  uv_poll_t poll;
+  struct tbd_session *s;
+  struct tbd_outmsg *outq, *outq_tail;
+  size_t outq_bytes;
+  int events;
+  int doomed;
+  struct tbd_conn *next, *prev; /* srv->conns */
+  struct tbd_conn *dnext;       /* srv->doomed */
+};
+
+static void outmsg_free(struct tbd_outmsg *m) {
+  for (int i = 0; i < m->nfds; i++)
+    close(m->fds[i]);
+  free(m);
+}
+
+static void on_conn_poll(uv_poll_t *h, int status, int events);
+
+static void conn_set_events(struct tbd_conn *c, int events) {
+  if (c->doomed || events == c->events)
+    return;
+  c->events = events;
+  uv_poll_start(&c->poll, events, on_conn_poll);
+}
+
+static void conn_doom(struct tbd_conn *c) {
+  if (c->doomed)
+    return;
+  c->doomed = 1;
+  tbd_session_mute(c->s);
+  c->dnext = c->srv->doomed;
+  c->srv->doomed = c;
+}
+
+/* Send what is queued; 0 when the queue is empty, 1 when the socket is
+ * full, -1 when the connection failed. */
+static int conn_flush(struct tbd_conn *c) {
+  while (c->outq != NULL) {
+    struct tbd_outmsg *m = c->outq;
+    int rc = tb__wire_send(c->fd, m->data, m->len, m->fds, m->nfds,
+                           MSG_DONTWAIT);
+    if (rc == -EAGAIN || rc == -EWOULDBLOCK)
+      return 1;
+    if (rc < 0)
+      return -1;
+    c->outq = m->next;
+    if (c->outq == NULL)
+      c->outq_tail = NULL;
+    c->outq_bytes -= m->len;
+    outmsg_free(m);
+  }
+  return 0;
+}
+
+void tbd_server_emit(void *ud, struct tbd_session *s,
+                     const tb__server_message *m, const int *fds, int nfds) {
+  struct tbd_server *srv = ud;
+  struct tbd_conn *c = tbd_session_conn(s);
+  struct tbd_outmsg *q;
+  long len;
+  int rc;
+
+  if (c->doomed)
+    return;
+  len = tb__server_message_encode(m, srv->txbuf, TB__MAX_MESSAGE_HARD);
+  if (len < 0) {
+    tbd_error("session %llu: message too large to encode; dropping session",
+              (unsigned long long)tbd_session_id(s));
+    conn_doom(c);
+    return;
+  }
+  if (c->outq == NULL) {
+    rc = tb__wire_send(c->fd, srv->txbuf, (size_t)len, fds, nfds,
+                       MSG_DONTWAIT);
+    if (rc == 0)
+      return;
+    if (rc != -EAGAIN && rc != -EWOULDBLOCK) {
+      tbd_debug("session %llu: send: %s", (unsigned long long)tbd_session_id(s),
+                strerror(-rc));
+      conn_doom(c);
+      return;
+    }
+  }
+  if (c->outq_bytes + (size_t)len > srv->lim.max_outq) {
+    tbd_warn("session %llu (pid %d '%s'): %zu bytes unread (--max-outq); "
+             "dropping it",
+             (unsigned long long)tbd_session_id(s), (int)tbd_session_pid(s),
+             tbd_session_name(s), c->outq_bytes);
+    tbd_registry_stats(srv->reg)->sessions_dropped++;
+    conn_doom(c);
+    return;
+  }
+  q = malloc(sizeof(*q) + (size_t)len);
+  if (q == NULL)
+    goto out_drop;
+  q->next = NULL;
+  q->len = (size_t)len;
+  q->nfds = 0;
+  memcpy(q->data, srv->txbuf, (size_t)len);
+  /* The registry's descriptors may be closed before the queue drains. */
+  for (int i = 0; i < nfds; i++) {
+    q->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
+    if (q->fds[i] < 0) {
+      outmsg_free(q);
+      goto out_drop;
+    }
+    q->nfds++;
+  }
+  if (c->outq_tail != NULL)
+    c->outq_tail->next = q;
+  else
+    c->outq = q;
+  c->outq_tail = q;
+  c->outq_bytes += (size_t)len;
+  conn_set_events(c, UV_READABLE | UV_WRITABLE);
+  return;
+
+out_drop:
+  tbd_error("session %llu: cannot queue a message (%s); dropping it",
+            (unsigned long long)tbd_session_id(s), strerror(errno));
+  tbd_registry_stats(srv->reg)->sessions_dropped++;
+  conn_doom(c);
+}
+
+static void on_conn_closed(uv_handle_t *h) {
+  struct tbd_conn *c = h->data;
+
+  while (c->outq != NULL) {
+    struct tbd_outmsg *m = c->outq;
+    c->outq = m->next;
+    outmsg_free(m);
+  }
+  close(c->fd);
+  free(c);
+}
+
+/* Close doomed connections. Closing a session may notify others, whose
+ * queues may overflow in turn, so this runs until nothing is left. */
+static void reap(struct tbd_server *srv) {
+  while (srv->doomed != NULL) {
+    struct tbd_conn *c = srv->doomed;
+    struct tbd_session *s = c->s;
+
+    srv->doomed = c->dnext;
+    conn_flush(c); /* best effort: an EPROTO reply, DaemonClosing */
+    tbd_info("session %llu closed: pid %d uid %u name '%s'",
+             (unsigned long long)tbd_session_id(s), (int)tbd_session_pid(s),
+             (unsigned)tbd_session_uid(s), tbd_session_name(s));
+    tbd_session_close(srv->reg, s);
+    if (c->next != NULL)
+      c->next->prev = c->prev;
+    if (c->prev != NULL)
+      c->prev->next = c->next;
+    else
+      srv->conns = c->next;
+    srv->nconns--;
+    uv_poll_stop(&c->poll);
+    uv_close((uv_handle_t *)&c->poll, on_conn_closed);
+  }
+}
+
+static void on_timer(uv_timer_t *t);
+
+static void rearm_timer(struct tbd_server *srv) {
+  uint64_t deadline = tbd_registry_next_deadline(srv->reg), now;
+
+  if (srv->stopping)
+    return;
+  if (deadline == UINT64_MAX) {
+    uv_timer_stop(&srv->timer);
+    return;
+  }
+  now = tb__now_ms();
+  uv_timer_start(&srv->timer, on_timer, deadline > now ? deadline - now : 0,
+                 0);
+}
+
+/* Every callback ends here: close what died, re-arm the wait timer. */
+static void after(struct tbd_server *srv) {
+  reap(srv);
+  rearm_timer(srv);
+}
+
+static void on_timer(uv_timer_t *t) {
+  struct tbd_server *srv = t->data;
+
+  tbd_registry_expire(srv->reg);
+  after(srv);
+}
+
+static void conn_read(struct tbd_conn *c) {
+  struct tbd_server *srv = c->srv;
+  int fds[TB__MAX_FDS];
+
+  for (int i = 0; i < READ_BUDGET && !c->doomed; i++) {
+    tb__request *req;
+    int nfds = 0, rc;
+    long n = tb__wire_recv(c->fd, srv->rxbuf, srv->lim.max_message, fds,
+                           &nfds, MSG_DONTWAIT);
+
+    if (n == -EAGAIN || n == -EWOULDBLOCK)
+      return;
+    if (n == 0) { /* end of stream (or an empty datagram: same thing) */
+      conn_doom(c);
+      return;
+    }
+    if (n == -EMSGSIZE) {
+      tbd_session_protocol_error(srv->reg, c->s, 0,
+                                 "datagram larger than --max-message or "
+                                 "with too many descriptors");
+      conn_doom(c);
+      return;
+    }
+    if (n < 0) {
+      tbd_debug("session %llu: recv: %s",
+                (unsigned long long)tbd_session_id(c->s), strerror((int)-n));
+      conn_doom(c);
+      return;
+    }
+    if (tb__request_decode(srv->rxbuf, (size_t)n, &req) < 0) {
+      for (int k = 0; k < nfds; k++)
+        close(fds[k]);
+      tbd_session_protocol_error(srv->reg, c->s, 0, "undecodable datagram");
+      conn_doom(c);
+      return;
+    }
+    rc = tbd_session_request(srv->reg, c->s, req, fds, nfds);
+    tb__request_free(req);
+    if (rc < 0)
+      conn_doom(c);
+  }
+}
+
+static void on_conn_poll(uv_poll_t *h, int status, int events) {
+  struct tbd_conn *c = h->data;
+  struct tbd_server *srv = c->srv;
+
+  if (status < 0) {
+    conn_doom(c);
+  } else {
+    if ((events & UV_WRITABLE) && !c->doomed) {
+      int rc = conn_flush(c);
+      if (rc < 0)
+        conn_doom(c);
+      else if (rc == 0)
+        conn_set_events(c, UV_READABLE);
+    }
+    if ((events & UV_READABLE) && !c->doomed)
+      conn_read(c);
+  }
+  after(srv);
+}
+
+static void conn_accepted(struct tbd_server *srv, int fd) {
+  struct ucred cred;
+  socklen_t clen = sizeof(cred);
+  struct tbd_conn *c;
+  int sndbuf = (int)(2 * srv->lim.max_message + 65536);
+
+  if (srv->nconns >= srv->lim.max_sessions + EXTRA_CONNS) {
+    tbd_warn("too many connections (%u); refusing one", srv->nconns);
+    close(fd);
+    return;
+  }
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
+    tbd_warn("SO_PEERCRED: %s; refusing connection", strerror(errno));
+    close(fd);
+    return;
+  }
+  /* a reply must fit in the send buffer as one datagram; best effort */
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+  c = calloc(1, sizeof(*c));
+  if (c == NULL)
+    goto out_close;
+  c->srv = srv;
+  c->fd = fd;
+  if (tbd_session_open(srv->reg, cred.pid, cred.uid, cred.gid, c, &c->s) < 0)
+    goto out_free;
+  if (uv_poll_init(srv->loop, &c->poll, fd) < 0) {
+    tbd_session_close(srv->reg, c->s);
+    goto out_free;
+  }
+  c->poll.data = c;
+  c->events = UV_READABLE;
+  uv_poll_start(&c->poll, UV_READABLE, on_conn_poll);
+  c->next = srv->conns;
+  if (srv->conns != NULL)
+    srv->conns->prev = c;
+  srv->conns = c;
+  srv->nconns++;
+  tbd_debug("connection from pid %d uid %u gid %u (session %llu)",
+            (int)cred.pid, (unsigned)cred.uid, (unsigned)cred.gid,
+            (unsigned long long)tbd_session_id(c->s));
+  return;
+
+out_free:
+  free(c);
+out_close:
+  tbd_error("out of memory; refusing connection");
+  close(fd);
+}
+
+static void on_listen_poll(uv_poll_t *h, int status, int events) {
+  struct tbd_server *srv = h->data;
+
+  (void)events;
+  if (status < 0) {
+    tbd_error("listening socket: %s", uv_strerror(status));
+    return;
+  }
+  for (int i = 0; i < READ_BUDGET; i++) {
+    int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+    if (fd >= 0) {
+      conn_accepted(srv, fd);
+      continue;
+    }
+    if (errno == EINTR || errno == ECONNABORTED)
+      continue;
+    if ((errno == EMFILE || errno == ENFILE) && srv->reserve_fd >= 0) {
+      /* Out of descriptors: accept and close, or the listening socket
+       * would stay readable and spin the loop. */
+      tbd_warn("out of file descriptors; refusing a connection");
+      close(srv->reserve_fd);
+      fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+      if (fd >= 0)
+        close(fd);
+      srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      continue;
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      tbd_warn("accept: %s", strerror(errno));
+    break;
+  }
+  after(srv);
+}
+
+int tbd_server_init(struct tbd_server *srv, uv_loop_t *loop,
+                    const struct tbd_limits *lim, int listen_fd,
+                    const char *socket_path) {
+  int rc;
+
+  memset(srv, 0, sizeof(*srv));
+  srv->loop = loop;
+  srv->lim = *lim;
+  srv->socket_path = socket_path;
+  srv->listen_fd = listen_fd;
+  srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  srv->rxbuf = malloc(lim->max_message);
+  srv->txbuf = malloc(TB__MAX_MESSAGE_HARD);
+  if (srv->rxbuf == NULL || srv->txbuf == NULL) {
+    rc = TB_ENOMEM;
+    goto out_free;
+  }
+  rc = tbd_registry_new(lim, tbd_server_emit, srv, &srv->reg);
+  if (rc < 0)
+    goto out_free;
+  tbd_registry_set_socket_path(srv->reg, socket_path);
+  uv_timer_init(loop, &srv->timer);
+  srv->timer.data = srv;
+  rc = uv_poll_init(loop, &srv->listen_poll, listen_fd);
+  if (rc < 0) {
+    tbd_error("uv_poll_init: %s", uv_strerror(rc));
+    uv_close((uv_handle_t *)&srv->timer, NULL);
+    tbd_registry_free(srv->reg);
+    srv->reg = NULL;
+    rc = TB_ESYS;
+    goto out_free;
+  }
+  srv->listen_poll.data = srv;
+  uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen_poll);
+  return 0;
+
+out_free:
+  free(srv->rxbuf);
+  free(srv->txbuf);
+  srv->rxbuf = srv->txbuf = NULL;
+  if (srv->reserve_fd >= 0)
+    close(srv->reserve_fd);
+  return rc;
+}
+
+static void on_listen_closed(uv_handle_t *h) {
+  struct tbd_server *srv = h->data;
+
+  close(srv->listen_fd);
+  srv->listen_fd = -1;
+}
+
+void tbd_server_shutdown(struct tbd_server *srv, const char *reason) {
+  struct tbd_conn *c;
+
+  if (srv->stopping)
+    return;
+  srv->stopping = 1;
+  tbd_info("shutting down: %s", reason);
+  tbd_registry_broadcast_closing(srv->reg, reason);
+  /* mute everyone first: nobody needs ChannelClosed now */
+  for (c = srv->conns; c != NULL; c = c->next)
+    conn_doom(c);
+  reap(srv);
+  uv_timer_stop(&srv->timer);
+  uv_close((uv_handle_t *)&srv->timer, NULL);
+  uv_poll_stop(&srv->listen_poll);
+  uv_close((uv_handle_t *)&srv->listen_poll, on_listen_closed);
+  if (srv->socket_path != NULL && unlink(srv->socket_path) < 0 &&
+      errno != ENOENT)
+    tbd_warn("unlink %s: %s", srv->socket_path, strerror(errno));
+}
+
+void tbd_server_free(struct tbd_server *srv) {
+  tbd_registry_free(srv->reg);
+  srv->reg = NULL;
+  free(srv->rxbuf);
+  free(srv->txbuf);
+  srv->rxbuf = srv->txbuf = NULL;
+  if (srv->reserve_fd >= 0)
+    close(srv->reserve_fd);
+  srv->reserve_fd = -1;
+}

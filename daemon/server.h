@@ -1,0 +1,46 @@
+/* The daemon's sockets: the listening socket, one uv_poll_t per session,
+ * datagram I/O with descriptors, per-session bounded out-queues, and the
+ * timer that expires parked waits. All registry output arrives here. */
+#ifndef TBD_SERVER_H
+#define TBD_SERVER_H
+
+#include <uv.h>
+
+#include "config.h"
+#include "registry.h"
+
+struct tbd_conn;
+
+struct tbd_server {
+  uv_loop_t *loop;
+  struct tbd_registry *reg;
+  struct tbd_limits lim;
+  const char *socket_path;
+  int listen_fd;
+  int reserve_fd;            /* spent on EMFILE to accept-and-close */
+  uv_poll_t listen_poll;
+  uv_timer_t timer;
+  uint8_t *rxbuf;            /* lim.max_message bytes */
+  uint8_t *txbuf;            /* TB__MAX_MESSAGE_HARD bytes */
+  struct tbd_conn *conns;
+  struct tbd_conn *doomed;
+  uint32_t nconns;
+  int stopping;
+};
+
+/* Start serving listen_fd (listening, non-blocking) on loop. The server
+ * owns listen_fd from now on. Returns 0 or a negative TB_E* code. */
+int tbd_server_init(struct tbd_server *srv, uv_loop_t *loop,
+                    const struct tbd_limits *lim, int listen_fd,
+                    const char *socket_path);
+/* Send DaemonClosing to everyone, close every session and handle, remove
+ * the socket file. The loop then runs out. */
+void tbd_server_shutdown(struct tbd_server *srv, const char *reason);
+/* After the loop has run out: free what is left (the registry). */
+void tbd_server_free(struct tbd_server *srv);
+
+/* The emit callback the registry uses (exposed for the tests). */
+void tbd_server_emit(void *ud, struct tbd_session *s,
+                     const tb__server_message *m, const int *fds, int nfds);
+
+#endif /* TBD_SERVER_H */
