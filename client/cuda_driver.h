@@ -4,7 +4,8 @@
  * here (from the driver API's published ABI, cuda.h of CUDA 12/13) and looks
  * the functions up at run time, so the same library runs on machines with and
  * without a GPU. tests/unit checks these declarations against cuda.h where
- * the toolkit is installed. */
+ * the toolkit is installed (tests/gpu/cuda_decls_check.c, a build-time
+ * check). */
 #ifndef TB_CUDA_DRIVER_H
 #define TB_CUDA_DRIVER_H
 
@@ -46,8 +47,26 @@ typedef struct {
 #define TB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define TB_CU_MEMORYTYPE_HOST 1
 #define TB_CU_MEMORYTYPE_DEVICE 2
+#define TB_CU_EVENT_RECORD_DEFAULT 0x0
+#define TB_CU_EVENT_RECORD_EXTERNAL 0x1
+#define TB_CU_STREAM_DEFAULT 0x0
+#define TB_CU_STREAM_NON_BLOCKING 0x1
+#define TB_CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define TB_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+#define TB_CU_STREAM_CAPTURE_MODE_RELAXED 2
+#define TB_CU_MEMORYTYPE_ARRAY 3
+#define TB_CU_MEMORYTYPE_UNIFIED 4
+#define TB_CUDA_SUCCESS 0
+#define TB_CUDA_ERROR_INVALID_VALUE 1
+#define TB_CUDA_ERROR_NO_DEVICE 100
+#define TB_CUDA_ERROR_INVALID_CONTEXT 201
+#define TB_CUDA_ERROR_PEER_ACCESS_UNSUPPORTED 217
 #define TB_CUDA_ERROR_NOT_READY 600
+#define TB_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define TB_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
 #define TB_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT 906
+/* The driver API version libtensorbroker is written against (CUDA 12.0). */
+#define TB_CUDA_API_VERSION 12000
 
 /* The driver functions libtensorbroker (and its GPU tests) use. Each member
  * is resolved with cuGetProcAddress for CUDA 12.0 semantics, so versioned
@@ -119,12 +138,19 @@ struct tb_cuda {
                                  unsigned gz, unsigned bx, unsigned by,
                                  unsigned bz, unsigned shmem, tb_cu_stream s,
                                  void **params, void **extra);
+  /* Added with the implementation (cuda_driver.c). */
+  tb_cu_result (*cuThreadExchangeStreamCaptureMode)(int *mode);
+  tb_cu_result (*cuModuleUnload)(tb_cu_module m);
+  tb_cu_result (*cuDeviceGetName)(char *name, int len, tb_cu_device d);
+  tb_cu_result (*cuStreamQuery)(tb_cu_stream s);
 };
 
 /* Load and initialise the driver once per process (thread-safe). On success
  * *out points to the process-wide table. TB_ENOCUDA when libcuda.so.1 is
- * missing, a required symbol is absent, cuInit fails, or no device exists;
- * the reason is kept for tb__cuda_why(). */
+ * missing, a required symbol is absent, the driver is older than the CUDA
+ * 12.0 API, cuInit fails, or no device exists; the reason is kept for
+ * tb__cuda_why(). The result is decided once: a process that forked after a
+ * successful load must exec before using CUDA (CUDA does not survive fork). */
 int tb__cuda_load(const struct tb_cuda **out);
 
 /* Why the last load failed (static text), or "" after success. */

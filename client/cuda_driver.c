@@ -1,0 +1,264 @@
+/* The CUDA driver API, loaded at run time (see cuda_driver.h).
+ *
+ * libcuda.so.1 is opened once per process with dlopen. Each member of
+ * struct tb_cuda is resolved with cuGetProcAddress_v2 for the CUDA 12.0 API,
+ * so the driver picks the ABI-compatible versioned entry point (cuMemAlloc ->
+ * cuMemAlloc_v2, cuStreamBeginCapture -> its _v2, cuStreamGetCtx -> the
+ * 12.0 one, not the 12.5 _v2 that takes a green context). Where
+ * cuGetProcAddress_v2 is absent or refuses a symbol we fall back to dlsym
+ * with the versioned name cuda.h would have bound at compile time.
+ *
+ * A few members go through counting trampolines, so tests can show that a
+ * cache hit made no driver call. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <tensorbroker/tensorbroker.h>
+
+#include "cuda_driver.h"
+
+/* cuGetProcAddress_v2 (CUDA 12.0+), cuda.h:
+ *   CUresult cuGetProcAddress_v2(const char *symbol, void **pfn,
+ *       int cudaVersion, cuuint64_t flags,
+ *       CUdriverProcAddressQueryResult *symbolStatus); */
+typedef tb_cu_result (*tb_cu_get_proc_fn)(const char *symbol, void **pfn,
+                                          int cuda_version, uint64_t flags,
+                                          int *status);
+/* CU_GET_PROC_ADDRESS_LEGACY_STREAM: the entry points without _ptsz/_ptds,
+ * the same ones dlsym of the plain names gives. (DEFAULT means the same for
+ * code not built with per-thread default streams; we say it explicitly so
+ * the choice never depends on how the caller was compiled.) We never pass
+ * the NULL stream anyway: TB_CU_STREAM_LEGACY and TB_CU_STREAM_PER_THREAD
+ * are explicit handles. */
+#define TB_CU_GET_PROC_ADDRESS_LEGACY_STREAM 1
+#define TB_CU_GET_PROC_ADDRESS_SUCCESS 0
+
+struct tb_cuda_sym {
+  size_t off;        /* offset of the member in struct tb_cuda */
+  const char *base;  /* name for cuGetProcAddress (no version suffix) */
+  const char *dlsym; /* versioned name for the dlsym fallback */
+};
+
+#define SYM(member, base, versioned) \
+  { offsetof(struct tb_cuda, member), base, versioned }
+#define SYM1(member) SYM(member, #member, #member)
+
+static const struct tb_cuda_sym tb_cuda_syms[] = {
+    SYM1(cuInit),
+    SYM1(cuDriverGetVersion),
+    SYM1(cuGetErrorName),
+    SYM1(cuGetErrorString),
+    SYM1(cuDeviceGetCount),
+    SYM1(cuDeviceGet),
+    SYM(cuDeviceGetUuid, "cuDeviceGetUuid", "cuDeviceGetUuid_v2"),
+    SYM1(cuDeviceGetAttribute),
+    SYM1(cuDeviceCanAccessPeer),
+    SYM1(cuDevicePrimaryCtxRetain),
+    SYM(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease",
+        "cuDevicePrimaryCtxRelease_v2"),
+    SYM1(cuCtxGetCurrent),
+    SYM1(cuCtxSetCurrent),
+    SYM1(cuCtxGetDevice),
+    SYM1(cuCtxSynchronize),
+    SYM1(cuPointerGetAttribute),
+    SYM(cuMemGetAddressRange, "cuMemGetAddressRange",
+        "cuMemGetAddressRange_v2"),
+    SYM(cuMemAlloc, "cuMemAlloc", "cuMemAlloc_v2"),
+    SYM(cuMemFree, "cuMemFree", "cuMemFree_v2"),
+    SYM(cuMemcpyHtoD, "cuMemcpyHtoD", "cuMemcpyHtoD_v2"),
+    SYM(cuMemcpyDtoH, "cuMemcpyDtoH", "cuMemcpyDtoH_v2"),
+    SYM(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync", "cuMemcpyDtoDAsync_v2"),
+    SYM1(cuMemsetD32Async),
+    SYM1(cuIpcGetMemHandle),
+    SYM(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2"),
+    SYM1(cuIpcCloseMemHandle),
+    SYM1(cuIpcGetEventHandle),
+    SYM1(cuIpcOpenEventHandle),
+    SYM1(cuEventCreate),
+    SYM(cuEventDestroy, "cuEventDestroy", "cuEventDestroy_v2"),
+    SYM1(cuEventRecord),
+    SYM1(cuEventRecordWithFlags),
+    SYM1(cuEventQuery),
+    SYM1(cuEventSynchronize),
+    SYM1(cuStreamCreate),
+    SYM(cuStreamDestroy, "cuStreamDestroy", "cuStreamDestroy_v2"),
+    SYM1(cuStreamSynchronize),
+    SYM1(cuStreamWaitEvent),
+    SYM1(cuStreamIsCapturing),
+    SYM1(cuStreamGetCtx),
+    SYM(cuStreamBeginCapture, "cuStreamBeginCapture",
+        "cuStreamBeginCapture_v2"),
+    SYM1(cuStreamEndCapture),
+    /* cuda.h maps cuGraphInstantiate to cuGraphInstantiateWithFlags (the
+     * 12.0 signature); ask for that one by its own name. */
+    SYM(cuGraphInstantiate, "cuGraphInstantiateWithFlags",
+        "cuGraphInstantiateWithFlags"),
+    SYM1(cuGraphLaunch),
+    SYM1(cuGraphExecDestroy),
+    SYM1(cuGraphDestroy),
+    SYM1(cuModuleLoadData),
+    SYM1(cuModuleGetFunction),
+    SYM1(cuLaunchKernel),
+    SYM1(cuThreadExchangeStreamCaptureMode),
+    SYM1(cuModuleUnload),
+    SYM1(cuDeviceGetName),
+    SYM1(cuStreamQuery),
+};
+
+static pthread_once_t tb_cuda_once = PTHREAD_ONCE_INIT;
+static int tb_cuda_rc = TB_ENOCUDA;
+static char tb_cuda_reason[256] = "CUDA driver not loaded yet";
+static struct tb_cuda tb_cuda_real; /* what the driver gave us */
+static struct tb_cuda tb_cuda_tab;  /* what callers get: real + trampolines */
+
+static atomic_ulong tb_cnt_open_mem, tb_cnt_close_mem, tb_cnt_open_event,
+    tb_cnt_get_mem, tb_cnt_event_create;
+
+static tb_cu_result tb_tr_ipc_open_mem(tb_cu_deviceptr *p,
+                                       tb_cu_ipc_mem_handle h,
+                                       unsigned flags) {
+  atomic_fetch_add(&tb_cnt_open_mem, 1);
+  return tb_cuda_real.cuIpcOpenMemHandle(p, h, flags);
+}
+
+static tb_cu_result tb_tr_ipc_close_mem(tb_cu_deviceptr p) {
+  atomic_fetch_add(&tb_cnt_close_mem, 1);
+  return tb_cuda_real.cuIpcCloseMemHandle(p);
+}
+
+static tb_cu_result tb_tr_ipc_open_event(tb_cu_event *e,
+                                         tb_cu_ipc_event_handle h) {
+  atomic_fetch_add(&tb_cnt_open_event, 1);
+  return tb_cuda_real.cuIpcOpenEventHandle(e, h);
+}
+
+static tb_cu_result tb_tr_ipc_get_mem(tb_cu_ipc_mem_handle *h,
+                                      tb_cu_deviceptr p) {
+  atomic_fetch_add(&tb_cnt_get_mem, 1);
+  return tb_cuda_real.cuIpcGetMemHandle(h, p);
+}
+
+static tb_cu_result tb_tr_event_create(tb_cu_event *e, unsigned flags) {
+  atomic_fetch_add(&tb_cnt_event_create, 1);
+  return tb_cuda_real.cuEventCreate(e, flags);
+}
+
+__attribute__((format(printf, 1, 2))) static void
+tb_cuda_fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tb_cuda_reason, sizeof tb_cuda_reason, fmt, ap);
+  va_end(ap);
+}
+
+static void tb_cuda_load_once(void) {
+  /* RTLD_LOCAL: the driver's symbols must not leak into the global
+   * namespace of an application that may load its own libcuda users. The
+   * handle is never closed: the driver cannot be unloaded safely. */
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) {
+    const char *e = dlerror();
+    tb_cuda_fail("cannot load libcuda.so.1 (%s)", e != NULL ? e : "not found");
+    return;
+  }
+  tb_cu_get_proc_fn get_proc =
+      (tb_cu_get_proc_fn)dlsym(lib, "cuGetProcAddress_v2");
+
+  for (size_t i = 0; i < sizeof tb_cuda_syms / sizeof tb_cuda_syms[0]; i++) {
+    const struct tb_cuda_sym *sym = &tb_cuda_syms[i];
+    void *fn = NULL;
+    if (get_proc != NULL) {
+      int status = -1;
+      tb_cu_result r =
+          get_proc(sym->base, &fn, TB_CUDA_API_VERSION,
+                   TB_CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status);
+      if (r != 0 || status != TB_CU_GET_PROC_ADDRESS_SUCCESS)
+        fn = NULL;
+    }
+    if (fn == NULL)
+      fn = dlsym(lib, sym->dlsym);
+    if (fn == NULL) {
+      tb_cuda_fail("libcuda.so.1 lacks %s: driver too old (need the CUDA "
+                   "12.0 driver API)",
+                   sym->dlsym);
+      return;
+    }
+    /* POSIX guarantees void * and function pointers convert both ways. */
+    memcpy((char *)&tb_cuda_real + sym->off, &fn, sizeof fn);
+  }
+
+  tb_cu_result r = tb_cuda_real.cuInit(0);
+  if (r != 0) {
+    const char *name = NULL;
+    if (tb_cuda_real.cuGetErrorName(r, &name) != 0 || name == NULL)
+      name = "unknown error";
+    tb_cuda_fail("cuInit failed: %s (%d)", name, r);
+    return;
+  }
+  int version = 0;
+  r = tb_cuda_real.cuDriverGetVersion(&version);
+  if (r != 0 || version < TB_CUDA_API_VERSION) {
+    tb_cuda_fail("CUDA driver API version %d is older than 12.0", version);
+    return;
+  }
+  int count = 0;
+  r = tb_cuda_real.cuDeviceGetCount(&count);
+  if (r != 0 || count < 1) {
+    tb_cuda_fail("no CUDA device visible (cuDeviceGetCount: %s, %d devices; "
+                 "check CUDA_VISIBLE_DEVICES)",
+                 r == 0 ? "ok" : "failed", count);
+    return;
+  }
+
+  tb_cuda_tab = tb_cuda_real;
+  tb_cuda_tab.cuIpcOpenMemHandle = tb_tr_ipc_open_mem;
+  tb_cuda_tab.cuIpcCloseMemHandle = tb_tr_ipc_close_mem;
+  tb_cuda_tab.cuIpcOpenEventHandle = tb_tr_ipc_open_event;
+  tb_cuda_tab.cuIpcGetMemHandle = tb_tr_ipc_get_mem;
+  tb_cuda_tab.cuEventCreate = tb_tr_event_create;
+  tb_cuda_reason[0] = '\0';
+  tb_cuda_rc = 0;
+}
+
+int tb__cuda_load(const struct tb_cuda **out) {
+  pthread_once(&tb_cuda_once, tb_cuda_load_once);
+  if (tb_cuda_rc != 0)
+    return tb_cuda_rc;
+  *out = &tb_cuda_tab;
+  return 0;
+}
+
+const char *tb__cuda_why(void) {
+  pthread_once(&tb_cuda_once, tb_cuda_load_once);
+  return tb_cuda_reason;
+}
+
+const char *tb__cuda_err_name(tb_cu_result r) {
+  const struct tb_cuda *cu;
+  const char *name = NULL;
+  if (tb__cuda_load(&cu) != 0)
+    return "CUDA_ERROR (driver not loaded)";
+  if (cu->cuGetErrorName(r, &name) != 0 || name == NULL)
+    return "CUDA_ERROR_UNKNOWN_CODE";
+  return name;
+}
+
+void tb__cuda_counters(struct tb_cuda_counters *out) {
+  struct tb_cuda_counters c;
+  c.ipc_open_mem = atomic_load(&tb_cnt_open_mem);
+  c.ipc_close_mem = atomic_load(&tb_cnt_close_mem);
+  c.ipc_open_event = atomic_load(&tb_cnt_open_event);
+  c.ipc_get_mem = atomic_load(&tb_cnt_get_mem);
+  c.event_create = atomic_load(&tb_cnt_event_create);
+  *out = c;
+}
+
+TB_EXPORT int tb_cuda_available(void) {
+  const struct tb_cuda *cu;
+  return tb__cuda_load(&cu);
+}

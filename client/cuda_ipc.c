@@ -1,0 +1,732 @@
+/* The CUDA half of the legacy-IPC transport (see cuda_ipc.h).
+ *
+ * Everything here talks only to the driver. Three habits hold throughout:
+ *  - Work happens in the context the object belongs to: a pointer's context
+ *    (CU_POINTER_ATTRIBUTE_CONTEXT), an explicit stream's (cuStreamGetCtx).
+ *    When that is not the calling thread's current context we make it current
+ *    for the call and restore the previous one before returning.
+ *  - Driver calls that are not stream work (IPC open/close, event create)
+ *    run with the thread's capture mode exchanged to RELAXED, so that they
+ *    are allowed while the application captures a graph in GLOBAL mode (as
+ *    PyTorch does around cudaMalloc during capture).
+ *  - Nothing here synchronises the host with the GPU. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tensorbroker/tensorbroker.h>
+
+#include "cuda_ipc.h"
+
+__attribute__((format(printf, 3, 4))) static void
+tb_why(char *why, size_t whylen, const char *fmt, ...) {
+  if (why == NULL || whylen == 0)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, whylen, fmt, ap);
+  va_end(ap);
+}
+
+/* A failed driver call: TB_ECUDA with "call: CUDA_ERROR_NAME". */
+static int tb_cu_fail(char *why, size_t whylen, const char *call,
+                      tb_cu_result r) {
+  tb_why(why, whylen, "%s failed: %s", call, tb__cuda_err_name(r));
+  return TB_ECUDA;
+}
+
+static int tb_cu_get(const struct tb_cuda **cu, char *why, size_t whylen) {
+  int rc = tb__cuda_load(cu);
+  if (rc != 0)
+    tb_why(why, whylen, "%s", tb__cuda_why());
+  return rc;
+}
+
+/* ---- current-context switching ------------------------------------------ */
+
+struct tb_ctx_saved {
+  tb_cu_context prev;
+  int switched;
+};
+
+static int tb_ctx_enter(const struct tb_cuda *cu, tb_cu_context want,
+                        struct tb_ctx_saved *saved, char *why,
+                        size_t whylen) {
+  tb_cu_context cur = NULL;
+  tb_cu_result r = cu->cuCtxGetCurrent(&cur);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuCtxGetCurrent", r);
+  saved->prev = cur;
+  saved->switched = 0;
+  if (want == NULL || want == cur)
+    return 0;
+  r = cu->cuCtxSetCurrent(want);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuCtxSetCurrent", r);
+  saved->switched = 1;
+  return 0;
+}
+
+static void tb_ctx_leave(const struct tb_cuda *cu,
+                         const struct tb_ctx_saved *saved) {
+  if (saved->switched)
+    cu->cuCtxSetCurrent(saved->prev);
+}
+
+/* ---- capture mode ------------------------------------------------------- */
+
+static int tb_relaxed_enter(const struct tb_cuda *cu) {
+  int mode = TB_CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (cu->cuThreadExchangeStreamCaptureMode(&mode) != 0)
+    return -1;
+  return mode;
+}
+
+static void tb_relaxed_leave(const struct tb_cuda *cu, int saved) {
+  if (saved >= 0)
+    cu->cuThreadExchangeStreamCaptureMode(&saved);
+}
+
+/* ---- streams ------------------------------------------------------------ */
+
+int tb__cuda_stream_resolve(int contract, void *stream,
+                            struct tb__cuda_stream *out, char *why,
+                            size_t whylen) {
+  struct tb__cuda_stream s = {NULL, 0, 0};
+  intptr_t v = (intptr_t)stream;
+
+  if (stream == NULL) {
+    s.implicit = 1;
+    switch (contract) {
+    case TB_CONTRACT_SPEC:
+      s.stream = TB_CU_STREAM_LEGACY;
+      break;
+    case TB_CONTRACT_NO_SYNC:
+      s.no_sync = 1;
+      break;
+    case TB_CONTRACT_PER_THREAD:
+      s.stream = TB_CU_STREAM_PER_THREAD;
+      break;
+    case TB_CONTRACT_EXPLICIT:
+      tb_why(why, whylen,
+             "this connection's contract is 'explicit': pass the CUstream "
+             "that produces or reads the data (or 1 legacy, 2 per-thread, "
+             "-1 no sync) instead of NULL");
+      return TB_ESTREAM;
+    default:
+      tb_why(why, whylen, "unknown stream contract %d", contract);
+      return TB_EINVAL;
+    }
+  } else if (v == -1) {
+    s.no_sync = 1;
+  } else if (v == 1) {
+    s.stream = TB_CU_STREAM_LEGACY;
+  } else if (v == 2) {
+    s.stream = TB_CU_STREAM_PER_THREAD;
+  } else if (v < 0) {
+    tb_why(why, whylen,
+           "stream value %" PRIdPTR " is not a DLPack stream (use -1, 1, 2 "
+           "or a CUstream)",
+           v);
+    return TB_ESTREAM;
+  } else {
+    s.stream = (tb_cu_stream)stream;
+  }
+  *out = s;
+  return 0;
+}
+
+/* The context stream work must run in: an explicit stream's own context,
+ * or for the default streams the thread's current one (which must exist). */
+static int tb_stream_ctx(const struct tb_cuda *cu, tb_cu_stream s,
+                         tb_cu_context *out, char *why, size_t whylen) {
+  tb_cu_context ctx = NULL;
+  tb_cu_result r;
+  if (s == TB_CU_STREAM_LEGACY || s == TB_CU_STREAM_PER_THREAD) {
+    r = cu->cuCtxGetCurrent(&ctx);
+    if (r != 0)
+      return tb_cu_fail(why, whylen, "cuCtxGetCurrent", r);
+    if (ctx == NULL) {
+      tb_why(why, whylen,
+             "the %s default stream needs a current CUDA context on this "
+             "thread; make the device current or pass a CUstream",
+             s == TB_CU_STREAM_LEGACY ? "legacy" : "per-thread");
+      return TB_ESTREAM;
+    }
+  } else {
+    r = cu->cuStreamGetCtx(s, &ctx);
+    if (r != 0) {
+      tb_why(why, whylen, "cuStreamGetCtx on the given stream failed: %s "
+             "(not a live CUstream?)", tb__cuda_err_name(r));
+      return TB_ESTREAM;
+    }
+  }
+  *out = ctx;
+  return 0;
+}
+
+/* How s captures: 0 not capturing, 1 capturing; TB_ECAPTURE when using s
+ * would invalidate a capture or one is already invalidated. */
+static int tb_capture_state(const struct tb_cuda *cu, tb_cu_stream s,
+                            const char *what, char *why, size_t whylen) {
+  int st = TB_CU_STREAM_CAPTURE_STATUS_NONE;
+  tb_cu_result r = cu->cuStreamIsCapturing(s, &st);
+  if (r == TB_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+    tb_why(why, whylen,
+           "a stream is being captured into a CUDA graph, and %s on the "
+           "legacy default stream would invalidate the capture: pass the "
+           "capturing stream, or -1 and order the work yourself",
+           what);
+    return TB_ECAPTURE;
+  }
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuStreamIsCapturing", r);
+  if (st == TB_CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+    tb_why(why, whylen,
+           "the stream's graph capture is already invalidated; end it with "
+           "cuStreamEndCapture before %s",
+           what);
+    return TB_ECAPTURE;
+  }
+  return st == TB_CU_STREAM_CAPTURE_STATUS_ACTIVE;
+}
+
+int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
+                    char *why, size_t whylen) {
+  const struct tb_cuda *cu;
+  struct tb_ctx_saved saved;
+  tb_cu_context ctx;
+  tb_cu_result r;
+  int rc;
+
+  if (s->no_sync)
+    return 0;
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_stream_ctx(cu, s->stream, &ctx, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_capture_state(cu, s->stream, "recording the event", why, whylen);
+  if (rc < 0)
+    goto out_leave;
+  if (rc == 1) {
+    /* Inside a capture a plain record would become an internal node that
+     * no other process can observe; EXTERNAL makes the graph record the
+     * interprocess event each time it runs. */
+    r = cu->cuEventRecordWithFlags(ev, s->stream, TB_CU_EVENT_RECORD_EXTERNAL);
+    rc = r == 0 ? 0 : tb_cu_fail(why, whylen, "cuEventRecordWithFlags", r);
+  } else {
+    r = cu->cuEventRecord(ev, s->stream);
+    rc = r == 0 ? 0 : tb_cu_fail(why, whylen, "cuEventRecord", r);
+  }
+out_leave:
+  tb_ctx_leave(cu, &saved);
+  return rc;
+}
+
+int tb__cuda_wait(const struct tb__cuda_stream *s, tb_cu_event ev, char *why,
+                  size_t whylen) {
+  const struct tb_cuda *cu;
+  struct tb_ctx_saved saved;
+  tb_cu_context ctx;
+  tb_cu_result r;
+  int rc;
+
+  if (s->no_sync)
+    return 0;
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_stream_ctx(cu, s->stream, &ctx, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_capture_state(cu, s->stream, "waiting for the producer's event",
+                        why, whylen);
+  if (rc < 0)
+    goto out_leave;
+  /* Capturing: a plain wait on an event recorded outside the capture is
+   * refused and invalidates it (measured); the EXTERNAL wait becomes a
+   * node that waits for the event's latest record when the graph runs. */
+  r = cu->cuStreamWaitEvent(s->stream, ev,
+                            rc == 1 ? TB_CU_EVENT_WAIT_EXTERNAL
+                                    : TB_CU_EVENT_WAIT_DEFAULT);
+  rc = r == 0 ? 0 : tb_cu_fail(why, whylen, "cuStreamWaitEvent", r);
+out_leave:
+  tb_ctx_leave(cu, &saved);
+  return rc;
+}
+
+/* ---- memory ------------------------------------------------------------- */
+
+static int tb_ptr_ctx(const struct tb_cuda *cu, tb_cu_deviceptr p,
+                      tb_cu_context *out) {
+  tb_cu_context ctx = NULL;
+  if (cu->cuPointerGetAttribute(&ctx, TB_CU_POINTER_ATTRIBUTE_CONTEXT, p) != 0)
+    return -1;
+  *out = ctx;
+  return 0;
+}
+
+int tb__cuda_locate(const void *ptr, size_t len, struct tb__cuda_alloc *out,
+                    char *why, size_t whylen) {
+  const struct tb_cuda *cu;
+  struct tb__cuda_alloc a;
+  struct tb_ctx_saved saved;
+  tb_cu_deviceptr p = (tb_cu_deviceptr)(uintptr_t)ptr;
+  tb_cu_context ctx = NULL;
+  tb_cu_device dev;
+  tb_cu_uuid uuid;
+  unsigned memtype = 0;
+  int ordinal = -1;
+  tb_cu_result r;
+  int rc;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  if (ptr == NULL) {
+    tb_why(why, whylen, "NULL data pointer");
+    return TB_EINVAL;
+  }
+  r = cu->cuPointerGetAttribute(&memtype, TB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                p);
+  if (r != 0) {
+    tb_why(why, whylen,
+           "%p is not memory CUDA knows (cuPointerGetAttribute: %s)", ptr,
+           tb__cuda_err_name(r));
+    return TB_EDEVICE;
+  }
+  if (memtype != TB_CU_MEMORYTYPE_DEVICE) {
+    tb_why(why, whylen,
+           "%p is CUDA memory of type %u, not device memory from "
+           "cudaMalloc/cuMemAlloc",
+           ptr, memtype);
+    return TB_EDEVICE;
+  }
+  if (tb_ptr_ctx(cu, p, &ctx) != 0 ||
+      cu->cuPointerGetAttribute(&ordinal,
+                                TB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                p) != 0) {
+    tb_why(why, whylen, "cannot tell the context or device of %p", ptr);
+    return TB_EDEVICE;
+  }
+  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
+  if (rc != 0)
+    return rc;
+  r = cu->cuMemGetAddressRange(&a.base, &a.size, p);
+  tb_ctx_leave(cu, &saved);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuMemGetAddressRange", r);
+  if (len > a.size || p - a.base > a.size - len) {
+    tb_why(why, whylen,
+           "tensor [%p, +%zu) leaves its allocation [0x%llx, +%zu)", ptr, len,
+           a.base, a.size);
+    return TB_ELAYOUT;
+  }
+  r = cu->cuDeviceGet(&dev, ordinal);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceGet", r);
+  r = cu->cuDeviceGetUuid(&uuid, dev);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceGetUuid", r);
+  a.device = ordinal;
+  memcpy(a.uuid, uuid.bytes, sizeof a.uuid);
+  *out = a;
+  return 0;
+}
+
+/* Allocations this process exported, so a same-process consumer can use the
+ * pointer: cuIpcOpenMemHandle refuses one's own handles (measured: "invalid
+ * device context"). A producer registers few allocations (the daemon caps
+ * them per session), so a plain array searched linearly is enough. */
+struct tb_export {
+  tb_cu_deviceptr base;
+  size_t size;
+  uint8_t handle[64];
+  unsigned refs;
+};
+
+static pthread_mutex_t tb_exports_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct tb_export *tb_exports;
+static size_t tb_exports_len, tb_exports_cap;
+
+/* Call with tb_exports_lock held. */
+static struct tb_export *tb_export_by_base(tb_cu_deviceptr base) {
+  for (size_t i = 0; i < tb_exports_len; i++)
+    if (tb_exports[i].base == base)
+      return &tb_exports[i];
+  return NULL;
+}
+
+static struct tb_export *tb_export_by_handle(const uint8_t handle[64]) {
+  for (size_t i = 0; i < tb_exports_len; i++)
+    if (memcmp(tb_exports[i].handle, handle, 64) == 0)
+      return &tb_exports[i];
+  return NULL;
+}
+
+int tb__cuda_export_mem(const struct tb__cuda_alloc *a, uint8_t handle[64],
+                        char *why, size_t whylen) {
+  const struct tb_cuda *cu;
+  struct tb_ctx_saved saved;
+  tb_cu_ipc_mem_handle h;
+  tb_cu_context ctx = NULL;
+  struct tb_export *e;
+  tb_cu_result r;
+  int rc, mode;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  if (tb_ptr_ctx(cu, a->base, &ctx) != 0) {
+    tb_why(why, whylen, "0x%llx is no longer CUDA memory", a->base);
+    return TB_EDEVICE;
+  }
+  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
+  if (rc != 0)
+    return rc;
+  /* Always ask the driver: if the allocation was freed and another made at
+   * the same address, its handle differs. */
+  mode = tb_relaxed_enter(cu);
+  r = cu->cuIpcGetMemHandle(&h, a->base);
+  tb_relaxed_leave(cu, mode);
+  tb_ctx_leave(cu, &saved);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuIpcGetMemHandle", r);
+
+  pthread_mutex_lock(&tb_exports_lock);
+  e = tb_export_by_base(a->base);
+  if (e == NULL) {
+    if (tb_exports_len == tb_exports_cap) {
+      size_t cap = tb_exports_cap ? tb_exports_cap * 2 : 16;
+      struct tb_export *n = realloc(tb_exports, cap * sizeof *n);
+      if (n == NULL) {
+        pthread_mutex_unlock(&tb_exports_lock);
+        tb_why(why, whylen, "out of memory");
+        return TB_ENOMEM;
+      }
+      tb_exports = n;
+      tb_exports_cap = cap;
+    }
+    e = &tb_exports[tb_exports_len++];
+    e->base = a->base;
+    e->refs = 0;
+  }
+  e->size = a->size;
+  memcpy(e->handle, h.reserved, 64);
+  e->refs++;
+  pthread_mutex_unlock(&tb_exports_lock);
+
+  memcpy(handle, h.reserved, 64);
+  return 0;
+}
+
+void tb__cuda_unexport_mem(tb_cu_deviceptr base) {
+  pthread_mutex_lock(&tb_exports_lock);
+  struct tb_export *e = tb_export_by_base(base);
+  if (e != NULL && --e->refs == 0)
+    *e = tb_exports[--tb_exports_len];
+  pthread_mutex_unlock(&tb_exports_lock);
+}
+
+/* Primary contexts this library retained, one reference per device for the
+ * life of the process (released never: the application may be using them). */
+#define TB_MAX_RETAINED 64
+static pthread_mutex_t tb_retain_lock = PTHREAD_MUTEX_INITIALIZER;
+static tb_cu_context tb_retained[TB_MAX_RETAINED];
+
+static int tb_primary_ctx(const struct tb_cuda *cu, tb_cu_device dev,
+                          tb_cu_context *out, char *why, size_t whylen) {
+  tb_cu_context ctx = NULL;
+  tb_cu_result r;
+  int slot = dev >= 0 && dev < TB_MAX_RETAINED ? dev : -1;
+
+  pthread_mutex_lock(&tb_retain_lock);
+  if (slot >= 0 && tb_retained[slot] != NULL) {
+    ctx = tb_retained[slot];
+  } else {
+    r = cu->cuDevicePrimaryCtxRetain(&ctx, dev);
+    if (r != 0) {
+      pthread_mutex_unlock(&tb_retain_lock);
+      return tb_cu_fail(why, whylen, "cuDevicePrimaryCtxRetain", r);
+    }
+    if (slot >= 0)
+      tb_retained[slot] = ctx;
+  }
+  pthread_mutex_unlock(&tb_retain_lock);
+  *out = ctx;
+  return 0;
+}
+
+static void tb_uuid_text(const uint8_t u[16], char *buf, size_t len) {
+  snprintf(buf, len,
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
+           "%02x%02x%02x%02x%02x%02x",
+           u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
+           u[11], u[12], u[13], u[14], u[15]);
+}
+
+int tb__cuda_device_by_uuid(const uint8_t uuid[16], int *ordinal, char *why,
+                            size_t whylen) {
+  const struct tb_cuda *cu;
+  tb_cu_context cur = NULL, ctx;
+  tb_cu_device dev, cur_dev;
+  tb_cu_uuid u;
+  tb_cu_result r;
+  char text[48];
+  int n = 0, found = -1, rc;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  r = cu->cuDeviceGetCount(&n);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceGetCount", r);
+  for (int i = 0; i < n && found < 0; i++) {
+    if (cu->cuDeviceGet(&dev, i) != 0 || cu->cuDeviceGetUuid(&u, dev) != 0)
+      continue;
+    if (memcmp(u.bytes, uuid, 16) == 0)
+      found = i;
+  }
+  if (found < 0) {
+    tb_uuid_text(uuid, text, sizeof text);
+    tb_why(why, whylen,
+           "the tensor lives on %s, which is not among this process's %d "
+           "visible CUDA devices (check CUDA_VISIBLE_DEVICES)",
+           text, n);
+    return TB_EDEVICE;
+  }
+  r = cu->cuDeviceGet(&dev, found);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceGet", r);
+
+  r = cu->cuCtxGetCurrent(&cur);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuCtxGetCurrent", r);
+  if (cur == NULL) {
+    rc = tb_primary_ctx(cu, dev, &ctx, why, whylen);
+    if (rc != 0)
+      return rc;
+    r = cu->cuCtxSetCurrent(ctx);
+    if (r != 0)
+      return tb_cu_fail(why, whylen, "cuCtxSetCurrent", r);
+  } else {
+    /* The mapping goes into the current context; its device must be able
+     * to reach the memory's device. */
+    r = cu->cuCtxGetDevice(&cur_dev);
+    if (r != 0)
+      return tb_cu_fail(why, whylen, "cuCtxGetDevice", r);
+    if (cur_dev != dev) {
+      int can = 0;
+      r = cu->cuDeviceCanAccessPeer(&can, cur_dev, dev);
+      if (r != 0)
+        return tb_cu_fail(why, whylen, "cuDeviceCanAccessPeer", r);
+      if (!can) {
+        tb_uuid_text(uuid, text, sizeof text);
+        tb_why(why, whylen,
+               "the current device (ordinal %d) has no peer access to %s "
+               "(ordinal %d) where the tensor lives",
+               cur_dev, text, found);
+        return TB_EDEVICE;
+      }
+    }
+  }
+  *ordinal = found;
+  return 0;
+}
+
+int tb__cuda_open_mem(const uint8_t handle[64], const uint8_t uuid[16],
+                      size_t size, tb_cu_deviceptr *out, int *local,
+                      char *why, size_t whylen) {
+  const struct tb_cuda *cu;
+  tb_cu_ipc_mem_handle h;
+  tb_cu_deviceptr p = 0, base = 0;
+  size_t mapped = 0;
+  struct tb_export *e;
+  tb_cu_result r;
+  int rc, ordinal, mode;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+
+  /* Also for our own allocations: the caller's thread then has a context
+   * for opening the event and waiting. */
+  rc = tb__cuda_device_by_uuid(uuid, &ordinal, why, whylen);
+  if (rc != 0)
+    return rc;
+  pthread_mutex_lock(&tb_exports_lock);
+  e = tb_export_by_handle(handle);
+  if (e != NULL) {
+    base = e->base;
+    mapped = e->size;
+  }
+  pthread_mutex_unlock(&tb_exports_lock);
+  if (base != 0) {
+    if (mapped < size) {
+      tb_why(why, whylen,
+             "own allocation is %zu bytes, the buffer claims %zu", mapped,
+             size);
+      return TB_ELAYOUT;
+    }
+    *out = base;
+    *local = 1;
+    return 0;
+  }
+
+  memcpy(h.reserved, handle, 64);
+  mode = tb_relaxed_enter(cu);
+  r = cu->cuIpcOpenMemHandle(&p, h, TB_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  tb_relaxed_leave(cu, mode);
+  if (r == TB_CUDA_ERROR_PEER_ACCESS_UNSUPPORTED) {
+    tb_why(why, whylen, "cuIpcOpenMemHandle: %s: this device cannot map "
+           "memory of the tensor's device", tb__cuda_err_name(r));
+    return TB_EDEVICE;
+  }
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuIpcOpenMemHandle", r);
+  r = cu->cuMemGetAddressRange(&base, &mapped, p);
+  if (r != 0 || mapped < size) {
+    if (r != 0)
+      rc = tb_cu_fail(why, whylen, "cuMemGetAddressRange", r);
+    else {
+      tb_why(why, whylen, "mapped allocation is %zu bytes, the buffer "
+             "claims %zu", mapped, size);
+      rc = TB_ELAYOUT;
+    }
+    goto out_close;
+  }
+  *out = p;
+  *local = 0;
+  return 0;
+
+out_close:
+  mode = tb_relaxed_enter(cu);
+  cu->cuIpcCloseMemHandle(p);
+  tb_relaxed_leave(cu, mode);
+  return rc;
+}
+
+int tb__cuda_close_mem(tb_cu_deviceptr p) {
+  const struct tb_cuda *cu;
+  struct tb_ctx_saved saved;
+  tb_cu_context ctx = NULL;
+  tb_cu_result r;
+  int own, mode;
+
+  if (tb__cuda_load(&cu) != 0)
+    return TB_ENOCUDA;
+  /* Never close our own allocation (same-process acquire). */
+  pthread_mutex_lock(&tb_exports_lock);
+  own = tb_export_by_base(p) != NULL;
+  pthread_mutex_unlock(&tb_exports_lock);
+  if (own)
+    return 0;
+  /* Deleters run on any thread: close in the context that mapped it. */
+  if (tb_ptr_ctx(cu, p, &ctx) != 0)
+    ctx = NULL;
+  if (tb_ctx_enter(cu, ctx, &saved, NULL, 0) != 0)
+    return TB_ECUDA;
+  mode = tb_relaxed_enter(cu);
+  r = cu->cuIpcCloseMemHandle(p);
+  tb_relaxed_leave(cu, mode);
+  tb_ctx_leave(cu, &saved);
+  return r == 0 ? 0 : TB_ECUDA;
+}
+
+/* ---- events ------------------------------------------------------------- */
+
+static int tb_need_ctx(const struct tb_cuda *cu, const char *what, char *why,
+                       size_t whylen) {
+  tb_cu_context cur = NULL;
+  tb_cu_result r = cu->cuCtxGetCurrent(&cur);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuCtxGetCurrent", r);
+  if (cur == NULL) {
+    tb_why(why, whylen, "%s needs a current CUDA context on this thread",
+           what);
+    return TB_EDEVICE;
+  }
+  return 0;
+}
+
+int tb__cuda_event_create(tb_cu_event *out, uint8_t handle[64], char *why,
+                          size_t whylen) {
+  const struct tb_cuda *cu;
+  tb_cu_ipc_event_handle h;
+  tb_cu_event ev = NULL;
+  tb_cu_result r;
+  int rc, mode;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_need_ctx(cu, "creating an interprocess event", why, whylen);
+  if (rc != 0)
+    return rc;
+  mode = tb_relaxed_enter(cu);
+  r = cu->cuEventCreate(&ev,
+                        TB_CU_EVENT_INTERPROCESS | TB_CU_EVENT_DISABLE_TIMING);
+  if (r != 0) {
+    rc = tb_cu_fail(why, whylen, "cuEventCreate", r);
+    goto out_mode;
+  }
+  r = cu->cuIpcGetEventHandle(&h, ev);
+  if (r != 0) {
+    rc = tb_cu_fail(why, whylen, "cuIpcGetEventHandle", r);
+    goto out_destroy;
+  }
+  tb_relaxed_leave(cu, mode);
+  memcpy(handle, h.reserved, 64);
+  *out = ev;
+  return 0;
+
+out_destroy:
+  cu->cuEventDestroy(ev);
+out_mode:
+  tb_relaxed_leave(cu, mode);
+  return rc;
+}
+
+int tb__cuda_event_open(const uint8_t handle[64], tb_cu_event *out, char *why,
+                        size_t whylen) {
+  const struct tb_cuda *cu;
+  tb_cu_ipc_event_handle h;
+  tb_cu_event ev = NULL;
+  tb_cu_result r;
+  int rc, mode;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_need_ctx(cu, "opening an interprocess event", why, whylen);
+  if (rc != 0)
+    return rc;
+  memcpy(h.reserved, handle, 64);
+  mode = tb_relaxed_enter(cu);
+  r = cu->cuIpcOpenEventHandle(&ev, h);
+  tb_relaxed_leave(cu, mode);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuIpcOpenEventHandle", r);
+  *out = ev;
+  return 0;
+}
+
+void tb__cuda_event_destroy(tb_cu_event e) {
+  const struct tb_cuda *cu;
+  if (e == NULL || tb__cuda_load(&cu) != 0)
+    return;
+  int mode = tb_relaxed_enter(cu);
+  cu->cuEventDestroy(e);
+  tb_relaxed_leave(cu, mode);
+}
