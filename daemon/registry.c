@@ -12,6 +12,9 @@
 
 #include "log.h"
 
+static void version_maybe_free(struct tbd_registry *r,
+                               struct tbd_version *v);
+
 static uint64_t default_clock(void *ud) {
   (void)ud;
   return tb__now_ms();
@@ -71,6 +74,15 @@ void tbd_registry_free(struct tbd_registry *r) {
   HASH_ITER(hh, r->sessions, s, stmp) { s->muted = true; }
   while (r->sessions != NULL)
     tbd_session_close(r, r->sessions);
+  /* What is left: closed channels whose history the daemon kept for
+   * consumers. With no session left, nothing leases it. */
+  while (r->channels != NULL) {
+    struct tbd_channel *ch = r->channels;
+    while (ch->versions != NULL && r->channels == ch) {
+      ch->versions->in_history = false;
+      version_maybe_free(r, ch->versions);
+    }
+  }
   tbd_free(r);
 }
 

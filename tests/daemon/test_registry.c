@@ -1,0 +1,1051 @@
+/* Registry and handler tests: lease accounting, version and buffer
+ * lifetimes, notices, waits, limits, protocol errors and allocation
+ * failures. No sockets, no sleeps: requests go in as decoded messages,
+ * replies and notices come out through the emit callback, time is a fake
+ * clock. Every test frees the registry and checks no descriptor leaked;
+ * the suite also runs under ASan+UBSan, which catch leaked memory. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tb_test.h"
+
+#include <dlpack/dlpack.h>
+
+#include "alloc.h"
+#include "config.h"
+#include "log.h"
+#include "registry.h"
+#include "tb_proto.h"
+
+typedef Tensorbroker__V1__Request req_t;
+typedef Tensorbroker__V1__ServerMessage msg_t;
+
+#define REPLY_CASE TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY
+#define NOTICE_CASE TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE
+#define N_NEW TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION
+#define N_FREE TENSORBROKER__V1__NOTICE__BODY_VERSION_FREE
+#define N_RETIRED TENSORBROKER__V1__NOTICE__BODY_BUFFER_RETIRED
+#define N_CLOSED TENSORBROKER__V1__NOTICE__BODY_CHANNEL_CLOSED
+#define LATEST TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_LATEST
+#define NEXT TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_NEXT
+#define EXACT TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT
+#define PARKED 1
+
+/* ---- captured output ---- */
+
+struct cap {
+  uint64_t sid;
+  msg_t *m;
+  int fd;
+  struct cap *next;
+};
+
+static struct cap *caps;
+static uint64_t fake_now = 1000;
+static uint64_t next_req = 1;
+static int fds_at_start;
+
+static uint64_t fake_clock(void *ud) {
+  (void)ud;
+  return fake_now;
+}
+
+static void cap_emit(void *ud, struct tbd_session *s, const msg_t *m,
+                     const int *fds, int nfds) {
+  struct cap *c = calloc(1, sizeof(*c)), **p;
+  size_t n = tensorbroker__v1__server_message__get_packed_size(m);
+  uint8_t *buf = malloc(n + 1);
+
+  (void)ud;
+  assert_non_null(c);
+  assert_non_null(buf);
+  /* through the real codec, as a client would see it */
+  assert_int_equal(tb__server_message_encode(m, buf, n + 1), (long)n);
+  assert_tb_ok(tb__server_message_decode(buf, n, &c->m));
+  free(buf);
+  c->sid = tbd_session_id(s);
+  c->fd = -1;
+  assert_true(nfds <= 1);
+  if (nfds == 1) {
+    c->fd = fcntl(fds[0], F_DUPFD_CLOEXEC, 0);
+    assert_true(c->fd >= 0);
+  }
+  for (p = &caps; *p != NULL; p = &(*p)->next)
+    ;
+  *p = c;
+}
+
+static void cap_free(struct cap *c) {
+  if (c->fd >= 0)
+    close(c->fd);
+  tb__server_message_free(c->m);
+  free(c);
+}
+
+static void caps_clear(void) {
+  while (caps != NULL) {
+    struct cap *c = caps;
+    caps = c->next;
+    cap_free(c);
+  }
+}
+
+static int count_for(struct tbd_session *s) {
+  int n = 0;
+  for (struct cap *c = caps; c != NULL; c = c->next)
+    n += c->sid == tbd_session_id(s);
+  return n;
+}
+
+static struct cap *unlink_first(bool (*pred)(struct cap *, uint64_t),
+                                uint64_t sid, uint64_t arg) {
+  for (struct cap **p = &caps; *p != NULL; p = &(*p)->next) {
+    struct cap *c = *p;
+    if (c->sid == sid && pred(c, arg)) {
+      *p = c->next;
+      return c;
+    }
+  }
+  return NULL;
+}
+
+static bool is_reply(struct cap *c, uint64_t id) {
+  return c->m->body_case == REPLY_CASE && c->m->reply->request_id == id;
+}
+
+static bool is_notice(struct cap *c, uint64_t which) {
+  return c->m->body_case == NOTICE_CASE &&
+         (uint64_t)c->m->notice->body_case == which;
+}
+
+/* The reply to request id for s, or NULL when none was sent. */
+static struct cap *take_reply(struct tbd_session *s, uint64_t id) {
+  return unlink_first(is_reply, tbd_session_id(s), id);
+}
+
+static struct cap *take_notice(struct tbd_session *s, int which) {
+  return unlink_first(is_notice, tbd_session_id(s), (uint64_t)which);
+}
+
+static int drop_notices(struct tbd_session *s, int which) {
+  int n = 0;
+  struct cap *c;
+  while ((c = take_notice(s, which)) != NULL) {
+    cap_free(c);
+    n++;
+  }
+  return n;
+}
+
+/* ---- fixtures ---- */
+
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  struct dirent *e;
+  int n = 0;
+
+  assert_non_null(d);
+  while ((e = readdir(d)) != NULL)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+static struct tbd_registry *reg_new(const struct tbd_limits *lim) {
+  struct tbd_limits def;
+  struct tbd_registry *r;
+
+  if (lim == NULL) {
+    tbd_limits_default(&def);
+    lim = &def;
+  }
+  assert_tb_ok(tbd_registry_new(lim, cap_emit, NULL, &r));
+  tbd_registry_set_clock(r, fake_clock, NULL);
+  return r;
+}
+
+static int setup(void **state) {
+  (void)state;
+  tbd_log_set_level(TBD_LOG_ERROR);
+  fds_at_start = count_fds();
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  caps_clear();
+  tbd_alloc_fail_at(0, 0);
+  assert_int_equal(count_fds(), fds_at_start);
+  return 0;
+}
+
+static void reg_free(struct tbd_registry *r) {
+  tbd_registry_free(r);
+  caps_clear();
+}
+
+/* ---- requests ---- */
+
+/* Send q; returns the reply's status, PARKED when none came, and passes the
+ * reply (or NULL) to *out when out is not NULL. */
+static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
+                    int *fds, int nfds, struct cap **out) {
+  struct cap *c;
+  int rc, st;
+
+  if (q->request_id == 0)
+    q->request_id = next_req++;
+  rc = tbd_session_request(r, s, q, fds, nfds);
+  c = take_reply(s, q->request_id);
+  if (rc < 0) {
+    if (c != NULL)
+      cap_free(c);
+    return rc;
+  }
+  if (c == NULL) {
+    if (out != NULL)
+      *out = NULL;
+    return PARKED;
+  }
+  st = c->m->reply->status;
+  if (out != NULL)
+    *out = c;
+  else
+    cap_free(c);
+  return st;
+}
+
+static int hello(struct tbd_registry *r, struct tbd_session *s,
+                 const char *name) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+  q.hello = &h;
+  h.protocol_version = 1;
+  h.client_name = (char *)name;
+  return send_req(r, s, &q, NULL, 0, NULL);
+}
+
+static struct tbd_session *session(struct tbd_registry *r, pid_t pid) {
+  struct tbd_session *s;
+
+  assert_tb_ok(tbd_session_open(r, pid, 1000, 1000, NULL, &s));
+  assert_tb_ok(hello(r, s, "test"));
+  return s;
+}
+
+static int memfd(size_t size, bool seal) {
+  int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, (off_t)size), 0);
+  if (seal)
+    assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  return fd;
+}
+
+static int reg_buffer_fd(struct tbd_registry *r, struct tbd_session *s,
+                         uint64_t size, int fd, uint64_t *id) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__BufferRegister b =
+      TENSORBROKER__V1__BUFFER_REGISTER__INIT;
+  struct cap *c;
+  int fds[1] = {fd};
+  int st;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
+  q.buffer_register = &b;
+  b.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
+  b.size = size;
+  st = send_req(r, s, &q, fds, fd >= 0 ? 1 : 0, &c);
+  if (st == 0) {
+    *id = c->m->reply->buffer_register->buffer_id;
+    assert_int_equal(c->m->reply->buffer_register->generation, 1);
+  }
+  if (st <= 0 && c != NULL)
+    cap_free(c);
+  return st;
+}
+
+static uint64_t buffer(struct tbd_registry *r, struct tbd_session *s) {
+  uint64_t id = 0;
+  assert_tb_ok(reg_buffer_fd(r, s, 4096, memfd(4096, true), &id));
+  return id;
+}
+
+static uint64_t event(struct tbd_registry *r, struct tbd_session *s) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__EventRegister e = TENSORBROKER__V1__EVENT_REGISTER__INIT;
+  uint8_t handle[64] = {1, 2, 3};
+  struct cap *c;
+  uint64_t id;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_EVENT_REGISTER;
+  q.event_register = &e;
+  e.cuda_ipc_event_handle.data = handle;
+  e.cuda_ipc_event_handle.len = sizeof(handle);
+  assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
+  id = c->m->reply->event_register->event_id;
+  cap_free(c);
+  return id;
+}
+
+struct pub {
+  uint32_t depth;
+  size_t meta_len;
+  size_t ndim;
+  int dev_type;
+  uint64_t event;
+};
+
+static int publish_ex(struct tbd_registry *r, struct tbd_session *s,
+                      const char *ch, uint64_t bid, const struct pub *o,
+                      uint64_t *version) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Publish p = TENSORBROKER__V1__PUBLISH__INIT;
+  Tensorbroker__V1__Layout l = TENSORBROKER__V1__LAYOUT__INIT;
+  Tensorbroker__V1__Device d = TENSORBROKER__V1__DEVICE__INIT;
+  int64_t shape[80];
+  uint8_t meta[8192];
+  struct cap *c;
+  int st;
+
+  for (size_t i = 0; i < 80; i++)
+    shape[i] = 1;
+  shape[0] = 16;
+  memset(meta, 'm', sizeof(meta));
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_PUBLISH;
+  q.publish = &p;
+  p.channel = (char *)ch;
+  p.buffer_id = bid;
+  p.layout = &l;
+  p.history_depth = o ? o->depth : 0;
+  p.metadata.data = meta;
+  p.metadata.len = o ? o->meta_len : 3;
+  p.ready_event_id = o ? o->event : 0;
+  l.device = &d;
+  d.type = o && o->dev_type ? o->dev_type : kDLCPU;
+  l.dtype_code = kDLFloat;
+  l.dtype_bits = 32;
+  l.dtype_lanes = 1;
+  l.shape = shape;
+  l.n_shape = o && o->ndim ? o->ndim : 1;
+  st = send_req(r, s, &q, NULL, 0, &c);
+  if (st == 0 && version != NULL)
+    *version = c->m->reply->publish->version;
+  if (c != NULL)
+    cap_free(c);
+  return st;
+}
+
+static uint64_t publish(struct tbd_registry *r, struct tbd_session *s,
+                        const char *ch, uint64_t bid, uint32_t depth) {
+  struct pub o = {.depth = depth, .meta_len = 3};
+  uint64_t v = 0;
+  assert_tb_ok(publish_ex(r, s, ch, bid, &o, &v));
+  return v;
+}
+
+struct acq {
+  uint64_t lease, version;
+  bool fd_attached;
+  int fd;
+};
+
+/* Returns the status, or PARKED; for a parked request, *req_id says
+ * which reply to look for later. */
+static int acquire_ex(struct tbd_registry *r, struct tbd_session *s,
+                      const char *ch, int mode, uint64_t version,
+                      int64_t timeout, struct acq *out, uint64_t *req_id) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Acquire a = TENSORBROKER__V1__ACQUIRE__INIT;
+  struct cap *c;
+  int st;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
+  q.acquire = &a;
+  q.request_id = next_req++;
+  a.channel = (char *)ch;
+  a.mode = mode;
+  a.version = version;
+  a.timeout_ms = timeout;
+  a.implicit_stream = true;
+  if (req_id != NULL)
+    *req_id = q.request_id;
+  st = send_req(r, s, &q, NULL, 0, &c);
+  if (st == 0 && out != NULL) {
+    Tensorbroker__V1__AcquireReply *ar = c->m->reply->acquire;
+    out->lease = ar->lease_id;
+    out->version = ar->version;
+    out->fd_attached = ar->buffer->fd_attached;
+    assert_int_equal(ar->buffer->fd_attached, c->fd >= 0);
+    assert_string_equal(ar->channel, ch);
+    assert_int_equal(ar->layout->shape[0], 16);
+  }
+  if (c != NULL)
+    cap_free(c);
+  return st;
+}
+
+static struct acq acquire(struct tbd_registry *r, struct tbd_session *s,
+                          const char *ch, int mode, uint64_t version) {
+  struct acq a = {0};
+  assert_tb_ok(acquire_ex(r, s, ch, mode, version, 0, &a, NULL));
+  return a;
+}
+
+/* The reply to a parked request, now. */
+static int parked_reply(struct tbd_session *s, uint64_t id, struct acq *out) {
+  struct cap *c = take_reply(s, id);
+  int st;
+
+  if (c == NULL)
+    return PARKED;
+  st = c->m->reply->status;
+  if (st == 0 && out != NULL && c->m->reply->acquire != NULL) {
+    out->lease = c->m->reply->acquire->lease_id;
+    out->version = c->m->reply->acquire->version;
+  }
+  cap_free(c);
+  return st;
+}
+
+static int release_ex(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t lease, uint64_t done, bool want_reply) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Release rl = TENSORBROKER__V1__RELEASE__INIT;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
+  q.release = &rl;
+  rl.lease_id = lease;
+  rl.done_event_id = done;
+  rl.want_reply = want_reply;
+  if (!want_reply) {
+    q.request_id = 0;
+    return tbd_session_request(r, s, &q, NULL, 0);
+  }
+  return send_req(r, s, &q, NULL, 0, NULL);
+}
+
+static int release(struct tbd_registry *r, struct tbd_session *s,
+                   uint64_t lease) {
+  return release_ex(r, s, lease, 0, true);
+}
+
+static int simple(struct tbd_registry *r, struct tbd_session *s, int body,
+                  const char *name, uint64_t id) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Subscribe sub = TENSORBROKER__V1__SUBSCRIBE__INIT;
+  Tensorbroker__V1__BufferUnregister bu =
+      TENSORBROKER__V1__BUFFER_UNREGISTER__INIT;
+  Tensorbroker__V1__Forget fg = TENSORBROKER__V1__FORGET__INIT;
+
+  q.body_case = body;
+  sub.channel = (char *)name;
+  q.subscribe = &sub; /* same layout for Unsubscribe */
+  switch (body) {
+  case TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER:
+    bu.buffer_id = id;
+    q.buffer_unregister = &bu;
+    break;
+  case TENSORBROKER__V1__REQUEST__BODY_FORGET:
+    fg.buffer_id = id;
+    q.forget = &fg;
+    q.request_id = 0;
+    return tbd_session_request(r, s, &q, NULL, 0);
+  case TENSORBROKER__V1__REQUEST__BODY_UNSUBSCRIBE:
+    q.unsubscribe = (Tensorbroker__V1__Unsubscribe *)&sub;
+    break;
+  default:
+    break;
+  }
+  return send_req(r, s, &q, NULL, 0, NULL);
+}
+
+#define SUBSCRIBE TENSORBROKER__V1__REQUEST__BODY_SUBSCRIBE
+#define UNSUBSCRIBE TENSORBROKER__V1__REQUEST__BODY_UNSUBSCRIBE
+#define UNREGISTER TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER
+#define FORGET TENSORBROKER__V1__REQUEST__BODY_FORGET
+
+static int wait_free(struct tbd_registry *r, struct tbd_session *s,
+                     const char *ch, uint64_t version, int64_t timeout,
+                     uint64_t *req_id) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__WaitFree w = TENSORBROKER__V1__WAIT_FREE__INIT;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_WAIT_FREE;
+  q.wait_free = &w;
+  q.request_id = next_req++;
+  w.channel = (char *)ch;
+  w.version = version;
+  w.timeout_ms = timeout;
+  if (req_id != NULL)
+    *req_id = q.request_id;
+  return send_req(r, s, &q, NULL, 0, NULL);
+}
+
+static struct tbd_counts counts(struct tbd_registry *r) {
+  struct tbd_counts c;
+  tbd_registry_counts(r, &c);
+  return c;
+}
+
+/* Take the VersionFree notice for version v; returns its done events. */
+static size_t expect_free(struct tbd_session *s, uint64_t v) {
+  struct cap *c = take_notice(s, N_FREE);
+  size_t n;
+
+  assert_non_null(c);
+  assert_int_equal(c->m->notice->version_free->version, v);
+  n = c->m->notice->version_free->n_done_events;
+  cap_free(c);
+  return n;
+}
+
+/* ---- tests ---- */
+
+static void test_publish_acquire_release(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint64_t b = buffer(r, p);
+  struct acq a1, a2;
+
+  (void)state;
+  assert_int_equal(publish(r, p, "cam/frames", b, 0), 1);
+  a1 = acquire(r, c, "cam/frames", LATEST, 0);
+  assert_int_equal(a1.version, 1);
+  assert_true(a1.fd_attached); /* first time: the memfd comes along */
+  a2 = acquire(r, c, "cam/frames", LATEST, 0);
+  assert_false(a2.fd_attached); /* already has it */
+  assert_int_equal(counts(r).leases, 2);
+  assert_tb_ok(release(r, c, a1.lease));
+  assert_tb_ok(release(r, c, a2.lease));
+  assert_int_equal(counts(r).leases, 0);
+  /* still in history (depth 1): not free yet */
+  assert_null(take_notice(p, N_FREE));
+  assert_int_equal(publish(r, p, "cam/frames", b, 0), 2);
+  assert_int_equal(expect_free(p, 1), 0);
+  assert_int_equal(counts(r).versions, 1);
+  /* the other session's lease: not ours to release */
+  a1 = acquire(r, c, "cam/frames", LATEST, 0);
+  assert_tb_err(release(r, p, a1.lease), TB_EPERM);
+  assert_tb_err(release(r, c, 9999), TB_ENOTFOUND);
+  /* one-way release: no reply */
+  assert_tb_ok(release_ex(r, c, a1.lease, 0, false));
+  assert_int_equal(count_for(c), 0);
+  assert_int_equal(counts(r).leases, 0);
+  reg_free(r);
+}
+
+static void test_history_depth_3(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint64_t b = buffer(r, p);
+  struct acq a;
+
+  (void)state;
+  for (int i = 1; i <= 3; i++)
+    assert_int_equal(publish(r, p, "x", b, 3), (uint64_t)i);
+  assert_int_equal(counts(r).versions, 3);
+  assert_null(take_notice(p, N_FREE));
+  a = acquire(r, c, "x", EXACT, 1);
+  assert_int_equal(a.version, 1);
+  publish(r, p, "x", b, 0); /* 4: 1 leaves history but is leased */
+  assert_null(take_notice(p, N_FREE));
+  assert_int_equal(counts(r).versions, 4);
+  publish(r, p, "x", b, 0); /* 5: 2 leaves history, unleased: freed */
+  assert_int_equal(expect_free(p, 2), 0);
+  assert_tb_ok(release(r, c, a.lease));
+  assert_int_equal(expect_free(p, 1), 0);
+  assert_int_equal(counts(r).versions, 3);
+  /* depth back to 1: two more leave */
+  publish(r, p, "x", b, 1);
+  assert_int_equal(counts(r).versions, 1);
+  assert_int_equal(drop_notices(p, N_FREE), 3);
+  reg_free(r);
+}
+
+static void test_done_events_collected(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c1 = session(r, 11),
+                     *c2 = session(r, 12);
+  uint64_t b = buffer(r, p), e1 = event(r, c1), e2 = event(r, c2);
+  struct acq a1, a1b, a2;
+  struct cap *m;
+
+  (void)state;
+  publish(r, p, "x", b, 0);
+  a1 = acquire(r, c1, "x", LATEST, 0);
+  a1b = acquire(r, c1, "x", LATEST, 0);
+  a2 = acquire(r, c2, "x", LATEST, 0);
+  publish(r, p, "x", b, 0); /* 1 leaves history, three leases left */
+  assert_null(take_notice(p, N_FREE));
+  /* someone else's event is refused and changes nothing */
+  assert_tb_err(release_ex(r, c1, a1.lease, e2, true), TB_EPERM);
+  assert_tb_ok(release_ex(r, c1, a1.lease, e1, true));
+  assert_tb_ok(release_ex(r, c1, a1b.lease, e1, true)); /* same event */
+  assert_null(take_notice(p, N_FREE));
+  assert_tb_ok(release_ex(r, c2, a2.lease, e2, true));
+  m = take_notice(p, N_FREE);
+  assert_non_null(m);
+  assert_int_equal(m->m->notice->version_free->version, 1);
+  assert_int_equal(m->m->notice->version_free->buffer_id, b);
+  assert_int_equal(m->m->notice->version_free->n_done_events, 2);
+  assert_int_equal(m->m->notice->version_free->done_events[0]->event_id, e1);
+  assert_int_equal(m->m->notice->version_free->done_events[1]->event_id, e2);
+  assert_int_equal(m->m->notice->version_free->done_events[1]->owner_pid, 12);
+  cap_free(m);
+  reg_free(r);
+}
+
+static void test_consumer_close_releases(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint64_t b = buffer(r, p);
+
+  (void)state;
+  publish(r, p, "x", b, 0);
+  acquire(r, c, "x", LATEST, 0);
+  acquire(r, c, "x", LATEST, 0);
+  simple(r, c, SUBSCRIBE, "x", 0);
+  publish(r, p, "x", b, 0);
+  assert_null(take_notice(p, N_FREE));
+  tbd_session_close(r, c); /* crashed consumer */
+  assert_int_equal(expect_free(p, 1), 0); /* no done events */
+  assert_int_equal(counts(r).leases, 0);
+  assert_int_equal(counts(r).subscriptions, 0);
+  assert_int_equal(counts(r).sessions, 1);
+  reg_free(r);
+}
+
+static void test_producer_close(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11),
+                     *sub = session(r, 12), *w = session(r, 13),
+                     *p2 = session(r, 14);
+  uint64_t b = buffer(r, p), b2;
+  uint64_t id;
+  struct acq a;
+  struct cap *m;
+
+  (void)state;
+  simple(r, sub, SUBSCRIBE, "x", 0);
+  publish(r, p, "x", b, 0);
+  assert_int_equal(drop_notices(sub, N_NEW), 1);
+  a = acquire(r, c, "x", LATEST, 0);
+  assert_int_equal(acquire_ex(r, w, "x", NEXT, 1, -1, NULL, &id), PARKED);
+  tbd_session_close(r, p);
+  /* subscriber and lease holder are told, once each */
+  assert_int_equal(drop_notices(sub, N_CLOSED), 1);
+  m = take_notice(c, N_CLOSED);
+  assert_non_null(m);
+  assert_string_equal(m->m->notice->channel_closed->channel, "x");
+  cap_free(m);
+  assert_null(take_notice(c, N_CLOSED));
+  assert_int_equal(parked_reply(w, id, NULL), TB_ECLOSED);
+  /* what was published stays readable */
+  acquire(r, w, "x", EXACT, 1);
+  assert_int_equal(acquire_ex(r, w, "x", NEXT, 1, -1, NULL, NULL), TB_ECLOSED);
+  assert_tb_ok(release(r, c, a.lease));
+  /* a new publisher reopens it and numbering continues */
+  b2 = buffer(r, p2);
+  assert_int_equal(publish(r, p2, "x", b2, 0), 2);
+  reg_free(r);
+}
+
+static void test_buffer_retire(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint64_t b = buffer(r, p), b2 = buffer(r, p);
+  struct acq a;
+  struct cap *m;
+
+  (void)state;
+  publish(r, p, "x", b, 0);
+  a = acquire(r, c, "x", LATEST, 0);
+  assert_tb_err(simple(r, c, UNREGISTER, NULL, b), TB_EPERM);
+  assert_tb_ok(simple(r, p, UNREGISTER, NULL, b));
+  assert_tb_err(simple(r, p, UNREGISTER, NULL, b), TB_ENOTFOUND);
+  /* retired: no new publish, but the held version still reads */
+  assert_tb_err(publish_ex(r, p, "x", b, NULL, NULL), TB_ENOTFOUND);
+  assert_int_equal(counts(r).buffers, 2);
+  assert_null(take_notice(c, N_RETIRED));
+  publish(r, p, "x", b2, 0); /* v1 leaves history, still leased */
+  assert_null(take_notice(c, N_RETIRED));
+  assert_tb_ok(release(r, c, a.lease));
+  m = take_notice(c, N_RETIRED);
+  assert_non_null(m);
+  assert_int_equal(m->m->notice->buffer_retired->buffer_id, b);
+  cap_free(m);
+  assert_int_equal(counts(r).buffers, 1);
+  reg_free(r);
+}
+
+static void test_forget_reattaches(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint64_t b = buffer(r, p);
+  struct acq a;
+
+  (void)state;
+  publish(r, p, "x", b, 0);
+  a = acquire(r, c, "x", LATEST, 0);
+  assert_true(a.fd_attached);
+  release(r, c, a.lease);
+  assert_tb_ok(simple(r, c, FORGET, NULL, b));
+  assert_int_equal(count_for(c), 0); /* one-way */
+  a = acquire(r, c, "x", LATEST, 0);
+  assert_true(a.fd_attached);
+  reg_free(r);
+}
+
+static void test_modes(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint64_t b = buffer(r, p), id;
+  struct acq a;
+
+  (void)state;
+  /* nothing yet */
+  assert_int_equal(acquire_ex(r, c, "x", LATEST, 0, 0, NULL, NULL),
+                   TB_ENOTFOUND);
+  assert_int_equal(acquire_ex(r, c, "x", EXACT, 1, -1, NULL, NULL),
+                   TB_ENOTFOUND);
+  for (int i = 0; i < 3; i++)
+    publish(r, p, "x", b, 3);
+  assert_int_equal(acquire(r, c, "x", LATEST, 0).version, 3);
+  assert_int_equal(acquire(r, c, "x", NEXT, 0).version, 1);
+  assert_int_equal(acquire(r, c, "x", NEXT, 1).version, 2);
+  assert_int_equal(acquire(r, c, "x", EXACT, 2).version, 2);
+  assert_int_equal(acquire_ex(r, c, "x", EXACT, 4, -1, NULL, NULL),
+                   TB_ENOTFOUND);
+  assert_int_equal(acquire_ex(r, c, "x", NEXT, 3, 0, NULL, NULL), TB_EAGAIN);
+  /* NEXT waits for the next publish */
+  assert_int_equal(acquire_ex(r, c, "x", NEXT, 3, 5000, NULL, &id), PARKED);
+  assert_int_equal(counts(r).waits, 1);
+  /* one parked request per session */
+  assert_int_equal(acquire_ex(r, c, "x", NEXT, 3, 5000, NULL, NULL), TB_EBUSY);
+  publish(r, p, "x", b, 0);
+  assert_int_equal(parked_reply(c, id, &a), 0);
+  assert_int_equal(a.version, 4);
+  assert_int_equal(counts(r).waits, 0);
+  /* timeouts, on the fake clock */
+  assert_int_equal(acquire_ex(r, c, "x", NEXT, 4, 250, NULL, &id), PARKED);
+  assert_int_equal(tbd_registry_next_deadline(r), fake_now + 250);
+  fake_now += 249;
+  tbd_registry_expire(r);
+  assert_int_equal(parked_reply(c, id, NULL), PARKED);
+  fake_now += 1;
+  tbd_registry_expire(r);
+  assert_int_equal(parked_reply(c, id, NULL), TB_ETIMEDOUT);
+  assert_int_equal(tbd_registry_next_deadline(r), UINT64_MAX);
+  /* LATEST on a channel that does not exist yet waits for it */
+  assert_int_equal(acquire_ex(r, c, "y", LATEST, 0, -1, NULL, &id), PARKED);
+  publish(r, p, "y", b, 0);
+  assert_int_equal(parked_reply(c, id, &a), 0);
+  assert_int_equal(a.version, 1);
+  reg_free(r);
+}
+
+static void test_second_publisher_busy(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *q = session(r, 11);
+  uint64_t b = buffer(r, p), bq = buffer(r, q);
+
+  (void)state;
+  publish(r, p, "x", b, 0);
+  assert_tb_err(publish_ex(r, q, "x", bq, NULL, NULL), TB_EBUSY);
+  /* nor with someone else's buffer */
+  assert_tb_err(publish_ex(r, q, "y", b, NULL, NULL), TB_EPERM);
+  assert_int_equal(counts(r).versions, 1);
+  assert_int_equal(counts(r).channels, 1);
+  reg_free(r);
+}
+
+static void test_subscriptions(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint64_t b = buffer(r, p);
+  struct cap *m;
+
+  (void)state;
+  assert_tb_ok(simple(r, c, SUBSCRIBE, "later", 0));
+  assert_tb_ok(simple(r, c, SUBSCRIBE, "later", 0)); /* idempotent */
+  assert_tb_err(simple(r, c, SUBSCRIBE, "../bad", 0), TB_ENAME);
+  publish(r, p, "later", b, 0);
+  m = take_notice(c, N_NEW);
+  assert_non_null(m);
+  assert_string_equal(m->m->notice->new_version->channel, "later");
+  assert_int_equal(m->m->notice->new_version->version, 1);
+  cap_free(m);
+  assert_tb_ok(simple(r, c, UNSUBSCRIBE, "later", 0));
+  assert_tb_err(simple(r, c, UNSUBSCRIBE, "later", 0), TB_ENOTFOUND);
+  publish(r, p, "later", b, 0);
+  assert_int_equal(count_for(c), 0);
+  reg_free(r);
+}
+
+static void test_limits(void **state) {
+  struct tbd_limits lim;
+  struct tbd_registry *r;
+  struct tbd_session *p, *c, *extra;
+  uint64_t b, id;
+  struct pub o = {0};
+
+  (void)state;
+  tbd_limits_default(&lim);
+  lim.max_leases = 2;
+  lim.max_buffers = 1;
+  lim.max_channels = 1;
+  lim.max_metadata = 16;
+  lim.max_ndim = 4;
+  lim.max_subscriptions = 1;
+  lim.max_history = 4;
+  lim.max_sessions = 2;
+  r = reg_new(&lim);
+  p = session(r, 10);
+  c = session(r, 11);
+  /* sessions: accepted, Hello refused, to be closed */
+  assert_tb_ok(tbd_session_open(r, 12, 0, 0, NULL, &extra));
+  assert_int_equal(hello(r, extra, "x"), TB_ELIMIT);
+  tbd_session_close(r, extra);
+  b = buffer(r, p);
+  assert_tb_err(reg_buffer_fd(r, p, 4096, memfd(4096, true), &id), TB_ELIMIT);
+  publish(r, p, "x", b, 0);
+  assert_tb_err(publish_ex(r, p, "y", b, NULL, NULL), TB_ELIMIT);
+  o.meta_len = 17;
+  assert_tb_err(publish_ex(r, p, "x", b, &o, NULL), TB_ELIMIT);
+  o.meta_len = 16;
+  assert_tb_ok(publish_ex(r, p, "x", b, &o, NULL));
+  o.ndim = 5;
+  assert_tb_err(publish_ex(r, p, "x", b, &o, NULL), TB_ELIMIT);
+  o.ndim = 4;
+  assert_tb_ok(publish_ex(r, p, "x", b, &o, NULL));
+  o.depth = 5;
+  assert_tb_err(publish_ex(r, p, "x", b, &o, NULL), TB_ELIMIT);
+  o.depth = 0;
+  o.dev_type = kDLCUDA;
+  assert_tb_err(publish_ex(r, p, "x", b, &o, NULL), TB_EDEVICE);
+  acquire(r, c, "x", LATEST, 0);
+  acquire(r, c, "x", LATEST, 0);
+  assert_int_equal(acquire_ex(r, c, "x", LATEST, 0, 0, NULL, NULL), TB_ELIMIT);
+  assert_tb_ok(simple(r, c, SUBSCRIBE, "a", 0));
+  assert_tb_err(simple(r, c, SUBSCRIBE, "b", 0), TB_ELIMIT);
+  assert_int_equal(counts(r).versions, 1);
+  reg_free(r);
+}
+
+static void test_buffer_register_checks(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10);
+  uint64_t id;
+
+  (void)state;
+  assert_tb_err(reg_buffer_fd(r, p, 4096, memfd(4096, false), &id),
+                TB_EINVAL); /* not sealed */
+  assert_tb_err(reg_buffer_fd(r, p, 8192, memfd(4096, true), &id),
+                TB_EINVAL); /* smaller than declared */
+  assert_tb_err(reg_buffer_fd(r, p, 4096, -1, &id), TB_EINVAL); /* no fd */
+  assert_tb_err(reg_buffer_fd(r, p, 0, memfd(4096, true), &id), TB_EINVAL);
+  assert_int_equal(counts(r).buffers, 0);
+  reg_free(r);
+}
+
+static void test_wait_free(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint64_t b = buffer(r, p), id;
+  struct acq a;
+
+  (void)state;
+  assert_int_equal(wait_free(r, p, "x", 1, 0, NULL), TB_ENOTFOUND);
+  publish(r, p, "x", b, 0);
+  assert_int_equal(wait_free(r, p, "x", 2, 0, NULL), TB_ENOTFOUND);
+  assert_int_equal(wait_free(r, p, "x", 1, 0, NULL), TB_EBUSY); /* history */
+  a = acquire(r, c, "x", LATEST, 0);
+  publish(r, p, "x", b, 0);
+  assert_int_equal(wait_free(r, p, "x", 1, 0, NULL), TB_EBUSY); /* leased */
+  assert_int_equal(wait_free(r, p, "x", 1, -1, &id), PARKED);
+  assert_tb_ok(release(r, c, a.lease));
+  assert_int_equal(expect_free(p, 1), 0);
+  assert_int_equal(parked_reply(p, id, NULL), 0);
+  /* already free: at once */
+  assert_int_equal(wait_free(r, p, "x", 1, -1, NULL), 0);
+  /* timeout */
+  assert_int_equal(wait_free(r, p, "x", 2, 10, &id), PARKED);
+  fake_now += 10;
+  tbd_registry_expire(r);
+  assert_int_equal(parked_reply(p, id, NULL), TB_ETIMEDOUT);
+  reg_free(r);
+}
+
+static void test_protocol_errors(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *s, *t;
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Status st = TENSORBROKER__V1__STATUS__INIT;
+  int fds[2];
+
+  (void)state;
+  assert_tb_ok(tbd_session_open(r, 1, 0, 0, NULL, &s));
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_STATUS;
+  q.status = &st;
+  q.request_id = 7;
+  /* before Hello */
+  assert_int_equal(tbd_session_request(r, s, &q, NULL, 0), TB_EPROTO);
+  {
+    struct cap *c = take_reply(s, 7);
+    assert_non_null(c);
+    assert_int_equal(c->m->reply->status, TB_EPROTO);
+    assert_true(strlen(c->m->reply->message) > 0);
+    cap_free(c);
+  }
+  tbd_session_close(r, s);
+  /* unexpected descriptors are closed (teardown counts them) */
+  t = session(r, 2);
+  fds[0] = memfd(16, false);
+  fds[1] = memfd(16, false);
+  q.request_id = 8;
+  assert_int_equal(tbd_session_request(r, t, &q, fds, 2), TB_EPROTO);
+  caps_clear();
+  tbd_session_close(r, t);
+  /* second Hello */
+  t = session(r, 3);
+  assert_int_equal(hello(r, t, "again"), TB_EPROTO);
+  tbd_session_close(r, t);
+  /* bad Hello fields are semantic errors */
+  assert_tb_ok(tbd_session_open(r, 4, 0, 0, NULL, &s));
+  assert_int_equal(hello(r, s, "bad\nname"), TB_ENAME);
+  assert_int_equal(hello(r, s, "fine"), 0);
+  tbd_session_close(r, s);
+  assert_int_equal(tbd_registry_stats(r)->bad_messages, 3);
+  assert_int_equal(counts(r).sessions, 0);
+  reg_free(r);
+}
+
+/* ---- allocation failures: fail each allocation in turn ---- */
+
+struct snapshot {
+  struct tbd_counts c;
+  size_t msgs;
+};
+
+static struct snapshot snap(struct tbd_registry *r) {
+  struct snapshot s = {0};
+  tbd_registry_counts(r, &s.c);
+  for (struct cap *c = caps; c != NULL; c = c->next)
+    s.msgs++;
+  return s;
+}
+
+static void test_alloc_failure_publish(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint64_t b = buffer(r, p), v = 0;
+  int rc, failures = 0;
+
+  (void)state;
+  simple(r, c, SUBSCRIBE, "new/channel", 0);
+  for (unsigned long n = 1;; n++) {
+    struct snapshot before = snap(r);
+    tbd_alloc_fail_at(n, 0);
+    rc = publish_ex(r, p, "new/channel", b, NULL, &v);
+    tbd_alloc_fail_at(0, 0);
+    if (rc == 0)
+      break;
+    assert_int_equal(rc, TB_ENOMEM);
+    failures++;
+    struct snapshot after = snap(r);
+    assert_memory_equal(&before.c, &after.c, sizeof(before.c));
+    assert_int_equal(before.msgs, after.msgs); /* no notice went out */
+    assert_true(n < 100);
+  }
+  assert_true(failures >= 4);
+  assert_int_equal(v, 1); /* no number was used up by the failures */
+  assert_int_equal(drop_notices(c, N_NEW), 1);
+  reg_free(r);
+}
+
+static void test_alloc_failure_acquire(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint64_t b = buffer(r, p);
+  struct acq a;
+  int rc, failures = 0;
+
+  (void)state;
+  publish(r, p, "x", b, 0);
+  for (unsigned long n = 1;; n++) {
+    struct snapshot before = snap(r);
+    tbd_alloc_fail_at(n, 0);
+    rc = acquire_ex(r, c, "x", LATEST, 0, 0, &a, NULL);
+    tbd_alloc_fail_at(0, 0);
+    if (rc == 0)
+      break;
+    assert_int_equal(rc, TB_ENOMEM);
+    failures++;
+    struct snapshot after = snap(r);
+    assert_memory_equal(&before.c, &after.c, sizeof(before.c));
+    assert_true(n < 100);
+  }
+  assert_true(failures >= 3);
+  /* the failed attempts did not mark the fd as sent */
+  assert_true(a.fd_attached);
+  assert_int_equal(a.lease, 1);
+  assert_tb_ok(release(r, c, a.lease));
+  reg_free(r);
+}
+
+static void test_alloc_failure_subscribe(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *c = session(r, 11);
+  int rc;
+
+  (void)state;
+  for (unsigned long n = 1;; n++) {
+    struct snapshot before = snap(r);
+    tbd_alloc_fail_at(n, 0);
+    rc = simple(r, c, SUBSCRIBE, "s", 0);
+    tbd_alloc_fail_at(0, 0);
+    if (rc == 0)
+      break;
+    assert_int_equal(rc, TB_ENOMEM);
+    struct snapshot after = snap(r);
+    assert_memory_equal(&before.c, &after.c, sizeof(before.c));
+    assert_true(n < 100);
+  }
+  assert_int_equal(counts(r).subscriptions, 1);
+  reg_free(r);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+      T(test_publish_acquire_release),
+      T(test_history_depth_3),
+      T(test_done_events_collected),
+      T(test_consumer_close_releases),
+      T(test_producer_close),
+      T(test_buffer_retire),
+      T(test_forget_reattaches),
+      T(test_modes),
+      T(test_second_publisher_busy),
+      T(test_subscriptions),
+      T(test_limits),
+      T(test_buffer_register_checks),
+      T(test_wait_free),
+      T(test_protocol_errors),
+      T(test_alloc_failure_publish),
+      T(test_alloc_failure_acquire),
+      T(test_alloc_failure_subscribe),
+#undef T
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
