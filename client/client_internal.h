@@ -1,0 +1,233 @@
+/* Internal: the objects libtensorbroker's files share.
+ *
+ * Two objects carry a connection:
+ *  - struct tb_client (the public handle) holds what only request/reply needs:
+ *    the call lock, request ids, the receive buffer, queued notices, the
+ *    version-free table, the producer's buffers and the last error. Only the
+ *    holder of call_lock reads the socket.
+ *  - struct tb__conn is refcounted and shared with every acquired tensor. It
+ *    holds the socket (for one-way sends), the consumer mapping cache and the
+ *    consumer's CUDA done events, under its own small lock. A tensor deleter
+ *    only ever takes conn->lock, never call_lock, so it may run on any thread,
+ *    also while another thread is parked in a long tb_acquire(), and after
+ *    tb_client_disconnect() (then it sends nothing and only unmaps).
+ * Lock order: call_lock before conn->lock; nothing blocks on the daemon while
+ * holding conn->lock except a one-way sendmsg. */
+#ifndef TB_CLIENT_INTERNAL_H
+#define TB_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tensorbroker/tensorbroker.h>
+#include <uthash.h>
+
+#include "tb_proto.h"
+
+#define TB__NOTICE_QUEUE_MAX 4096 /* queued notices; oldest dropped first */
+#define TB__FREED_TABLE_MAX 1024  /* remembered VersionFree notices */
+#define TB__MAPCACHE_MAX 256      /* cached buffer mappings per connection */
+#define TB__LAST_ERROR_MAX 512
+#define TB__DEFAULT_TIMEOUT_MS 30000
+#define TB__RECV_CAP TB__MAX_MESSAGE_HARD
+
+struct tb__map;
+struct tb__cuda_client;
+struct tb__cuda_conn;
+
+/* ---- the refcounted connection (conn.c) ---- */
+struct tb__conn {
+  pthread_mutex_t lock; /* fd use for one-way sends, closed, maps, cuda */
+  int refs;             /* under lock: the client plus one per tensor */
+  int fd;
+  int closed; /* disconnected by the application: send nothing more */
+  int dead;   /* the daemon went away: calls fail with TB_EDISCONNECTED */
+  int contract;
+  struct tb__map *maps; /* mapcache.c, uthash by buffer id */
+  size_t nmaps;
+  uint64_t map_clock; /* LRU stamps for the mapping cache */
+  struct tb__cuda_conn *cuda; /* cuda_transport.c; NULL until CUDA is used */
+};
+
+/* Take / drop a reference. The last drop frees the mapping cache and the
+ * CUDA state; the socket was closed by tb_client_disconnect(). */
+void tb__conn_ref(struct tb__conn *k);
+void tb__conn_unref(struct tb__conn *k);
+
+/* Send a one-way request (request_id 0) without the call lock. Returns 0,
+ * TB_EDISCONNECTED, or 0 silently when the client was disconnected (the
+ * daemon already ended everything the message could end). Caller holds
+ * k->lock. */
+int tb__conn_send_oneway_locked(struct tb__conn *k, const tb__request *r);
+
+/* ---- a freed version, remembered for tb_wait_free (publish.c) ---- */
+struct tb__done_event {
+  uint64_t event_id;
+  uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
+  uint8_t uuid[TB__UUID_SIZE];
+  uint32_t owner_pid;
+};
+
+struct tb__freed {
+  char *channel;
+  uint64_t version;
+  size_t n_done;
+  struct tb__done_event *done;
+};
+
+/* ---- the public handle ---- */
+struct tb_buffer {
+  struct tb_client *c;
+  struct tb_buffer *prev, *next; /* utlist, c->buffers */
+  void *data;
+  size_t size;
+  uint64_t id;
+};
+
+struct tb_client {
+  pthread_mutex_t call_lock; /* serialises request/reply and socket reads */
+  struct tb__conn *conn;
+  uint64_t next_request_id;
+  uint64_t session_id;
+  int timeout_ms;
+  uint32_t max_message;
+  uint32_t max_ndim;
+  uint32_t max_metadata;
+  uint8_t *rbuf; /* TB__RECV_CAP bytes */
+  uint8_t *sbuf; /* TB__RECV_CAP bytes */
+
+  struct tb_notice *notices; /* ring */
+  size_t nq_head, nq_len, nq_cap;
+
+  struct tb__freed freed[TB__FREED_TABLE_MAX]; /* ring */
+  size_t fr_head, fr_len;
+
+  struct tb_buffer *buffers;
+  struct tb__cuda_client *cuda; /* cuda_transport.c; NULL until used */
+
+  char last_error[TB__LAST_ERROR_MAX];
+  size_t last_error_len; /* full length, may exceed the buffer */
+};
+
+/* ---- request/reply (conn.c); all with c->call_lock held ---- */
+
+/* Set the last-error text (printf-style), return err. */
+int tb__set_error(struct tb_client *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void tb__clear_error(struct tb_client *c);
+
+/* Send r (its request_id is assigned here) with nfds descriptors, and wait
+ * up to extra_ms (<0: forever) plus the client's timeout for its reply,
+ * queueing notices read meanwhile. On success *out owns the decoded message
+ * (free with tb__server_message_free) and any descriptors attached to the
+ * reply are in fds and *nfds (caller closes them). A reply with a negative
+ * status is returned as that status, with its message kept as last error. */
+int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
+             int n_send_fds, long extra_ms, tb__server_message **out,
+             int *fds, int *nfds);
+
+/* Read and dispatch datagrams for up to timeout_ms (<0 forever), stopping
+ * after the first one. Returns 1 if one was handled, 0 on timeout, or an
+ * error. Used by tb_client_poll_notice. */
+int tb__pump(struct tb_client *c, int timeout_ms);
+
+/* Queue a notice (oldest dropped beyond TB__NOTICE_QUEUE_MAX). */
+void tb__notice_push(struct tb_client *c, const struct tb_notice *n);
+
+/* ---- publish.c: the version-free table ---- */
+void tb__freed_add(struct tb_client *c, const Tensorbroker__V1__VersionFree *vf);
+/* Take the remembered entry for (channel, version) into *out (caller frees
+ * with tb__freed_clear). Returns 1 if found. */
+int tb__freed_take(struct tb_client *c, const char *channel, uint64_t version,
+                   struct tb__freed *out);
+void tb__freed_clear(struct tb__freed *f);
+void tb__freed_free_all(struct tb_client *c);
+
+/* ---- host.c ---- */
+/* The buffer of c whose mapping holds [p, p + len), or NULL. */
+struct tb_buffer *tb__buffer_find(struct tb_client *c, const void *p,
+                                  size_t len);
+/* Unmap and free every buffer (disconnect: the daemon retires them). */
+void tb__buffers_free_all(struct tb_client *c);
+
+/* ---- mapcache.c: consumer mappings keyed by buffer id + generation ---- */
+struct tb__map {
+  uint64_t buffer_id; /* hash key */
+  uint32_t generation;
+  int kind; /* 1 host memfd, 2 CUDA IPC */
+  int refs; /* leases using it, under conn->lock */
+  int retired;
+  int writable;
+  void *host;             /* host mapping */
+  uint64_t dev;           /* CUDA: base in this process (tb_cu_deviceptr) */
+  int local;              /* CUDA: our own allocation, never closed */
+  int device;             /* CUDA: ordinal in this process */
+  uint8_t uuid[TB__UUID_SIZE];
+  size_t size;
+  uint64_t stamp; /* last use, for eviction */
+  UT_hash_handle hh;
+};
+
+/* Find the mapping of buffer (id, generation) and take a reference. Returns
+ * the entry or NULL. An entry of an older generation is treated as retired. */
+struct tb__map *tb__map_get(struct tb__conn *k, uint64_t id, uint32_t gen);
+/* Insert a new mapping with one reference, evicting unused entries (and
+ * sending Forget for them) beyond TB__MAPCACHE_MAX. Takes ownership of m. */
+void tb__map_insert(struct tb__conn *k, struct tb__map *m);
+/* Drop a reference; unmaps when the entry is retired or the connection
+ * closed and nobody uses it. Caller holds k->lock. */
+void tb__map_put_locked(struct tb__conn *k, struct tb__map *m);
+/* The daemon retired (id, gen): unmap now if unused, else when unused. */
+void tb__map_retire(struct tb__conn *k, uint64_t id, uint32_t gen);
+/* Unmap everything unused (disconnect); caller holds k->lock. */
+void tb__map_drop_unused_locked(struct tb__conn *k);
+/* Undo a mapping (munmap or CUDA close). */
+void tb__map_release_memory(struct tb__map *m);
+
+/* ---- lease.c ---- */
+void tb__lease_deleter(DLManagedTensorVersioned *self);
+
+/* ---- cuda_transport.c: everything that touches CUDA ---- */
+
+/* Producer: fill the buffer id, layout byte offset and ready event of a
+ * kDLCUDA publish; see cuda_transport.c. */
+int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
+                             void *stream, uint64_t *buffer_id,
+                             uint64_t *byte_offset, uint64_t *ready_event_id,
+                             Tensorbroker__V1__Device *dev, uint8_t *uuid);
+/* After the Publish reply: bind the ready event to (channel, version), or
+ * give it back to the pool when the publish failed (version 0). */
+void tb__cuda_publish_done(struct tb_client *c, uint64_t ready_event_id,
+                           const char *channel, uint64_t version);
+/* A VersionFree for (channel, version) arrived: its ready event is free. */
+void tb__cuda_version_freed(struct tb_client *c, const char *channel,
+                            uint64_t version);
+/* Producer: make stream wait on the consumers' done events. */
+int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
+                       void *stream);
+
+/* Consumer: map a CUDA_IPC buffer (new cache entry, not yet inserted). */
+int tb__cuda_map_open(struct tb_client *c,
+                      const Tensorbroker__V1__BufferInfo *bi,
+                      struct tb__map **out);
+/* Consumer: make the acquire stream wait on the ready event; make sure a
+ * done event is registered for the device. *implicit is set when the
+ * contract chose the stream. */
+int tb__cuda_acquire_sync(struct tb_client *c, const struct tb__map *m,
+                          const Tensorbroker__V1__EventInfo *ready,
+                          void *stream, int *implicit);
+/* Consumer: record the done event for a lease on stream (under the
+ * connection's contract). Writes the registered event id, 0 when none
+ * applies (no-sync stream). Caller holds k->lock. */
+int tb__cuda_release_record_locked(struct tb__conn *k, int device,
+                                   void *stream, uint64_t *done_event_id,
+                                   int *implicit);
+/* Free the client's (producer, event cache) and the connection's CUDA
+ * state. */
+void tb__cuda_client_free(struct tb_client *c);
+void tb__cuda_conn_free(struct tb__cuda_conn *cc);
+/* Release an unused CUDA mapping. */
+void tb__cuda_map_close(struct tb__map *m);
+
+#endif /* TB_CLIENT_INTERNAL_H */

@@ -1,0 +1,690 @@
+/* The connection: socket, Hello, request/reply matching by request_id,
+ * notices, last-error text, and timeouts via poll(). */
+#include "client_internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* ---- errors ---- */
+
+int tb__set_error(struct tb_client *c, int err, const char *fmt, ...) {
+  va_list ap;
+  int n;
+
+  va_start(ap, fmt);
+  n = vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+  va_end(ap);
+  c->last_error_len = n < 0 ? 0 : (size_t)n;
+  return err;
+}
+
+void tb__clear_error(struct tb_client *c) {
+  c->last_error[0] = '\0';
+  c->last_error_len = 0;
+}
+
+size_t tb_client_last_error(tb_client *c, char *buf, size_t len) {
+  size_t n;
+
+  if (c == NULL)
+    return 0;
+  pthread_mutex_lock(&c->call_lock);
+  n = c->last_error_len;
+  if (buf != NULL && len > 0) {
+    size_t k = strnlen(c->last_error, sizeof(c->last_error));
+    if (k >= len)
+      k = len - 1;
+    memcpy(buf, c->last_error, k);
+    buf[k] = '\0';
+  }
+  pthread_mutex_unlock(&c->call_lock);
+  return n;
+}
+
+/* ---- options and defaults ---- */
+
+void tb_connect_options_init(struct tb_connect_options *opts) {
+  if (opts == NULL)
+    return;
+  memset(opts, 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+  opts->stream_contract = TB_CONTRACT_SPEC;
+  opts->timeout_ms = TB__DEFAULT_TIMEOUT_MS;
+}
+
+static int copy_path(char *buf, size_t len, const char *a, const char *b) {
+  int n = snprintf(buf, len, "%s%s", a, b);
+  if (n < 0 || (size_t)n >= len)
+    return TB_ELIMIT;
+  return 0;
+}
+
+int tb_default_socket_path(char *buf, size_t len) {
+  const char *s;
+
+  if (buf == NULL || len == 0)
+    return TB_ELIMIT;
+  s = getenv("TENSORBROKER_SOCKET");
+  if (s != NULL && s[0] != '\0')
+    return copy_path(buf, len, s, "");
+  s = getenv("XDG_RUNTIME_DIR");
+  if (s != NULL && s[0] != '\0')
+    return copy_path(buf, len, s, "/tensorbroker.sock");
+  return copy_path(buf, len, "/run/tensorbroker/tensorbroker.sock", "");
+}
+
+void tb_free(void *p) { free(p); }
+
+/* ---- the refcounted connection ---- */
+
+void tb__conn_ref(struct tb__conn *k) {
+  pthread_mutex_lock(&k->lock);
+  k->refs++;
+  pthread_mutex_unlock(&k->lock);
+}
+
+void tb__conn_unref(struct tb__conn *k) {
+  int last;
+
+  if (k == NULL)
+    return;
+  pthread_mutex_lock(&k->lock);
+  last = --k->refs == 0;
+  if (last)
+    tb__map_drop_unused_locked(k);
+  pthread_mutex_unlock(&k->lock);
+  if (!last)
+    return;
+  tb__cuda_conn_free(k->cuda);
+  if (k->fd >= 0)
+    close(k->fd);
+  pthread_mutex_destroy(&k->lock);
+  free(k);
+}
+
+int tb__conn_send_oneway_locked(struct tb__conn *k, const tb__request *r) {
+  uint8_t buf[512];
+  long n;
+  int rc;
+
+  if (k->closed || k->fd < 0)
+    return 0;
+  if (k->dead)
+    return TB_EDISCONNECTED;
+  n = tb__request_encode(r, buf, sizeof(buf));
+  if (n < 0)
+    return (int)n;
+  rc = tb__wire_send(k->fd, buf, (size_t)n, NULL, 0, 0);
+  if (rc < 0) {
+    k->dead = 1;
+    return TB_EDISCONNECTED;
+  }
+  return 0;
+}
+
+/* ---- notices ---- */
+
+void tb__notice_push(struct tb_client *c, const struct tb_notice *n) {
+  if (c->nq_len == c->nq_cap) {
+    if (c->nq_cap < TB__NOTICE_QUEUE_MAX) {
+      size_t ncap = c->nq_cap ? c->nq_cap * 2 : 16;
+      struct tb_notice *q = malloc(ncap * sizeof(*q));
+      if (q != NULL) {
+        for (size_t i = 0; i < c->nq_len; i++)
+          q[i] = c->notices[(c->nq_head + i) % c->nq_cap];
+        free(c->notices);
+        c->notices = q;
+        c->nq_cap = ncap;
+        c->nq_head = 0;
+      }
+    }
+    if (c->nq_len == c->nq_cap) {
+      if (c->nq_cap == 0)
+        return; /* out of memory: the notice is lost, like an overflow */
+      /* full: drop the oldest */
+      c->nq_head = (c->nq_head + 1) % c->nq_cap;
+      c->nq_len--;
+    }
+  }
+  c->notices[(c->nq_head + c->nq_len) % c->nq_cap] = *n;
+  c->nq_len++;
+}
+
+static void copy_str(char *dst, size_t cap, const char *src) {
+  size_t n = src ? strnlen(src, cap - 1) : 0;
+  if (n > 0)
+    memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+static void handle_notice(struct tb_client *c,
+                          const Tensorbroker__V1__Notice *no) {
+  struct tb_notice n;
+
+  memset(&n, 0, sizeof(n));
+  switch (no->body_case) {
+  case TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION:
+    n.type = TB_NOTICE_NEW_VERSION;
+    copy_str(n.channel, sizeof(n.channel), no->new_version->channel);
+    n.version = no->new_version->version;
+    break;
+  case TENSORBROKER__V1__NOTICE__BODY_VERSION_FREE:
+    n.type = TB_NOTICE_VERSION_FREE;
+    copy_str(n.channel, sizeof(n.channel), no->version_free->channel);
+    n.version = no->version_free->version;
+    n.buffer_id = no->version_free->buffer_id;
+    tb__freed_add(c, no->version_free);
+    if (c->cuda != NULL)
+      tb__cuda_version_freed(c, n.channel, n.version);
+    break;
+  case TENSORBROKER__V1__NOTICE__BODY_BUFFER_RETIRED:
+    n.type = TB_NOTICE_BUFFER_RETIRED;
+    n.buffer_id = no->buffer_retired->buffer_id;
+    tb__map_retire(c->conn, no->buffer_retired->buffer_id,
+                   no->buffer_retired->generation);
+    break;
+  case TENSORBROKER__V1__NOTICE__BODY_CHANNEL_CLOSED:
+    n.type = TB_NOTICE_CHANNEL_CLOSED;
+    copy_str(n.channel, sizeof(n.channel), no->channel_closed->channel);
+    copy_str(n.reason, sizeof(n.reason), no->channel_closed->reason);
+    break;
+  case TENSORBROKER__V1__NOTICE__BODY_DAEMON_CLOSING:
+    n.type = TB_NOTICE_DAEMON_CLOSING;
+    copy_str(n.reason, sizeof(n.reason), no->daemon_closing->reason);
+    break;
+  default:
+    return; /* a notice kind from a newer daemon: ignore */
+  }
+  tb__notice_push(c, &n);
+}
+
+/* A reply nobody waits for any more (its call timed out on our side). An
+ * acquire that succeeded late would hold a lease forever: end it, and tell
+ * the daemon we never kept the memfd it attached. */
+static void handle_stale_reply(struct tb_client *c,
+                               const Tensorbroker__V1__Reply *rep) {
+  struct tb__conn *k = c->conn;
+
+  if (rep->status != 0 ||
+      rep->body_case != TENSORBROKER__V1__REPLY__BODY_ACQUIRE ||
+      rep->acquire == NULL)
+    return;
+  pthread_mutex_lock(&k->lock);
+  {
+    Tensorbroker__V1__Release rel = TENSORBROKER__V1__RELEASE__INIT;
+    tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+    rel.lease_id = rep->acquire->lease_id;
+    r.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
+    r.release = &rel;
+    (void)tb__conn_send_oneway_locked(k, &r);
+  }
+  if (rep->acquire->buffer != NULL && rep->acquire->buffer->fd_attached) {
+    Tensorbroker__V1__Forget fg = TENSORBROKER__V1__FORGET__INIT;
+    tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+    fg.buffer_id = rep->acquire->buffer->buffer_id;
+    r.body_case = TENSORBROKER__V1__REQUEST__BODY_FORGET;
+    r.forget = &fg;
+    (void)tb__conn_send_oneway_locked(k, &r);
+  }
+  pthread_mutex_unlock(&k->lock);
+}
+
+static void close_fds(int *fds, int n) {
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+}
+
+static int mark_dead(struct tb_client *c, const char *why) {
+  pthread_mutex_lock(&c->conn->lock);
+  c->conn->dead = 1;
+  pthread_mutex_unlock(&c->conn->lock);
+  return tb__set_error(c, TB_EDISCONNECTED, "connection to the daemon lost: %s",
+                       why);
+}
+
+/* Wait for one datagram until deadline (UINT64_MAX: forever), read and
+ * decode it. Notices are handled here; a reply is returned in *out with its
+ * fds. Returns 1 with *out set (a reply), 2 for a handled notice, 0 on
+ * timeout, or an error. */
+static int recv_one(struct tb_client *c, uint64_t deadline,
+                    tb__server_message **out, int *fds, int *nfds) {
+  struct pollfd p = {.fd = c->conn->fd, .events = POLLIN};
+  tb__server_message *m;
+  long n;
+  int rc, got = 0;
+
+  if (c->conn->dead)
+    return tb__set_error(c, TB_EDISCONNECTED,
+                         "connection to the daemon lost earlier");
+  for (;;) {
+    int wait;
+    if (deadline == UINT64_MAX) {
+      wait = -1;
+    } else {
+      uint64_t now = tb__now_ms();
+      wait = now >= deadline ? 0
+             : deadline - now > INT32_MAX ? INT32_MAX
+                                          : (int)(deadline - now);
+    }
+    rc = poll(&p, 1, wait);
+    if (rc < 0 && errno == EINTR)
+      continue;
+    if (rc < 0)
+      return tb__set_error(c, TB_ESYS, "poll: %s", strerror(errno));
+    if (rc == 0)
+      return 0;
+    break;
+  }
+  n = tb__wire_recv(c->conn->fd, c->rbuf, TB__RECV_CAP, fds, &got,
+                    MSG_DONTWAIT);
+  if (n == -EAGAIN || n == -EWOULDBLOCK)
+    return 2; /* spurious wake-up: the caller goes round */
+  if (n == 0)
+    return mark_dead(c, "the daemon closed the connection");
+  if (n == -EMSGSIZE)
+    return mark_dead(c, "oversized message from the daemon");
+  if (n < 0)
+    return mark_dead(c, strerror((int)-n));
+  rc = tb__server_message_decode(c->rbuf, (size_t)n, &m);
+  if (rc < 0) {
+    close_fds(fds, got);
+    return mark_dead(c, "undecodable message from the daemon");
+  }
+  if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE) {
+    close_fds(fds, got); /* notices carry no descriptors */
+    handle_notice(c, m->notice);
+    tb__server_message_free(m);
+    return 2;
+  }
+  *out = m;
+  *nfds = got;
+  return 1;
+}
+
+int tb__pump(struct tb_client *c, int timeout_ms) {
+  uint64_t deadline =
+      timeout_ms < 0 ? UINT64_MAX : tb__now_ms() + (uint64_t)timeout_ms;
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  rc = recv_one(c, deadline, &m, fds, &nfds);
+  if (rc == 1) {
+    /* A reply outside any call: stale (its call timed out), or the
+     * best-effort error reply to a one-way request. */
+    if (m->reply->request_id == 0 && m->reply->status < 0)
+      tb__set_error(c, m->reply->status, "%s",
+                    m->reply->message ? m->reply->message : "");
+    else
+      handle_stale_reply(c, m->reply);
+    close_fds(fds, nfds);
+    tb__server_message_free(m);
+  }
+  return rc < 0 ? rc : rc > 0;
+}
+
+int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
+             int n_send_fds, long extra_ms, tb__server_message **out,
+             int *fds, int *nfds) {
+  uint64_t id, deadline;
+  long n;
+  int rc;
+
+  if (c->conn->dead)
+    return tb__set_error(c, TB_EDISCONNECTED,
+                         "connection to the daemon lost earlier");
+  id = c->next_request_id++;
+  if (c->next_request_id == 0)
+    c->next_request_id = 1;
+  r->request_id = id;
+  n = tb__request_encode(r, c->sbuf, c->max_message);
+  if (n < 0)
+    return tb__set_error(c, TB_ELIMIT,
+                         "request larger than the daemon's %u-byte limit",
+                         (unsigned)c->max_message);
+  rc = tb__wire_send(c->conn->fd, c->sbuf, (size_t)n, send_fds, n_send_fds, 0);
+  if (rc == -EPIPE || rc == -ECONNRESET || rc == -ENOTCONN)
+    return mark_dead(c, strerror(-rc));
+  if (rc < 0)
+    return tb__set_error(c, TB_ESYS, "send: %s", strerror(-rc));
+
+  deadline = extra_ms < 0 ? UINT64_MAX
+                          : tb__now_ms() + (uint64_t)extra_ms +
+                                (uint64_t)c->timeout_ms;
+  for (;;) {
+    tb__server_message *m = NULL;
+    int got = 0;
+    rc = recv_one(c, deadline, &m, fds, &got);
+    if (rc < 0)
+      return rc;
+    if (rc == 0)
+      return tb__set_error(c, TB_ETIMEDOUT, "no reply from the daemon in time");
+    if (rc == 2)
+      continue;
+    if (m->reply->request_id != id) {
+      /* request_id 0: the daemon refused a one-way message (it closes the
+       * connection next); any other id: a stale reply */
+      handle_stale_reply(c, m->reply);
+      close_fds(fds, got);
+      tb__server_message_free(m);
+      continue;
+    }
+    if (m->reply->status != 0) {
+      int st = m->reply->status;
+      if (st > 0 || st <= TB__ERR_LAST)
+        st = TB_EPROTO;
+      tb__set_error(c, st, "%s",
+                    m->reply->message && m->reply->message[0]
+                        ? m->reply->message
+                        : tb_strerror(st));
+      close_fds(fds, got);
+      tb__server_message_free(m);
+      return st;
+    }
+    *out = m;
+    *nfds = got;
+    return 0;
+  }
+}
+
+/* Send a request whose reply carries no data and no descriptors. */
+static int call_simple(struct tb_client *c, tb__request *r) {
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  rc = tb__call(c, r, NULL, 0, 0, &m, fds, &nfds);
+  if (rc < 0)
+    return rc;
+  close_fds(fds, nfds);
+  tb__server_message_free(m);
+  return 0;
+}
+
+/* ---- connect / disconnect ---- */
+
+static const char *program_name(void) {
+  extern char *program_invocation_short_name;
+  return program_invocation_short_name;
+}
+
+static int name_ok(const char *s) {
+  size_t n = strnlen(s, 64);
+  if (n > 63)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] == 0x7f)
+      return 0;
+  return 1;
+}
+
+static int open_socket(const char *path, int *out) {
+  struct sockaddr_un sa;
+  size_t len = strlen(path);
+  int fd;
+
+  if (len == 0 || len >= sizeof(sa.sun_path))
+    return TB_EINVAL;
+  memset(&sa, 0, sizeof(sa));
+  sa.sun_family = AF_UNIX;
+  memcpy(sa.sun_path, path, len + 1);
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return TB_ESYS;
+  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    close(fd);
+    return TB_ECONNECT;
+  }
+  *out = fd;
+  return 0;
+}
+
+static int hello(struct tb_client *c, const char *name, int contract) {
+  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  h.protocol_version = TB_PROTOCOL_VERSION;
+  h.client_name = (char *)name;
+  h.stream_contract = (Tensorbroker__V1__StreamContract)contract;
+  /* Advertised without probing the driver, so that a host-only client never
+   * loads CUDA; a CUDA acquire without a driver fails with TB_ENOCUDA. */
+  h.memory_kinds = (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) |
+                   (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC);
+  h.library_version = (char *)TB_VERSION_STRING;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+  r.hello = &h;
+  rc = tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds);
+  if (rc < 0)
+    return rc;
+  close_fds(fds, nfds);
+  if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_HELLO ||
+      m->reply->hello == NULL) {
+    tb__server_message_free(m);
+    return tb__set_error(c, TB_EPROTO, "Hello answered without HelloReply");
+  }
+  if (m->reply->hello->protocol_version != TB_PROTOCOL_VERSION) {
+    rc = tb__set_error(c, TB_EVERSION, "daemon speaks protocol %u, we speak %u",
+                       (unsigned)m->reply->hello->protocol_version,
+                       (unsigned)TB_PROTOCOL_VERSION);
+    tb__server_message_free(m);
+    return rc;
+  }
+  c->session_id = m->reply->hello->session_id;
+  if (m->reply->hello->max_message >= 1024 &&
+      m->reply->hello->max_message <= TB__MAX_MESSAGE_HARD)
+    c->max_message = m->reply->hello->max_message;
+  if (m->reply->hello->max_ndim > 0)
+    c->max_ndim = m->reply->hello->max_ndim;
+  if (m->reply->hello->max_metadata > 0)
+    c->max_metadata = m->reply->hello->max_metadata;
+  tb__server_message_free(m);
+  return 0;
+}
+
+int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
+  struct tb_connect_options o;
+  char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  const char *name;
+  struct tb_client *c;
+  struct tb__conn *k;
+  int rc, fd = -1;
+
+  if (out == NULL)
+    return TB_EINVAL;
+  tb_connect_options_init(&o);
+  if (opts != NULL) {
+    size_t n = opts->struct_size < sizeof(o) ? opts->struct_size : sizeof(o);
+    if (n < sizeof(size_t))
+      return TB_EINVAL;
+    memcpy(&o, opts, n);
+  }
+  if (o.stream_contract < TB_CONTRACT_SPEC ||
+      o.stream_contract > TB_CONTRACT_EXPLICIT)
+    return TB_EINVAL;
+  name = o.client_name != NULL ? o.client_name : program_name();
+  if (name == NULL)
+    name = "";
+  if (!name_ok(name)) {
+    if (o.client_name != NULL)
+      return TB_ENAME;
+    name = ""; /* an odd program name is not the caller's fault */
+  }
+  if (o.socket_path != NULL) {
+    if (strlen(o.socket_path) >= sizeof(path))
+      return TB_EINVAL;
+    memcpy(path, o.socket_path, strlen(o.socket_path) + 1);
+  } else if (tb_default_socket_path(path, sizeof(path)) < 0) {
+    return TB_EINVAL;
+  }
+
+  rc = open_socket(path, &fd);
+  if (rc < 0)
+    return rc;
+
+  c = calloc(1, sizeof(*c));
+  if (c == NULL) {
+    rc = TB_ENOMEM;
+    goto out_close;
+  }
+  k = calloc(1, sizeof(*k));
+  if (k == NULL) {
+    rc = TB_ENOMEM;
+    goto out_free_client;
+  }
+  c->rbuf = malloc(TB__RECV_CAP);
+  c->sbuf = malloc(TB__RECV_CAP);
+  if (c->rbuf == NULL || c->sbuf == NULL) {
+    rc = TB_ENOMEM;
+    goto out_free_conn;
+  }
+  pthread_mutex_init(&k->lock, NULL);
+  pthread_mutex_init(&c->call_lock, NULL);
+  k->refs = 1;
+  k->fd = fd;
+  k->contract = o.stream_contract;
+  c->conn = k;
+  c->next_request_id = 1;
+  c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : TB__DEFAULT_TIMEOUT_MS;
+  c->max_message = TB__DEFAULT_MAX_MESSAGE;
+  c->max_ndim = TB__DEFAULT_MAX_NDIM;
+  c->max_metadata = TB__DEFAULT_MAX_METADATA;
+
+  rc = hello(c, name, o.stream_contract);
+  if (rc < 0) {
+    if (rc == TB_EDISCONNECTED)
+      rc = TB_ECONNECT; /* closed before saying hello: nobody to talk to */
+    tb_client_disconnect(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+
+out_free_conn:
+  free(c->rbuf);
+  free(c->sbuf);
+  free(k);
+out_free_client:
+  free(c);
+out_close:
+  close(fd);
+  return rc;
+}
+
+void tb_client_disconnect(tb_client *c) {
+  struct tb__conn *k;
+
+  if (c == NULL)
+    return;
+  k = c->conn;
+  tb__buffers_free_all(c);
+  tb__cuda_client_free(c);
+  tb__freed_free_all(c);
+  pthread_mutex_lock(&k->lock);
+  k->closed = 1;
+  tb__map_drop_unused_locked(k);
+  /* Closing the socket ends the session: the daemon releases its leases.
+   * Deleters that run later see closed and send nothing. */
+  if (k->fd >= 0) {
+    close(k->fd);
+    k->fd = -1;
+  }
+  pthread_mutex_unlock(&k->lock);
+  tb__conn_unref(k);
+  pthread_mutex_destroy(&c->call_lock);
+  free(c->notices);
+  free(c->rbuf);
+  free(c->sbuf);
+  free(c);
+}
+
+int tb_client_fd(const tb_client *c) { return c ? c->conn->fd : -1; }
+
+uint64_t tb_client_session_id(const tb_client *c) {
+  return c ? c->session_id : 0;
+}
+
+int tb_client_contract(const tb_client *c) {
+  return c ? c->conn->contract : TB_EINVAL;
+}
+
+/* ---- notices and subscriptions ---- */
+
+int tb_client_poll_notice(tb_client *c, struct tb_notice *out,
+                          int timeout_ms) {
+  uint64_t deadline;
+  int rc = 0;
+
+  if (c == NULL || out == NULL)
+    return TB_EINVAL;
+  deadline = timeout_ms < 0 ? UINT64_MAX : tb__now_ms() + (uint64_t)timeout_ms;
+  pthread_mutex_lock(&c->call_lock);
+  for (;;) {
+    uint64_t now;
+    int wait;
+    if (c->nq_len > 0) {
+      *out = c->notices[c->nq_head];
+      c->nq_head = (c->nq_head + 1) % c->nq_cap;
+      c->nq_len--;
+      rc = 0;
+      break;
+    }
+    now = tb__now_ms();
+    wait = deadline == UINT64_MAX ? -1
+           : now >= deadline      ? 0
+           : deadline - now > INT32_MAX ? INT32_MAX
+                                        : (int)(deadline - now);
+    rc = tb__pump(c, wait);
+    if (rc < 0)
+      break;
+    if (rc == 0) {
+      rc = TB_EAGAIN;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&c->call_lock);
+  return rc;
+}
+
+static int sub_call(tb_client *c, const char *channel, int subscribe) {
+  Tensorbroker__V1__Subscribe s = TENSORBROKER__V1__SUBSCRIBE__INIT;
+  Tensorbroker__V1__Unsubscribe u = TENSORBROKER__V1__UNSUBSCRIBE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  int rc;
+
+  if (c == NULL)
+    return TB_EINVAL;
+  pthread_mutex_lock(&c->call_lock);
+  tb__clear_error(c);
+  if (tb__name_check(channel, TB_NAME_MAX) < 0) {
+    rc = tb__set_error(c, TB_ENAME, "invalid channel name");
+    goto out_unlock;
+  }
+  if (subscribe) {
+    s.channel = (char *)channel;
+    r.body_case = TENSORBROKER__V1__REQUEST__BODY_SUBSCRIBE;
+    r.subscribe = &s;
+  } else {
+    u.channel = (char *)channel;
+    r.body_case = TENSORBROKER__V1__REQUEST__BODY_UNSUBSCRIBE;
+    r.unsubscribe = &u;
+  }
+  rc = call_simple(c, &r);
+out_unlock:
+  pthread_mutex_unlock(&c->call_lock);
+  return rc;
+}
+
+int tb_subscribe(tb_client *c, const char *channel) {
+  return sub_call(c, channel, 1);
+}
+
+int tb_unsubscribe(tb_client *c, const char *channel) {
+  return sub_call(c, channel, 0);
+}

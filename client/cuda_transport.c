@@ -1,0 +1,639 @@
+/* The CUDA legacy-IPC paths of the client: which allocation a published
+ * tensor lives in and its registration, the producer's pool of ready events,
+ * the consumer's cache of opened events, its done events, and the stream
+ * contract applied on both sides. The driver calls themselves are in
+ * cuda_ipc.c; this file decides when to make them and talks to the daemon.
+ *
+ * Host exchange never reaches this file's CUDA calls: every entry point is
+ * only called for kDLCUDA tensors, CUDA_IPC buffers or versions that carry
+ * done events, and each returns TB_ENOCUDA when the driver cannot be
+ * loaded. */
+#include "client_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <utlist.h>
+
+#include "cuda_ipc.h"
+
+#define TB__EVENT_CACHE_MAX 256 /* opened foreign events per client */
+
+/* Producer: an allocation registered with the daemon, keyed by its base. */
+struct tb__cuda_reg {
+  tb_cu_deviceptr base;
+  size_t size;
+  uint64_t buffer_id;
+  int device;
+  uint8_t uuid[TB__UUID_SIZE];
+  uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
+  UT_hash_handle hh;
+};
+
+/* An interprocess event of ours, registered once with the daemon: a
+ * producer's ready event (busy while the version it marks is not free), or
+ * a consumer's done event. */
+struct tb__cuda_ev {
+  struct tb__cuda_ev *next;
+  tb_cu_event ev;
+  uint64_t event_id;
+  int device;
+  int busy;      /* ready events: 1 from record until VersionFree */
+  char *channel; /* ready events: the version it marks */
+  uint64_t version;
+};
+
+/* Another process's event, opened once and kept (opening costs ~150 us). */
+struct tb__cuda_open_ev {
+  uint64_t event_id; /* key */
+  tb_cu_event ev;
+  uint64_t stamp;
+  UT_hash_handle hh;
+};
+
+struct tb__cuda_client {
+  struct tb__cuda_reg *regs;
+  struct tb__cuda_ev *ready;
+  struct tb__cuda_open_ev *opened;
+  size_t n_opened;
+  uint64_t clock;
+};
+
+/* Lives in the refcounted connection: deleters record these. */
+struct tb__cuda_conn {
+  struct tb__cuda_ev *done; /* one per device ordinal */
+};
+
+static int cuda_client(struct tb_client *c, struct tb__cuda_client **out) {
+  const struct tb_cuda *cu;
+
+  if (tb__cuda_load(&cu) != 0)
+    return tb__set_error(c, TB_ENOCUDA, "CUDA not available: %s",
+                         tb__cuda_why());
+  if (c->cuda == NULL) {
+    c->cuda = calloc(1, sizeof(*c->cuda));
+    if (c->cuda == NULL)
+      return TB_ENOMEM;
+  }
+  *out = c->cuda;
+  return 0;
+}
+
+/* ---- registration round trips (call_lock held) ---- */
+
+static int register_event(struct tb_client *c, const uint8_t *handle,
+                          int device, const uint8_t *uuid, uint64_t *id) {
+  Tensorbroker__V1__EventRegister er = TENSORBROKER__V1__EVENT_REGISTER__INIT;
+  Tensorbroker__V1__Device dev = TENSORBROKER__V1__DEVICE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  dev.type = kDLCUDA;
+  dev.id = device;
+  dev.uuid.data = (uint8_t *)uuid;
+  dev.uuid.len = TB__UUID_SIZE;
+  er.cuda_ipc_event_handle.data = (uint8_t *)handle;
+  er.cuda_ipc_event_handle.len = TB__CUDA_IPC_HANDLE_SIZE;
+  er.device = &dev;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_EVENT_REGISTER;
+  r.event_register = &er;
+  rc = tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds);
+  if (rc < 0)
+    return rc;
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_EVENT_REGISTER ||
+      m->reply->event_register == NULL ||
+      m->reply->event_register->event_id == 0) {
+    tb__server_message_free(m);
+    return tb__set_error(c, TB_EPROTO, "EventRegister answered without an id");
+  }
+  *id = m->reply->event_register->event_id;
+  tb__server_message_free(m);
+  return 0;
+}
+
+static int register_alloc(struct tb_client *c, const struct tb__cuda_alloc *a,
+                          const uint8_t *handle, uint64_t *id) {
+  Tensorbroker__V1__BufferRegister br = TENSORBROKER__V1__BUFFER_REGISTER__INIT;
+  Tensorbroker__V1__Device dev = TENSORBROKER__V1__DEVICE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  dev.type = kDLCUDA;
+  dev.id = a->device;
+  dev.uuid.data = (uint8_t *)a->uuid;
+  dev.uuid.len = TB__UUID_SIZE;
+  br.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
+  br.size = a->size;
+  br.device = &dev;
+  br.cuda_ipc_handle.data = (uint8_t *)handle;
+  br.cuda_ipc_handle.len = TB__CUDA_IPC_HANDLE_SIZE;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
+  r.buffer_register = &br;
+  rc = tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds);
+  if (rc < 0)
+    return rc;
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_BUFFER_REGISTER ||
+      m->reply->buffer_register == NULL ||
+      m->reply->buffer_register->buffer_id == 0) {
+    tb__server_message_free(m);
+    return tb__set_error(c, TB_EPROTO, "BufferRegister answered without an id");
+  }
+  *id = m->reply->buffer_register->buffer_id;
+  tb__server_message_free(m);
+  return 0;
+}
+
+static void unregister_buffer(struct tb_client *c, uint64_t id) {
+  Tensorbroker__V1__BufferUnregister bu =
+      TENSORBROKER__V1__BUFFER_UNREGISTER__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0;
+
+  bu.buffer_id = id;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER;
+  r.buffer_unregister = &bu;
+  if (tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds) == 0) {
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+    tb__server_message_free(m);
+  }
+}
+
+/* ---- producer ---- */
+
+/* The registration for allocation a, made or reused. A second publish from
+ * the same allocation reuses its buffer id; a different IPC handle at the
+ * same base means the memory was freed and allocated again, so the old
+ * registration is dropped (the daemon retires it once unused). */
+static int alloc_registration(struct tb_client *c, struct tb__cuda_client *cc,
+                              const struct tb__cuda_alloc *a,
+                              struct tb__cuda_reg **out) {
+  uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
+  struct tb__cuda_reg *reg;
+  char why[256] = "";
+  int rc;
+
+  rc = tb__cuda_export_mem(a, handle, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  HASH_FIND(hh, cc->regs, &a->base, sizeof(a->base), reg);
+  if (reg != NULL && reg->size == a->size &&
+      memcmp(reg->handle, handle, sizeof(handle)) == 0) {
+    tb__cuda_unexport_mem(a->base); /* one export reference per registration */
+    *out = reg;
+    return 0;
+  }
+  if (reg != NULL) {
+    HASH_DEL(cc->regs, reg);
+    unregister_buffer(c, reg->buffer_id);
+    tb__cuda_unexport_mem(reg->base);
+    free(reg);
+  }
+  reg = calloc(1, sizeof(*reg));
+  if (reg == NULL) {
+    tb__cuda_unexport_mem(a->base);
+    return TB_ENOMEM;
+  }
+  rc = register_alloc(c, a, handle, &reg->buffer_id);
+  if (rc < 0) {
+    tb__cuda_unexport_mem(a->base);
+    free(reg);
+    return rc;
+  }
+  reg->base = a->base;
+  reg->size = a->size;
+  reg->device = a->device;
+  memcpy(reg->uuid, a->uuid, TB__UUID_SIZE);
+  memcpy(reg->handle, handle, sizeof(handle));
+  HASH_ADD(hh, cc->regs, base, sizeof(reg->base), reg);
+  *out = reg;
+  return 0;
+}
+
+/* A free ready event on device, created and registered when the pool has
+ * none. An event is re-used only after the version it marked is freed: a
+ * re-record before then would move a consumer's wait to later work. */
+static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
+                           int device, const uint8_t *uuid,
+                           struct tb__cuda_ev **out) {
+  uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
+  struct tb__cuda_ev *e;
+  char why[256] = "";
+  int rc, ordinal;
+
+  LL_FOREACH(cc->ready, e) {
+    if (!e->busy && e->device == device) {
+      *out = e;
+      return 0;
+    }
+  }
+  /* the event must belong to the device's context */
+  rc = tb__cuda_device_by_uuid(uuid, &ordinal, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  e = calloc(1, sizeof(*e));
+  if (e == NULL)
+    return TB_ENOMEM;
+  rc = tb__cuda_event_create(&e->ev, handle, why, sizeof(why));
+  if (rc < 0) {
+    free(e);
+    return tb__set_error(c, rc, "%s", why);
+  }
+  rc = register_event(c, handle, device, uuid, &e->event_id);
+  if (rc < 0) {
+    tb__cuda_event_destroy(e->ev);
+    free(e);
+    return rc;
+  }
+  e->device = device;
+  LL_PREPEND(cc->ready, e);
+  *out = e;
+  return 0;
+}
+
+int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
+                             void *stream, uint64_t *buffer_id,
+                             uint64_t *byte_offset, uint64_t *ready_event_id,
+                             Tensorbroker__V1__Device *dev, uint8_t *uuid) {
+  struct tb__cuda_client *cc;
+  struct tb__cuda_stream s;
+  struct tb__cuda_alloc a;
+  struct tb__cuda_reg *reg;
+  struct tb__cuda_ev *e = NULL;
+  uint64_t elem_bits, lo, hi, off;
+  uintptr_t start;
+  char why[256] = "";
+  int rc;
+
+  rc = cuda_client(c, &cc);
+  if (rc < 0)
+    return rc;
+  rc = tb__cuda_stream_resolve(c->conn->contract, stream, &s, why,
+                               sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  rc = tb__dtype_check(t->dtype.code, t->dtype.bits, t->dtype.lanes,
+                       &elem_bits);
+  if (rc < 0)
+    return tb__set_error(c, rc, "unsupported dtype");
+  start = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+  rc = tb__cuda_locate((const void *)start, 0, &a, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  off = (uint64_t)(start - (uintptr_t)a.base);
+  rc = tb__layout_extent(t->ndim, t->shape, t->strides, elem_bits, 0, off,
+                         &lo, &hi, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  if (hi > a.size)
+    return tb__set_error(c, TB_ELAYOUT,
+                         "tensor reaches byte %llu of its %zu-byte allocation",
+                         (unsigned long long)hi, a.size);
+  rc = alloc_registration(c, cc, &a, &reg);
+  if (rc < 0)
+    return rc;
+  if (!s.no_sync) {
+    rc = ready_event_get(c, cc, reg->device, reg->uuid, &e);
+    if (rc < 0)
+      return rc;
+    rc = tb__cuda_record(e->ev, &s, why, sizeof(why));
+    if (rc < 0)
+      return tb__set_error(c, rc, "%s", why);
+    e->busy = 1; /* bound to the version by tb__cuda_publish_done */
+  }
+  memcpy(uuid, reg->uuid, TB__UUID_SIZE);
+  dev->type = kDLCUDA;
+  dev->id = reg->device;
+  dev->uuid.data = uuid;
+  dev->uuid.len = TB__UUID_SIZE;
+  *buffer_id = reg->buffer_id;
+  *byte_offset = off;
+  *ready_event_id = e ? e->event_id : 0;
+  return 0;
+}
+
+void tb__cuda_publish_done(struct tb_client *c, uint64_t ready_event_id,
+                           const char *channel, uint64_t version) {
+  struct tb__cuda_ev *e;
+
+  if (c->cuda == NULL || ready_event_id == 0)
+    return;
+  LL_FOREACH(c->cuda->ready, e) {
+    if (e->event_id != ready_event_id)
+      continue;
+    free(e->channel);
+    e->channel = NULL;
+    e->busy = 0;
+    if (version != 0) {
+      e->channel = strdup(channel);
+      /* without the name we could never match its VersionFree: keep the
+       * event out of the pool rather than risk an early re-record */
+      e->busy = 1;
+      e->version = version;
+    }
+    return;
+  }
+}
+
+void tb__cuda_version_freed(struct tb_client *c, const char *channel,
+                            uint64_t version) {
+  struct tb__cuda_ev *e;
+
+  LL_FOREACH(c->cuda->ready, e) {
+    if (e->busy && e->version == version && e->channel != NULL &&
+        strcmp(e->channel, channel) == 0) {
+      free(e->channel);
+      e->channel = NULL;
+      e->busy = 0;
+      return;
+    }
+  }
+}
+
+/* ---- opened events (consumer ready events, producer done events) ---- */
+
+static int open_event(struct tb_client *c, struct tb__cuda_client *cc,
+                      uint64_t event_id, const uint8_t *handle,
+                      const uint8_t *uuid, tb_cu_event *out) {
+  struct tb__cuda_open_ev *o;
+  char why[256] = "";
+  int rc, ordinal;
+
+  HASH_FIND(hh, cc->opened, &event_id, sizeof(event_id), o);
+  if (o != NULL) {
+    o->stamp = ++cc->clock;
+    *out = o->ev;
+    return 0;
+  }
+  rc = tb__cuda_device_by_uuid(uuid, &ordinal, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  while (cc->n_opened >= TB__EVENT_CACHE_MAX) {
+    struct tb__cuda_open_ev *v = NULL, *x, *tmp;
+    HASH_ITER(hh, cc->opened, x, tmp) {
+      if (v == NULL || x->stamp < v->stamp)
+        v = x;
+    }
+    HASH_DEL(cc->opened, v);
+    cc->n_opened--;
+    /* Destroying an event with waits already enqueued on it is safe: the
+     * driver releases it once they complete. */
+    tb__cuda_event_destroy(v->ev);
+    free(v);
+  }
+  o = calloc(1, sizeof(*o));
+  if (o == NULL)
+    return TB_ENOMEM;
+  rc = tb__cuda_event_open(handle, &o->ev, why, sizeof(why));
+  if (rc < 0) {
+    free(o);
+    return tb__set_error(c, rc, "%s", why);
+  }
+  o->event_id = event_id;
+  o->stamp = ++cc->clock;
+  HASH_ADD(hh, cc->opened, event_id, sizeof(o->event_id), o);
+  cc->n_opened++;
+  *out = o->ev;
+  return 0;
+}
+
+int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
+                       void *stream) {
+  struct tb__cuda_client *cc;
+  struct tb__cuda_stream s;
+  char why[256] = "";
+  int rc;
+
+  rc = cuda_client(c, &cc);
+  if (rc < 0)
+    return rc;
+  rc = tb__cuda_stream_resolve(c->conn->contract, stream, &s, why,
+                               sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  if (s.no_sync)
+    return 0; /* -1: the caller orders the reuse itself */
+  for (size_t i = 0; i < f->n_done; i++) {
+    tb_cu_event ev;
+    rc = open_event(c, cc, f->done[i].event_id, f->done[i].handle,
+                    f->done[i].uuid, &ev);
+    if (rc < 0)
+      return rc;
+    rc = tb__cuda_wait(&s, ev, why, sizeof(why));
+    if (rc < 0)
+      return tb__set_error(c, rc, "%s", why);
+  }
+  return 0;
+}
+
+/* ---- consumer ---- */
+
+int tb__cuda_map_open(struct tb_client *c,
+                      const Tensorbroker__V1__BufferInfo *bi,
+                      struct tb__map **out) {
+  struct tb__cuda_client *cc;
+  struct tb__map *m;
+  tb_cu_deviceptr p = 0;
+  char why[256] = "";
+  int rc, local = 0, ordinal;
+
+  rc = cuda_client(c, &cc);
+  if (rc < 0)
+    return rc;
+  if (bi->cuda_ipc_handle.len != TB__CUDA_IPC_HANDLE_SIZE ||
+      bi->device == NULL || bi->device->uuid.len != TB__UUID_SIZE ||
+      bi->size == 0 || bi->size > SIZE_MAX)
+    return tb__set_error(c, TB_EPROTO, "CUDA buffer without handle or uuid");
+  rc = tb__cuda_device_by_uuid(bi->device->uuid.data, &ordinal, why,
+                               sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  rc = tb__cuda_open_mem(bi->cuda_ipc_handle.data, bi->device->uuid.data,
+                         (size_t)bi->size, &p, &local, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  m = calloc(1, sizeof(*m));
+  if (m == NULL) {
+    if (!local)
+      tb__cuda_close_mem(p);
+    return TB_ENOMEM;
+  }
+  m->buffer_id = bi->buffer_id;
+  m->generation = bi->generation;
+  m->kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
+  m->writable = bi->writable != 0;
+  m->dev = p;
+  m->local = local;
+  m->device = ordinal;
+  memcpy(m->uuid, bi->device->uuid.data, TB__UUID_SIZE);
+  m->size = (size_t)bi->size;
+  *out = m;
+  return 0;
+}
+
+void tb__cuda_map_close(struct tb__map *m) {
+  if (!m->local && m->dev != 0)
+    (void)tb__cuda_close_mem(m->dev);
+}
+
+/* The consumer's done event for a device, registered while we hold the call
+ * lock, so that deleters (which may not take it) find it ready. */
+static int done_event_ensure(struct tb_client *c, int device,
+                             const uint8_t *uuid) {
+  struct tb__conn *k = c->conn;
+  uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
+  struct tb__cuda_ev *e;
+  char why[256] = "";
+  int rc, found = 0;
+
+  pthread_mutex_lock(&k->lock);
+  if (k->cuda == NULL)
+    k->cuda = calloc(1, sizeof(*k->cuda));
+  if (k->cuda != NULL) {
+    LL_FOREACH(k->cuda->done, e) {
+      if (e->device == device)
+        found = 1;
+    }
+  }
+  pthread_mutex_unlock(&k->lock);
+  if (k->cuda == NULL)
+    return TB_ENOMEM;
+  if (found)
+    return 0;
+  e = calloc(1, sizeof(*e));
+  if (e == NULL)
+    return TB_ENOMEM;
+  rc = tb__cuda_event_create(&e->ev, handle, why, sizeof(why));
+  if (rc < 0) {
+    free(e);
+    return tb__set_error(c, rc, "%s", why);
+  }
+  rc = register_event(c, handle, device, uuid, &e->event_id);
+  if (rc < 0) {
+    tb__cuda_event_destroy(e->ev);
+    free(e);
+    return rc;
+  }
+  e->device = device;
+  pthread_mutex_lock(&k->lock);
+  LL_PREPEND(k->cuda->done, e);
+  pthread_mutex_unlock(&k->lock);
+  return 0;
+}
+
+int tb__cuda_acquire_sync(struct tb_client *c, const struct tb__map *m,
+                          const Tensorbroker__V1__EventInfo *ready,
+                          void *stream, int *implicit) {
+  struct tb__cuda_client *cc;
+  struct tb__cuda_stream s;
+  char why[256] = "";
+  int rc;
+
+  rc = cuda_client(c, &cc);
+  if (rc < 0)
+    return rc;
+  rc = tb__cuda_stream_resolve(c->conn->contract, stream, &s, why,
+                               sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  rc = done_event_ensure(c, m->device, m->uuid);
+  if (rc < 0)
+    return rc;
+  if (ready != NULL && ready->event_id != 0 && !s.no_sync) {
+    tb_cu_event ev;
+    const uint8_t *uuid = m->uuid;
+    if (ready->cuda_ipc_event_handle.len != TB__CUDA_IPC_HANDLE_SIZE)
+      return tb__set_error(c, TB_EPROTO, "ready event without a handle");
+    if (ready->device != NULL && ready->device->uuid.len == TB__UUID_SIZE)
+      uuid = ready->device->uuid.data;
+    rc = open_event(c, cc, ready->event_id, ready->cuda_ipc_event_handle.data,
+                    uuid, &ev);
+    if (rc < 0)
+      return rc;
+    rc = tb__cuda_wait(&s, ev, why, sizeof(why));
+    if (rc < 0)
+      return tb__set_error(c, rc, "%s", why);
+  }
+  *implicit = s.implicit;
+  return 0;
+}
+
+int tb__cuda_release_record_locked(struct tb__conn *k, int device,
+                                   void *stream, uint64_t *done_event_id,
+                                   int *implicit) {
+  struct tb__cuda_stream s;
+  struct tb__cuda_ev *e, *found = NULL;
+  int rc;
+
+  rc = tb__cuda_stream_resolve(k->contract, stream, &s, NULL, 0);
+  if (rc < 0)
+    return rc;
+  *implicit = s.implicit;
+  *done_event_id = 0;
+  if (s.no_sync || k->cuda == NULL)
+    return 0;
+  LL_FOREACH(k->cuda->done, e) {
+    if (e->device == device)
+      found = e;
+  }
+  if (found == NULL)
+    return 0;
+  /* One done event per device, re-recorded for every release: a producer
+   * that waits on it after a later re-record waits for later work, which
+   * is later than needed but never too early. */
+  rc = tb__cuda_record(found->ev, &s, NULL, 0);
+  if (rc < 0)
+    return rc;
+  *done_event_id = found->event_id;
+  return 0;
+}
+
+/* ---- teardown ---- */
+
+void tb__cuda_client_free(struct tb_client *c) {
+  struct tb__cuda_client *cc = c->cuda;
+  struct tb__cuda_reg *reg, *rtmp;
+  struct tb__cuda_ev *e, *etmp;
+  struct tb__cuda_open_ev *o, *otmp;
+
+  if (cc == NULL)
+    return;
+  HASH_ITER(hh, cc->regs, reg, rtmp) {
+    HASH_DEL(cc->regs, reg);
+    tb__cuda_unexport_mem(reg->base);
+    free(reg);
+  }
+  LL_FOREACH_SAFE(cc->ready, e, etmp) {
+    LL_DELETE(cc->ready, e);
+    tb__cuda_event_destroy(e->ev);
+    free(e->channel);
+    free(e);
+  }
+  HASH_ITER(hh, cc->opened, o, otmp) {
+    HASH_DEL(cc->opened, o);
+    tb__cuda_event_destroy(o->ev);
+    free(o);
+  }
+  free(cc);
+  c->cuda = NULL;
+}
+
+void tb__cuda_conn_free(struct tb__cuda_conn *cc) {
+  struct tb__cuda_ev *e, *etmp;
+
+  if (cc == NULL)
+    return;
+  LL_FOREACH_SAFE(cc->done, e, etmp) {
+    LL_DELETE(cc->done, e);
+    tb__cuda_event_destroy(e->ev);
+    free(e);
+  }
+  free(cc);
+}

@@ -1,0 +1,341 @@
+/* Leases: tb_acquire builds a DLManagedTensorVersioned over a cached
+ * mapping; its deleter (or tb_release) ends the lease with a one-way
+ * Release that needs no call lock. */
+#include "client_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* One allocation per acquired tensor: the managed tensor first (so the
+ * deleter's self is the lease), then shape, strides, metadata, channel. */
+struct tb__lease {
+  DLManagedTensorVersioned m;
+  struct tb__conn *conn;
+  struct tb__map *map;
+  uint64_t lease_id;
+  uint64_t version;
+  uint32_t producer_pid;
+  int implicit; /* the acquire relied on the contract's default stream */
+  void *metadata;
+  size_t metadata_len;
+  char *channel;
+  int64_t dims[]; /* shape[ndim], strides[ndim], then the bytes */
+};
+
+void tb_acquire_options_init(struct tb_acquire_options *opts) {
+  if (opts == NULL)
+    return;
+  memset(opts, 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+  opts->mode = TB_ACQUIRE_LATEST;
+  opts->timeout_ms = -1;
+}
+
+/* End a lease: record the CUDA done event if one applies, send the one-way
+ * Release, drop the mapping reference, free the tensor. Takes only
+ * conn->lock, so any thread may call it at any time. */
+static int lease_end(struct tb__lease *l, void *stream) {
+  struct tb__conn *k = l->conn;
+  uint64_t done = 0;
+  int implicit = l->implicit, rc = 0;
+
+  pthread_mutex_lock(&k->lock);
+  if (!k->closed && !k->dead) {
+    if (l->map->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
+      int imp = 0;
+      rc = tb__cuda_release_record_locked(k, l->map->device, stream, &done,
+                                          &imp);
+      if (rc < 0)
+        done = 0; /* release without a done event; the caller gets rc */
+      implicit |= imp;
+    }
+    {
+      Tensorbroker__V1__Release rel = TENSORBROKER__V1__RELEASE__INIT;
+      tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+      int src;
+      rel.lease_id = l->lease_id;
+      rel.done_event_id = done;
+      rel.want_reply = 0;
+      rel.implicit_stream = implicit != 0;
+      r.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
+      r.release = &rel;
+      src = tb__conn_send_oneway_locked(k, &r);
+      if (rc == 0)
+        rc = src;
+    }
+  }
+  tb__map_put_locked(k, l->map);
+  pthread_mutex_unlock(&k->lock);
+  tb__conn_unref(k);
+  free(l);
+  return rc;
+}
+
+void tb__lease_deleter(DLManagedTensorVersioned *self) {
+  if (self != NULL)
+    (void)lease_end((struct tb__lease *)self, TB_STREAM_DEFAULT);
+}
+
+int tb_release(DLManagedTensorVersioned *t, void *stream) {
+  if (t == NULL || t->deleter != tb__lease_deleter)
+    return TB_EINVAL;
+  return lease_end((struct tb__lease *)t, stream);
+}
+
+int tb_lease_info(const DLManagedTensorVersioned *t,
+                  struct tb_lease_info *out) {
+  const struct tb__lease *l;
+
+  if (t == NULL || out == NULL || t->deleter != tb__lease_deleter)
+    return TB_EINVAL;
+  l = (const struct tb__lease *)t;
+  memset(out, 0, sizeof(*out));
+  out->version = l->version;
+  out->lease_id = l->lease_id;
+  out->metadata = l->metadata;
+  out->metadata_len = l->metadata_len;
+  out->channel = l->channel;
+  out->buffer_id = l->map->buffer_id;
+  out->memory_kind = l->map->kind;
+  out->producer_pid = l->producer_pid;
+  return 0;
+}
+
+/* Map a host memfd the daemon attached: read-only unless the producer
+ * granted writes. MAP_SHARED, so we see the producer's bytes. */
+static int map_host(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
+                    int fd, struct tb__map **out) {
+  struct tb__map *m;
+  void *p;
+
+  if (bi->size == 0 || bi->size > SIZE_MAX)
+    return tb__set_error(c, TB_EPROTO, "buffer of %llu bytes",
+                         (unsigned long long)bi->size);
+  m = calloc(1, sizeof(*m));
+  if (m == NULL)
+    return TB_ENOMEM;
+  p = mmap(NULL, (size_t)bi->size,
+           bi->writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd,
+           0);
+  if (p == MAP_FAILED) {
+    free(m);
+    return tb__set_error(c, TB_ESYS, "mmap of buffer %llu: %s",
+                         (unsigned long long)bi->buffer_id, strerror(errno));
+  }
+  m->buffer_id = bi->buffer_id;
+  m->generation = bi->generation;
+  m->kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
+  m->writable = bi->writable != 0;
+  m->host = p;
+  m->size = (size_t)bi->size;
+  *out = m;
+  return 0;
+}
+
+/* Send the one-way Release for a lease we could not hand out. */
+static void abandon_lease(struct tb_client *c, uint64_t lease_id) {
+  Tensorbroker__V1__Release rel = TENSORBROKER__V1__RELEASE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+
+  rel.lease_id = lease_id;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
+  r.release = &rel;
+  pthread_mutex_lock(&c->conn->lock);
+  (void)tb__conn_send_oneway_locked(c->conn, &r);
+  pthread_mutex_unlock(&c->conn->lock);
+}
+
+static int build_tensor(struct tb_client *c,
+                        const Tensorbroker__V1__AcquireReply *ar,
+                        struct tb__map *map, int implicit,
+                        struct tb__lease **out) {
+  const Tensorbroker__V1__Layout *lay = ar->layout;
+  size_t ndim = lay->n_shape, chlen = ar->channel ? strlen(ar->channel) : 0;
+  size_t sz = sizeof(struct tb__lease) + 2 * ndim * sizeof(int64_t) +
+              ar->metadata.len + chlen + 1;
+  struct tb__lease *l = calloc(1, sz);
+  DLTensor *t;
+  uint8_t *tail;
+
+  if (l == NULL)
+    return tb__set_error(c, TB_ENOMEM, "out of memory for the tensor");
+  t = &l->m.dl_tensor;
+  l->m.version.major = 1;
+  l->m.version.minor = 1;
+  l->m.manager_ctx = l;
+  l->m.deleter = tb__lease_deleter;
+  l->m.flags = lay->flags;
+  if (!map->writable)
+    l->m.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+  l->conn = c->conn;
+  l->map = map;
+  l->lease_id = ar->lease_id;
+  l->version = ar->version;
+  l->producer_pid = ar->buffer->producer_pid;
+  l->implicit = implicit;
+
+  /* byte_offset is folded into data (byte_offset = 0): every DLPack
+   * consumer reads data, not all of them honour byte_offset. */
+  if (map->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
+    t->data = (void *)(uintptr_t)(map->dev + lay->byte_offset);
+    t->device.device_type = kDLCUDA;
+    t->device.device_id = map->device;
+  } else {
+    t->data = (uint8_t *)map->host + lay->byte_offset;
+    t->device.device_type = kDLCPU;
+    t->device.device_id = 0;
+  }
+  t->byte_offset = 0;
+  t->ndim = (int)ndim;
+  t->dtype.code = (uint8_t)lay->dtype_code;
+  t->dtype.bits = (uint8_t)lay->dtype_bits;
+  t->dtype.lanes = (uint16_t)lay->dtype_lanes;
+  t->shape = l->dims;
+  t->strides = l->dims + ndim; /* always filled: DLPack >= 1.2 wants them */
+  for (size_t i = 0; i < ndim; i++)
+    t->shape[i] = lay->shape[i];
+  if (lay->n_strides == ndim) {
+    for (size_t i = 0; i < ndim; i++)
+      t->strides[i] = lay->strides[i];
+  } else {
+    int64_t s = 1;
+    for (size_t i = ndim; i-- > 0;) {
+      t->strides[i] = s;
+      s *= lay->shape[i] > 0 ? lay->shape[i] : 1;
+    }
+  }
+  if (ndim == 0) {
+    t->shape = NULL;
+    t->strides = NULL;
+  }
+  tail = (uint8_t *)(l->dims + 2 * ndim);
+  l->metadata = tail;
+  l->metadata_len = ar->metadata.len;
+  if (ar->metadata.len > 0)
+    memcpy(tail, ar->metadata.data, ar->metadata.len);
+  l->channel = (char *)tail + ar->metadata.len;
+  if (chlen > 0)
+    memcpy(l->channel, ar->channel, chlen);
+  l->channel[chlen] = '\0';
+  *out = l;
+  return 0;
+}
+
+int tb_acquire(tb_client *c, const char *channel,
+               const struct tb_acquire_options *opts,
+               DLManagedTensorVersioned **out) {
+  Tensorbroker__V1__Acquire aq = TENSORBROKER__V1__ACQUIRE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  struct tb_acquire_options o;
+  const Tensorbroker__V1__AcquireReply *ar;
+  const Tensorbroker__V1__BufferInfo *bi;
+  tb__server_message *m = NULL;
+  struct tb__map *map = NULL;
+  struct tb__lease *l = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc, implicit = 0;
+  char why[160];
+
+  if (c == NULL || out == NULL)
+    return TB_EINVAL;
+  tb_acquire_options_init(&o);
+  if (opts != NULL) {
+    size_t n = opts->struct_size < sizeof(o) ? opts->struct_size : sizeof(o);
+    if (n < sizeof(size_t))
+      return TB_EINVAL;
+    memcpy(&o, opts, n);
+  }
+  pthread_mutex_lock(&c->call_lock);
+  tb__clear_error(c);
+  if (tb__name_check(channel, TB_NAME_MAX) < 0) {
+    rc = tb__set_error(c, TB_ENAME, "invalid channel name");
+    goto out_unlock;
+  }
+  if (o.mode < TB_ACQUIRE_LATEST || o.mode > TB_ACQUIRE_EXACT) {
+    rc = tb__set_error(c, TB_EINVAL, "unknown acquire mode %d", o.mode);
+    goto out_unlock;
+  }
+  aq.channel = (char *)channel;
+  aq.mode = (Tensorbroker__V1__AcquireMode)o.mode;
+  aq.version = o.version;
+  aq.timeout_ms = o.timeout_ms < 0 ? -1 : o.timeout_ms;
+  /* The memory kind is known only from the reply, so whether the call
+   * relied on the default stream is reported with the Release. */
+  aq.implicit_stream = 0;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
+  r.acquire = &aq;
+  rc = tb__call(c, &r, NULL, 0, o.timeout_ms < 0 ? -1 : o.timeout_ms, &m, fds,
+                &nfds);
+  if (rc < 0)
+    goto out_unlock;
+
+  ar = m->reply->acquire;
+  if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_ACQUIRE ||
+      ar == NULL || ar->layout == NULL || ar->buffer == NULL) {
+    rc = tb__set_error(c, TB_EPROTO, "Acquire answered without a lease");
+    if (ar != NULL)
+      abandon_lease(c, ar->lease_id);
+    goto out_free_reply;
+  }
+  bi = ar->buffer;
+  rc = tb__layout_check(ar->layout, bi->size, TB__MAX_NDIM_HARD, why,
+                        sizeof(why));
+  if (rc < 0) {
+    rc = tb__set_error(c, TB_EPROTO, "daemon sent a bad layout: %s", why);
+    goto out_abandon;
+  }
+
+  map = tb__map_get(c->conn, bi->buffer_id, bi->generation);
+  if (bi->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) {
+    if (map == NULL) {
+      if (!bi->fd_attached || nfds < 1) {
+        rc = tb__set_error(c, TB_EPROTO,
+                           "buffer %llu not mapped and no memfd attached",
+                           (unsigned long long)bi->buffer_id);
+        goto out_abandon;
+      }
+      rc = map_host(c, bi, fds[0], &map);
+      if (rc < 0)
+        goto out_abandon;
+      tb__map_insert(c->conn, map);
+    }
+  } else if (bi->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
+    if (map == NULL) {
+      rc = tb__cuda_map_open(c, bi, &map);
+      if (rc < 0)
+        goto out_abandon;
+      tb__map_insert(c->conn, map);
+    }
+    rc = tb__cuda_acquire_sync(c, map, ar->ready_event, o.stream, &implicit);
+    if (rc < 0)
+      goto out_put_map;
+  } else {
+    rc = tb__set_error(c, TB_ENOTSUP, "memory kind %d not supported",
+                       (int)bi->kind);
+    goto out_abandon;
+  }
+
+  rc = build_tensor(c, ar, map, implicit, &l);
+  if (rc < 0)
+    goto out_put_map;
+  tb__conn_ref(c->conn);
+  *out = &l->m;
+  rc = 0;
+  goto out_free_reply;
+
+out_put_map:
+  pthread_mutex_lock(&c->conn->lock);
+  tb__map_put_locked(c->conn, map);
+  pthread_mutex_unlock(&c->conn->lock);
+out_abandon:
+  abandon_lease(c, ar->lease_id);
+out_free_reply:
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  tb__server_message_free(m);
+out_unlock:
+  pthread_mutex_unlock(&c->call_lock);
+  return rc;
+}

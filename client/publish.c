@@ -1,0 +1,419 @@
+/* Publishing: tb_publish (zero copy from a broker buffer or CUDA memory),
+ * tb_publish_copy, and the producer's side of buffer reuse, tb_wait_free,
+ * with the table of VersionFree notices it consults first. */
+#include "client_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void tb_publish_options_init(struct tb_publish_options *opts) {
+  if (opts == NULL)
+    return;
+  memset(opts, 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+}
+
+static int copy_opts(const struct tb_publish_options *in,
+                     struct tb_publish_options *o) {
+  tb_publish_options_init(o);
+  if (in != NULL) {
+    size_t n = in->struct_size < sizeof(*o) ? in->struct_size : sizeof(*o);
+    if (n < sizeof(size_t))
+      return TB_EINVAL;
+    memcpy(o, in, n);
+  }
+  return 0;
+}
+
+/* ---- remembered VersionFree notices ---- */
+
+void tb__freed_clear(struct tb__freed *f) {
+  free(f->channel);
+  free(f->done);
+  memset(f, 0, sizeof(*f));
+}
+
+void tb__freed_add(struct tb_client *c,
+                   const Tensorbroker__V1__VersionFree *vf) {
+  struct tb__freed f;
+  size_t slot;
+
+  memset(&f, 0, sizeof(f));
+  f.channel = strdup(vf->channel ? vf->channel : "");
+  if (f.channel == NULL)
+    return;
+  f.version = vf->version;
+  if (vf->n_done_events > 0) {
+    f.done = calloc(vf->n_done_events, sizeof(*f.done));
+    if (f.done == NULL) {
+      free(f.channel);
+      return;
+    }
+    for (size_t i = 0; i < vf->n_done_events; i++) {
+      const Tensorbroker__V1__EventInfo *e = vf->done_events[i];
+      struct tb__done_event *d = &f.done[f.n_done];
+      if (e == NULL ||
+          e->cuda_ipc_event_handle.len != TB__CUDA_IPC_HANDLE_SIZE)
+        continue;
+      d->event_id = e->event_id;
+      memcpy(d->handle, e->cuda_ipc_event_handle.data,
+             TB__CUDA_IPC_HANDLE_SIZE);
+      if (e->device != NULL && e->device->uuid.len == TB__UUID_SIZE)
+        memcpy(d->uuid, e->device->uuid.data, TB__UUID_SIZE);
+      d->owner_pid = e->owner_pid;
+      f.n_done++;
+    }
+  }
+  if (c->fr_len == TB__FREED_TABLE_MAX) {
+    /* full: forget the oldest; a later tb_wait_free on it asks the daemon,
+     * which answers 0 without done events */
+    tb__freed_clear(&c->freed[c->fr_head]);
+    c->fr_head = (c->fr_head + 1) % TB__FREED_TABLE_MAX;
+    c->fr_len--;
+  }
+  slot = (c->fr_head + c->fr_len) % TB__FREED_TABLE_MAX;
+  c->freed[slot] = f;
+  c->fr_len++;
+}
+
+int tb__freed_take(struct tb_client *c, const char *channel, uint64_t version,
+                   struct tb__freed *out) {
+  for (size_t i = 0; i < c->fr_len; i++) {
+    size_t s = (c->fr_head + i) % TB__FREED_TABLE_MAX;
+    if (c->freed[s].version != version || strcmp(c->freed[s].channel, channel))
+      continue;
+    *out = c->freed[s];
+    /* close the gap: move the later entries one slot back */
+    for (size_t j = i; j + 1 < c->fr_len; j++)
+      c->freed[(c->fr_head + j) % TB__FREED_TABLE_MAX] =
+          c->freed[(c->fr_head + j + 1) % TB__FREED_TABLE_MAX];
+    c->fr_len--;
+    memset(&c->freed[(c->fr_head + c->fr_len) % TB__FREED_TABLE_MAX], 0,
+           sizeof(struct tb__freed));
+    return 1;
+  }
+  return 0;
+}
+
+void tb__freed_free_all(struct tb_client *c) {
+  for (size_t i = 0; i < c->fr_len; i++)
+    tb__freed_clear(&c->freed[(c->fr_head + i) % TB__FREED_TABLE_MAX]);
+  c->fr_len = 0;
+}
+
+/* ---- publish ---- */
+
+/* ndim and dtype of a tensor to publish; the storage bits of one element
+ * into *elem_bits. */
+static int tensor_check(struct tb_client *c, const DLTensor *t,
+                        uint64_t *elem_bits) {
+  int rc;
+
+  if (t->ndim < 0 || (uint32_t)t->ndim > c->max_ndim)
+    return tb__set_error(c, t->ndim < 0 ? TB_ELAYOUT : TB_ELIMIT,
+                         "ndim %d outside 0..%u", t->ndim,
+                         (unsigned)c->max_ndim);
+  rc = tb__dtype_check(t->dtype.code, t->dtype.bits, t->dtype.lanes,
+                       elem_bits);
+  if (rc < 0)
+    return tb__set_error(c, rc, "unsupported dtype code %u bits %u lanes %u",
+                         t->dtype.code, t->dtype.bits, t->dtype.lanes);
+  return 0;
+}
+
+/* Send Publish and read the version. Holds call_lock. */
+static int send_publish(struct tb_client *c, const char *channel,
+                        const DLTensor *t, const struct tb_publish_options *o,
+                        uint64_t buffer_id, uint64_t byte_offset,
+                        uint64_t ready_event_id, Tensorbroker__V1__Device *dev,
+                        uint64_t *version) {
+  Tensorbroker__V1__Publish pb = TENSORBROKER__V1__PUBLISH__INIT;
+  Tensorbroker__V1__Layout lay = TENSORBROKER__V1__LAYOUT__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  lay.device = dev;
+  lay.dtype_code = t->dtype.code;
+  lay.dtype_bits = t->dtype.bits;
+  lay.dtype_lanes = t->dtype.lanes;
+  lay.n_shape = (size_t)t->ndim;
+  lay.shape = t->shape;
+  if (t->strides != NULL) {
+    lay.n_strides = (size_t)t->ndim;
+    lay.strides = t->strides;
+  }
+  lay.byte_offset = byte_offset;
+  lay.flags = o->flags;
+  pb.channel = (char *)channel;
+  pb.buffer_id = buffer_id;
+  pb.layout = &lay;
+  pb.ready_event_id = ready_event_id;
+  pb.metadata.data = (uint8_t *)o->metadata;
+  pb.metadata.len = o->metadata_len;
+  pb.history_depth = o->history_depth;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_PUBLISH;
+  r.publish = &pb;
+  rc = tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds);
+  if (rc < 0)
+    return rc;
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_PUBLISH ||
+      m->reply->publish == NULL || m->reply->publish->version == 0) {
+    tb__server_message_free(m);
+    return tb__set_error(c, TB_EPROTO, "Publish answered without a version");
+  }
+  *version = m->reply->publish->version;
+  tb__server_message_free(m);
+  return 0;
+}
+
+static int check_common(struct tb_client *c, const char *channel,
+                        const DLTensor *t, const struct tb_publish_options *o) {
+  if (tb__name_check(channel, TB_NAME_MAX) < 0)
+    return tb__set_error(c, TB_ENAME, "invalid channel name");
+  if (t == NULL || (t->ndim > 0 && t->shape == NULL))
+    return tb__set_error(c, TB_EINVAL, "tensor or its shape missing");
+  if (o->metadata_len > 0 && o->metadata == NULL)
+    return tb__set_error(c, TB_EINVAL, "metadata_len without metadata");
+  if (o->metadata_len > c->max_metadata)
+    return tb__set_error(c, TB_ELIMIT,
+                         "%zu bytes of metadata; the daemon allows %u",
+                         o->metadata_len, (unsigned)c->max_metadata);
+  return 0;
+}
+
+static int publish_host_locked(struct tb_client *c, const char *channel,
+                               const DLTensor *t,
+                               const struct tb_publish_options *o,
+                               uint64_t *version) {
+  Tensorbroker__V1__Device dev = TENSORBROKER__V1__DEVICE__INIT;
+  struct tb_buffer *b;
+  uint64_t elem_bits, lo, hi;
+  uintptr_t start;
+  int rc;
+
+  if (o->stream != NULL)
+    return tb__set_error(c, TB_ESTREAM, "host tensors take no stream (NULL)");
+  char why[160];
+
+  rc = tensor_check(c, t, &elem_bits);
+  if (rc < 0)
+    return rc;
+  if ((uintptr_t)t->data > UINTPTR_MAX - t->byte_offset)
+    return tb__set_error(c, TB_ELAYOUT, "data + byte_offset overflows");
+  start = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+  b = tb__buffer_find(c, (const void *)start, 0);
+  if (b == NULL)
+    return tb__set_error(c, TB_EINVAL,
+                         "tensor data is not inside a buffer of this client "
+                         "(use tb_host_buffer_create or tb_publish_copy)");
+  rc = tb__layout_extent(t->ndim, t->shape, t->strides, elem_bits, o->flags,
+                         start - (uintptr_t)b->data, &lo, &hi, why,
+                         sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  if (hi > b->size)
+    return tb__set_error(c, TB_ELAYOUT,
+                         "tensor reaches byte %llu of its %zu-byte buffer",
+                         (unsigned long long)hi, b->size);
+  dev.type = kDLCPU;
+  return send_publish(c, channel, t, o, b->id, start - (uintptr_t)b->data, 0,
+                      &dev, version);
+}
+
+int tb_publish(tb_client *c, const char *channel, const DLTensor *t,
+               const struct tb_publish_options *opts, uint64_t *out_version) {
+  struct tb_publish_options o;
+  uint64_t version = 0;
+  int rc;
+
+  if (c == NULL)
+    return TB_EINVAL;
+  if (copy_opts(opts, &o) < 0)
+    return TB_EINVAL;
+  pthread_mutex_lock(&c->call_lock);
+  tb__clear_error(c);
+  rc = check_common(c, channel, t, &o);
+  if (rc < 0)
+    goto out_unlock;
+  if (t->device.device_type == kDLCPU) {
+    rc = publish_host_locked(c, channel, t, &o, &version);
+  } else if (t->device.device_type == kDLCUDA) {
+    Tensorbroker__V1__Device dev = TENSORBROKER__V1__DEVICE__INIT;
+    uint8_t uuid[TB__UUID_SIZE];
+    uint64_t elem_bits, buffer_id = 0, offset = 0, ev = 0;
+
+    rc = tensor_check(c, t, &elem_bits);
+    if (rc < 0)
+      goto out_unlock;
+    rc = tb__cuda_publish_prepare(c, t, o.stream, &buffer_id, &offset, &ev,
+                                  &dev, uuid);
+    if (rc < 0)
+      goto out_unlock;
+    rc = send_publish(c, channel, t, &o, buffer_id, offset, ev, &dev,
+                      &version);
+    tb__cuda_publish_done(c, ev, channel, rc == 0 ? version : 0);
+  } else {
+    rc = tb__set_error(c, TB_EDEVICE, "device type %d not supported",
+                       (int)t->device.device_type);
+  }
+  if (rc == 0 && out_version != NULL)
+    *out_version = version;
+out_unlock:
+  pthread_mutex_unlock(&c->call_lock);
+  return rc;
+}
+
+/* Copy an arbitrary-stride tensor into dst, compact row-major. */
+static void copy_strided(uint8_t *dst, const uint8_t *src, int ndim,
+                         const int64_t *shape, const int64_t *strides,
+                         size_t elem) {
+  int64_t idx[TB__MAX_NDIM_HARD];
+  int64_t n = 1;
+
+  for (int i = 0; i < ndim; i++) {
+    idx[i] = 0;
+    n *= shape[i];
+  }
+  for (int64_t k = 0; k < n; k++) {
+    int64_t off = 0;
+    for (int i = 0; i < ndim; i++)
+      off += idx[i] * strides[i];
+    memcpy(dst + (size_t)k * elem, src + off * (int64_t)elem, elem);
+    for (int i = ndim - 1; i >= 0; i--) {
+      if (++idx[i] < shape[i])
+        break;
+      idx[i] = 0;
+    }
+  }
+}
+
+int tb_publish_copy(tb_client *c, const char *channel, const DLTensor *t,
+                    const struct tb_publish_options *opts,
+                    uint64_t *out_version) {
+  struct tb_publish_options o;
+  struct tb_buffer *b = NULL;
+  uint64_t elem_bits, lo = 0, hi = 0, bytes;
+  DLTensor copy;
+  int rc;
+
+  if (c == NULL)
+    return TB_EINVAL;
+  if (copy_opts(opts, &o) < 0)
+    return TB_EINVAL;
+  pthread_mutex_lock(&c->call_lock);
+  tb__clear_error(c);
+  rc = check_common(c, channel, t, &o);
+  if (rc == 0 && t->device.device_type != kDLCPU)
+    rc = tb__set_error(c, TB_EDEVICE, "tb_publish_copy takes host tensors");
+  if (rc == 0 && o.stream != NULL)
+    rc = tb__set_error(c, TB_ESTREAM, "host tensors take no stream (NULL)");
+  if (rc == 0)
+    rc = tensor_check(c, t, &elem_bits);
+  if (rc == 0) {
+    /* the compact size, overflow-checked */
+    char why[160];
+    rc = tb__layout_extent(t->ndim, t->shape, NULL, elem_bits, o.flags, 0,
+                           &lo, &hi, why, sizeof(why));
+    if (rc < 0)
+      rc = tb__set_error(c, rc, "%s", why);
+  }
+  if (rc == 0 && t->strides != NULL && elem_bits % 8 != 0) {
+    char why[160];
+    rc = tb__layout_extent(t->ndim, t->shape, t->strides, elem_bits, o.flags,
+                           0, &lo, &hi, why, sizeof(why));
+    if (rc < 0)
+      rc = tb__set_error(c, rc, "%s", why);
+  }
+  if (rc == 0 && t->data == NULL && hi > lo)
+    rc = tb__set_error(c, TB_EINVAL, "tensor data is NULL");
+  pthread_mutex_unlock(&c->call_lock);
+  if (rc < 0)
+    return rc;
+
+  bytes = hi - lo; /* compact size (sub-byte: checked compact above) */
+  rc = tb_host_buffer_create(c, bytes > 0 ? (size_t)bytes : 1, 0, &b);
+  if (rc < 0)
+    return rc;
+  if (bytes > 0) {
+    const uint8_t *src = (const uint8_t *)t->data + t->byte_offset;
+    if (t->strides == NULL || elem_bits % 8 != 0)
+      memcpy(b->data, src, (size_t)bytes); /* compact (sub-byte must be) */
+    else
+      copy_strided(b->data, src, t->ndim, t->shape, t->strides,
+                   (size_t)(elem_bits / 8));
+  }
+  copy = *t;
+  copy.data = b->data;
+  copy.byte_offset = 0;
+  copy.strides = NULL;
+  rc = tb_publish(c, channel, &copy, &o, out_version);
+  /* Unregistered right away: the daemon retires the buffer once the version
+   * is freed, and our mapping is not needed any more. */
+  (void)tb_buffer_destroy(b); /* a failure leaks only until the session
+                                 ends; the version is out either way */
+  return rc;
+}
+
+/* ---- wait_free ---- */
+
+int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
+                 int timeout_ms, void *stream) {
+  Tensorbroker__V1__WaitFree wf = TENSORBROKER__V1__WAIT_FREE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  tb__server_message *m = NULL;
+  struct tb__freed f;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  if (c == NULL)
+    return TB_EINVAL;
+  memset(&f, 0, sizeof(f));
+  pthread_mutex_lock(&c->call_lock);
+  tb__clear_error(c);
+  if (tb__name_check(channel, TB_NAME_MAX) < 0) {
+    rc = tb__set_error(c, TB_ENAME, "invalid channel name");
+    goto out_unlock;
+  }
+  if (version == 0) {
+    rc = tb__set_error(c, TB_ENOTFOUND, "version 0 is never published");
+    goto out_unlock;
+  }
+  if (!tb__freed_take(c, channel, version, &f)) {
+    wf.channel = (char *)channel;
+    wf.version = version;
+    wf.timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
+    r.body_case = TENSORBROKER__V1__REQUEST__BODY_WAIT_FREE;
+    r.wait_free = &wf;
+    rc = tb__call(c, &r, NULL, 0, timeout_ms < 0 ? -1 : timeout_ms, &m, fds,
+                  &nfds);
+    if (rc < 0)
+      goto out_unlock;
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+    /* The VersionFree notice, sent before this reply, is in the table now
+     * and carries the same done events. */
+    if (!tb__freed_take(c, channel, version, &f) &&
+        m->reply->body_case == TENSORBROKER__V1__REPLY__BODY_WAIT_FREE &&
+        m->reply->wait_free != NULL) {
+      Tensorbroker__V1__VersionFree vf = TENSORBROKER__V1__VERSION_FREE__INIT;
+      vf.channel = (char *)channel;
+      vf.version = version;
+      vf.n_done_events = m->reply->wait_free->n_done_events;
+      vf.done_events = m->reply->wait_free->done_events;
+      tb__freed_add(c, &vf);
+      (void)tb__freed_take(c, channel, version, &f);
+    }
+    tb__server_message_free(m);
+  }
+  rc = 0;
+  /* Host versions carry no done events and never touch CUDA. */
+  if (f.n_done > 0)
+    rc = tb__cuda_wait_done(c, &f, stream);
+  tb__freed_clear(&f);
+out_unlock:
+  pthread_mutex_unlock(&c->call_lock);
+  return rc;
+}
