@@ -2,6 +2,7 @@
  * buffer lifetimes, notices, parked waits, session teardown. */
 #include "registry_impl.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -78,9 +79,14 @@ void tbd_registry_free(struct tbd_registry *r) {
    * consumers. With no session left, nothing leases it. */
   while (r->channels != NULL) {
     struct tbd_channel *ch = r->channels;
-    while (ch->versions != NULL && r->channels == ch) {
-      ch->versions->in_history = false;
-      version_maybe_free(r, ch->versions);
+    uint32_t n = ch->nversions;
+
+    /* freeing the last version frees the channel: count, do not look */
+    assert(n > 0);
+    for (uint32_t i = 0; i < n; i++) {
+      struct tbd_version *v = ch->versions;
+      v->in_history = false;
+      version_maybe_free(r, v);
     }
   }
   tbd_free(r);
@@ -420,6 +426,7 @@ uint64_t tbd_session_id(const struct tbd_session *s) { return s->id; }
 const char *tbd_session_name(const struct tbd_session *s) { return s->name; }
 pid_t tbd_session_pid(const struct tbd_session *s) { return s->pid; }
 uid_t tbd_session_uid(const struct tbd_session *s) { return s->uid; }
+int tbd_session_hello(const struct tbd_session *s) { return s->hello; }
 
 struct tbd_session *tbd_registry_first_session(struct tbd_registry *r) {
   return r->sessions;

@@ -71,6 +71,8 @@ uint64_t tbd_session_id(const struct tbd_session *s);
 const char *tbd_session_name(const struct tbd_session *s);
 pid_t tbd_session_pid(const struct tbd_session *s);
 uid_t tbd_session_uid(const struct tbd_session *s);
+/* Whether the session said Hello successfully. */
+int tbd_session_hello(const struct tbd_session *s);
 struct tbd_session *tbd_registry_first_session(struct tbd_registry *r);
 struct tbd_session *tbd_session_next(struct tbd_session *s);
 
