@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Print the latency distributions of one tb-bench JSON section as gnuplot
+data blocks (one per row with a 'cdf', separated by two blank lines, each
+starting with its quoted name), or with 'count' just how many there are.
+
+  json2cdf.py FILE SECTION [count] [MATCH]
+
+MATCH keeps only rows whose name contains it."""
+import json
+import sys
+
+
+def rows(path, section, match):
+    with open(path) as f:
+        d = json.load(f)
+    for s in d.get("sections", []):
+        if s.get("id") != section:
+            continue
+        for r in s.get("rows", []):
+            if "cdf" in r and (not match or match in r["name"]):
+                yield r
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    path, section = sys.argv[1], sys.argv[2]
+    rest = sys.argv[3:]
+    count = bool(rest) and rest[0] == "count"
+    if count:
+        rest = rest[1:]
+    match = rest[0] if rest else ""
+    rs = list(rows(path, section, match))
+    if count:
+        print(len(rs))
+        return
+    for r in rs:
+        print('"%s"' % r["name"].replace('"', "'"))
+        for q, us in r["cdf"]:
+            print(us, q)
+        print("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+# Latency CDFs of tb-bench scenarios 1 and 4 from its JSON.
+#   gnuplot -e "json='bench.json'; out='docs/bench-latency.png'" bench/plot.gp
+# (run from the repository root; needs python3 for bench/json2cdf.py)
+if (!exists("json")) json = "bench.json"
+if (!exists("out")) out = "docs/bench-latency.png"
+if (!exists("helper")) helper = "bench/json2cdf.py"
+
+set terminal pngcairo size 1400,560 noenhanced font ",10"
+set output out
+set multiplot layout 1,2 title "tensorbroker latency distributions (".json.")"
+set logscale x
+set xlabel "latency (us, log scale)"
+set ylabel "fraction of operations <= x"
+set yrange [0:1]
+set grid
+set key bottom right
+
+cmd(sec) = sprintf("python3 %s %s %s", helper, json, sec)
+n1 = int(system(cmd("1")." count"))
+set title "1: control-plane round trip, host memory"
+if (n1 > 0) {
+  plot for [i=0:n1-1] "< ".cmd("1") index i using 1:2 with lines lw 2 title columnheader(1)
+} else {
+  set label 1 "no data" at graph 0.4, graph 0.5
+  plot 2 notitle
+  unset label 1
+}
+n4 = int(system(cmd("4")." count"))
+set title "4: GPU hand-off"
+if (n4 > 0) {
+  plot for [i=0:n4-1] "< ".cmd("4") index i using 1:2 with lines lw 2 title columnheader(1)
+} else {
+  set label 2 "pending GPU run" at graph 0.35, graph 0.5
+  set xrange [1:1000]
+  plot -1 notitle
+}
+unset multiplot
