@@ -1,0 +1,292 @@
+"""tensorbroker: exchange DLPack tensors between processes without copying.
+
+    import numpy as np, tensorbroker as tb
+
+    with tb.Client(name="producer") as c:          # producer
+        a = c.empty((480, 640, 3), np.uint8)        # broker memory: no copy
+        a[...] = frame
+        v = c.publish("camera0/frames", a, metadata=b"frame 17")
+
+    with tb.Client(name="consumer") as c:          # consumer
+        with c.acquire("camera0/frames", timeout=1.0) as lease:
+            x = np.from_dlpack(lease)               # read-only view, zero copy
+
+The native part, ``tensorbroker._native``, is a C extension over the public
+libtensorbroker API, built for CPython's stable ABI (3.11 and later).
+See docs/python.md.
+"""
+
+from collections import deque
+import math
+
+from . import _native
+from ._native import Error, TimeoutError, Lease  # noqa: F401  (re-exported)
+
+__all__ = ["Client", "Lease", "Error", "TimeoutError", "cuda_available",
+           "default_socket_path", "DEVICE_CPU", "DEVICE_CUDA", "DEVICE_CUDA_HOST"]
+__version__ = _native.library_version
+
+DEVICE_CPU = 1
+DEVICE_CUDA = 2
+DEVICE_CUDA_HOST = 3
+
+# What stream=None means under each contract (DESIGN.md section 4), as the
+# integer the DLPack Python protocol uses.
+_CONTRACT_STREAM = {"spec": 1, "no_sync": -1, "per_thread": 2}
+
+# Every TB_E* code as a module constant (TB_ETIMEDOUT == -7, ...).
+for _name in dir(_native):
+    if _name.startswith("TB_E"):
+        globals()[_name] = getattr(_native, _name)
+del _name
+
+
+def cuda_available():
+    """True when libcuda.so.1 loads and has a device."""
+    return _native.cuda_available()
+
+
+def default_socket_path():
+    """$TENSORBROKER_SOCKET, else $XDG_RUNTIME_DIR/tensorbroker.sock, else
+    /run/tensorbroker/tensorbroker.sock."""
+    return _native.default_socket_path()
+
+
+def _stream_int(stream):
+    """None, an int, or a stream object (torch .cuda_stream, CuPy .ptr)."""
+    if stream is None or isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        value = getattr(stream, attr, None)
+        if isinstance(value, int):
+            return value if value != 0 else 1  # handle 0 is the legacy stream
+    raise TypeError("stream must be None, an int or a CUDA stream object")
+
+
+def _device_of(obj):
+    dev = getattr(obj, "__dlpack_device__", None)
+    if dev is None:
+        return (DEVICE_CPU, 0)
+    t, i = dev()
+    return (int(t), int(i))
+
+
+def _export(obj, stream, host):
+    """Take a DLPack capsule from obj, asking for a versioned one first.
+
+    Here tensorbroker is the *consumer* of the caller's array, so for CUDA it
+    passes the stream it will record the ready event on; the producer library
+    (torch, CuPy, JAX) makes its pending work visible on that stream. Host
+    arrays that cannot export DLPack (bool on NumPy < 2) go through the buffer
+    protocol instead.
+    """
+    dlpack = getattr(obj, "__dlpack__", None)
+    if dlpack is None:
+        return obj  # buffer protocol (memoryview, bytes, array.array, ...)
+    kwargs = {} if host else {"stream": stream}
+    try:
+        try:
+            return dlpack(max_version=(1, 0), **kwargs)
+        except TypeError:  # a producer from before DLPack 1.0
+            return dlpack(**kwargs)
+    except BufferError:
+        if host:
+            try:
+                memoryview(obj).release()
+                return obj
+            except TypeError:
+                pass
+        raise
+
+
+def _numpy():
+    try:
+        import numpy
+        return numpy
+    except ImportError:  # pragma: no cover - numpy is optional
+        return None
+
+
+class Client:
+    """A session with tensorbrokerd.
+
+    socket: path of the daemon's socket (None: default_socket_path()).
+    name: shown by ``tbctl sessions``.
+    stream_contract: what stream=None means on this connection: "spec"
+        (legacy default stream, as DLPack says), "no_sync" (-1, the caller
+        orders its work, PyTorch's default), "per_thread", or "explicit"
+        (stream=None is an error).
+    timeout: longest wait for any reply, in seconds (None: 30 s); acquire's
+        own timeout is added.
+    """
+
+    def __init__(self, socket=None, name=None, stream_contract="spec", timeout=None):
+        timeout_ms = 0 if timeout is None else max(1, int(math.ceil(timeout * 1000)))
+        self._c = _native.Client(socket, name, stream_contract, timeout_ms)
+        self._pins = {}          # (channel, version) -> CUDA tensor kept alive
+        self._notices = deque()  # notices read while collecting pins
+        self.last_publish_zero_copy = None
+
+    # -- lifetime ------------------------------------------------------------
+    def close(self):
+        """End the session. Arrays from empty() stay valid; while any is alive
+        the connection stays open underneath and closes with the last one."""
+        self._pins.clear()
+        self._c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    @property
+    def closed(self):
+        return self._c.closed
+
+    @property
+    def session_id(self):
+        return self._c.session_id
+
+    @property
+    def stream_contract(self):
+        """The contract negotiated at connect time ("spec", "no_sync", ...)."""
+        return self._c.stream_contract
+
+    def fileno(self):
+        """The socket; readable when a notice arrives (see poll_notice)."""
+        return self._c.fileno()
+
+    # -- producing -----------------------------------------------------------
+    def empty(self, shape, dtype, device="cpu", consumers_may_write=False):
+        """A writable array in broker memory; publishing it costs no copy.
+
+        Host only for now (device="cpu"). Returns a NumPy array when NumPy is
+        importable, else a memoryview. Do not rewrite it while a published
+        version of it is still being read (see wait_free()).
+        """
+        if device not in ("cpu", DEVICE_CPU, (DEVICE_CPU, 0)):
+            _native.raise_error(_native.TB_ENOTSUP,
+                                "empty(): only device='cpu' exists until CUDA pools do")
+        if isinstance(shape, int):
+            shape = (shape,)
+        shape = tuple(int(n) for n in shape)
+        if any(n < 0 for n in shape):
+            raise ValueError("negative dimension in shape")
+        np = _numpy()
+        count = math.prod(shape)
+        if np is not None:
+            dt = np.dtype(dtype)
+            buf = self._c.alloc(count * dt.itemsize, consumers_may_write)
+            raw = np.frombuffer(buf, dtype=np.uint8, count=count * dt.itemsize)
+            return raw.view(dt).reshape(shape)
+        fmt = str(dtype)
+        buf = self._c.alloc(count * _struct_size(fmt), consumers_may_write)
+        return memoryview(buf).cast("B").cast(fmt, shape)
+
+    def publish(self, channel, obj, stream=None, metadata=None, history_depth=0):
+        """Publish obj (anything with __dlpack__, or a host buffer) as the next
+        version of channel; returns the version number.
+
+        - CUDA memory is published without a copy. tensorbroker asks obj for
+          its DLPack capsule on the stream it will record the ready event on
+          (stream, or under stream=None the contract's stream), and keeps the
+          tensor alive until the version is free.
+        - Host memory from empty() goes without a copy. Any other host memory
+          is COPIED into a new broker buffer first (one memcpy), so it may be
+          reused as soon as publish() returns.
+        metadata: bytes (or str, sent as UTF-8) delivered with the version.
+        history_depth: versions the channel keeps (0: leave as it is).
+        """
+        s = _stream_int(stream)
+        dev = _device_of(obj)
+        if dev[0] == DEVICE_CUDA:
+            if s is None:
+                contract = self._c.stream_contract
+                if contract not in _CONTRACT_STREAM:
+                    _native.raise_error(_native.TB_ESTREAM,
+                                        "the 'explicit' contract needs publish(stream=...)")
+                dl_stream = _CONTRACT_STREAM[contract]
+            else:
+                dl_stream = s
+            src = _export(obj, dl_stream, host=False)
+        elif dev[0] in (DEVICE_CPU, DEVICE_CUDA_HOST):
+            if s is not None:
+                raise ValueError("host tensors take no stream")
+            src = _export(obj, None, host=True)
+        else:
+            _native.raise_error(_native.TB_EDEVICE,
+                                "device type %d cannot be published" % dev[0])
+        version, pin, zero_copy = self._c.publish(channel, src, s, metadata, history_depth)
+        self.last_publish_zero_copy = zero_copy
+        if pin is not None:
+            self._pins[(channel, version)] = pin
+            self._collect_pins()
+        return version
+
+    def wait_free(self, channel, version, timeout=None, stream=None):
+        """Wait until no consumer reads version any more (so its memory may be
+        rewritten). CUDA: stream is made to wait for the consumers' done
+        events; the host does not block on the GPU. Raises TimeoutError."""
+        self._c.wait_free(channel, version, timeout, _stream_int(stream))
+        self._pins.pop((channel, version), None)
+
+    # -- consuming -----------------------------------------------------------
+    def acquire(self, channel, after=None, timeout=None, exact=None):
+        """Lease a version of channel: the newest (default), the first newer
+        than after=, or exactly exact=. timeout in seconds (None: forever,
+        0: do not wait). Returns a Lease: pass it to numpy/torch/cupy/jax
+        from_dlpack, and release it (or use it as a context manager).
+
+        No stream wait happens here: the wait is applied when the consumer
+        library calls lease.__dlpack__(stream=...)."""
+        return self._c.acquire(channel, after, timeout, exact)
+
+    # -- notices -------------------------------------------------------------
+    def subscribe(self, channel):
+        self._c.subscribe(channel)
+
+    def unsubscribe(self, channel):
+        self._c.unsubscribe(channel)
+
+    def poll_notice(self, timeout=0):
+        """The oldest notice as a dict, or None when none came within timeout
+        seconds (None: wait forever)."""
+        if self._notices:
+            return self._notices.popleft()
+        n = self._c.poll_notice(timeout)
+        if n is not None and n["type"] == "version_free":
+            self._pins.pop((n["channel"], n["version"]), None)
+        return n
+
+    def _collect_pins(self):
+        # Drop CUDA tensors whose versions are free; keep the other notices
+        # for poll_notice().
+        while True:
+            n = self._c.poll_notice(0)
+            if n is None:
+                return
+            if n["type"] == "version_free":
+                self._pins.pop((n["channel"], n["version"]), None)
+            self._notices.append(n)
+
+    # -- introspection -------------------------------------------------------
+    def channels(self):
+        return self._c.channels()
+
+    def sessions(self):
+        return self._c.sessions()
+
+    def status(self):
+        return self._c.status()
+
+
+_STRUCT_SIZES = {"?": 1, "b": 1, "B": 1, "h": 2, "H": 2, "i": 4, "I": 4,
+                 "q": 8, "Q": 8, "e": 2, "f": 4, "d": 8}
+
+
+def _struct_size(fmt):
+    if fmt not in _STRUCT_SIZES:
+        raise TypeError("without NumPy, dtype must be a struct format such as 'f' or 'B'")
+    return _STRUCT_SIZES[fmt]
