@@ -541,7 +541,11 @@ static PyObject *lease_enter(LeaseObject *self, PyObject *unused) {
 
 static PyObject *lease_exit(LeaseObject *self, PyObject *args) {
   if (self->core != NULL) {
-    PyObject *r = lease_release(self, NULL, NULL);
+    PyObject *empty = PyTuple_New(0);
+    if (empty == NULL)
+      return NULL;
+    PyObject *r = lease_release(self, empty, NULL);
+    Py_DECREF(empty);
     if (r == NULL)
       return NULL;
     Py_DECREF(r);

@@ -35,6 +35,7 @@ def main():
                 views[cmd["key"]] = x
                 np.save(cmd["path"], x)
                 answer = {"how": how, "writeable": bool(x.flags.writeable)}
+                del x  # only views[] may hold the lease's memory
             elif op == "reread":
                 np.save(cmd["path"], views[cmd["key"]])
                 answer = {}
@@ -42,6 +43,8 @@ def main():
                 views.pop(cmd["key"], None)
                 leases.pop(cmd["key"]).release()
                 answer = {}
+            elif op == "leases":
+                answer = {"leases": sum(ch["leases"] for ch in client.channels())}
             else:
                 answer = {"error": "unknown op " + op}
         except Exception as e:  # report to the test, keep serving

@@ -1,0 +1,335 @@
+"""tensorbroker Python binding: NumPy round trips across processes, the
+DLPack protocol on leases, lifetimes, errors. Each test starts its own
+daemon. Runs under run_tests.py (no pytest needed) or pytest."""
+import gc
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tbtest  # noqa: E402
+from tbtest import daemon, Peer  # noqa: E402
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover
+    raise tbtest.Skip("NumPy is not installed for this Python")
+import tensorbroker as tb  # noqa: E402
+
+
+def expect_error(fn, name, cls=None):
+    try:
+        fn()
+    except tb.Error as e:
+        assert e.name == name, "expected %s, got %s (%s)" % (name, e.name, e)
+        assert e.code == getattr(tb, name), e.code
+        assert isinstance(e.message, str) and e.message
+        if cls is not None:
+            assert isinstance(e, cls), type(e)
+        return e
+    raise AssertionError("expected tensorbroker.Error %s" % name)
+
+
+def expect_raises(fn, cls):
+    try:
+        fn()
+    except cls as e:
+        return e
+    raise AssertionError("expected %s" % cls.__name__)
+
+
+def channel_leases(client, name):
+    for ch in client.channels():
+        if ch["name"] == name:
+            return ch["leases"]
+    raise AssertionError("no channel " + name)
+
+
+def cases():
+    rng = np.random.default_rng(7)
+    big = rng.standard_normal((6, 8)).astype(np.float32)
+    out = {
+        "bool": rng.integers(0, 2, (5, 3)).astype(bool),
+        "int8": rng.integers(-128, 127, (4, 5), dtype=np.int8),
+        "uint8": rng.integers(0, 255, (17,), dtype=np.uint8),
+        "int16": rng.integers(-30000, 30000, (3, 3), dtype=np.int16),
+        "int32": rng.integers(-2**31, 2**31 - 1, (2, 5), dtype=np.int32),
+        "int64": rng.integers(-2**62, 2**62, (5,), dtype=np.int64),
+        "uint64": np.array([0, 1, 2**63 + 5, 2**64 - 1], dtype=np.uint64),
+        "float16": rng.standard_normal((4, 4)).astype(np.float16),
+        "float32": big,
+        "float64": rng.standard_normal((2, 3, 4)),
+        "complex64": (rng.standard_normal((3, 2)) + 1j * rng.standard_normal((3, 2))).astype(np.complex64),
+        "complex128": rng.standard_normal(5) * (1 + 2j),
+        "strided": big[:, ::2],             # non-contiguous
+        "transposed": big.T,                # Fortran order
+        "reversed": big[::-1, 1:5],         # negative stride
+        "scalar": np.array(3.5, dtype=np.float64),   # 0-d
+        "empty": np.zeros((0, 3), dtype=np.int32),   # no elements
+        "bool_strided": rng.integers(0, 2, (4, 6)).astype(bool)[::2, 1::2],
+    }
+    return out
+
+
+def test_numpy_round_trips_across_processes():
+    arrays = cases()
+    with daemon() as sock, tb.Client(socket=sock, name="producer") as prod, \
+            tempfile.TemporaryDirectory() as tmp, Peer(sock) as peer:
+        for name, a in arrays.items():
+            prod.publish("rt/" + name, a, metadata=name.encode())
+            assert prod.last_publish_zero_copy is False  # plain NumPy: copied in
+        for name, a in arrays.items():
+            info = peer.call(op="acquire", channel="rt/" + name, timeout=10)
+            assert bytes.fromhex(info["metadata"]) == name.encode()
+            assert tuple(info["shape"]) == a.shape, (name, info["shape"], a.shape)
+            assert info["device"] == [1, 0]
+            assert info["read_only"] is True
+            path = os.path.join(tmp, name + ".npy")
+            r = peer.call(op="read", key="rt/" + name, path=path)
+            assert r["writeable"] is False, name
+            got = np.load(path)
+            assert got.dtype == a.dtype, (name, got.dtype, a.dtype)
+            assert got.shape == a.shape, (name, got.shape)
+            assert np.array_equal(got, a), name
+            peer.call(op="release", key="rt/" + name)
+        # a release travels on the peer's own connection: ask there
+        assert peer.call(op="leases")["leases"] == 0
+
+
+def test_zero_copy_from_empty_is_shared_with_consumer():
+    with daemon() as sock, tb.Client(socket=sock, name="producer") as prod, \
+            tempfile.TemporaryDirectory() as tmp, Peer(sock) as peer:
+        a = prod.empty((64, 32), np.float32)
+        assert a.flags.writeable and a.shape == (64, 32) and a.dtype == np.float32
+        a[...] = np.arange(a.size, dtype=np.float32).reshape(a.shape)
+        v = prod.publish("zc/frames", a)
+        assert prod.last_publish_zero_copy is True
+        info = peer.call(op="acquire", channel="zc/frames", timeout=10)
+        assert info["version"] == v
+        path = os.path.join(tmp, "a.npy")
+        r = peer.call(op="read", key="zc/frames", path=path)
+        assert r["how"] == "from_dlpack" and r["writeable"] is False
+        assert np.array_equal(np.load(path), a)
+        # The consumer's view is the producer's memory: a write here (which a
+        # real producer would only make after wait_free) shows up there.
+        a[3, 5] = -1.0
+        peer.call(op="reread", key="zc/frames", path=path)
+        assert np.load(path)[3, 5] == -1.0
+        # A view of part of a broker buffer goes without a copy too.
+        prod.publish("zc/part", a[10:20, ::2])
+        assert prod.last_publish_zero_copy is True
+        peer.call(op="acquire", channel="zc/part", timeout=10)
+        peer.call(op="read", key="zc/part", path=path)
+        assert np.array_equal(np.load(path), a[10:20, ::2])
+
+
+def test_copy_in_for_plain_host_memory():
+    with daemon() as sock, tb.Client(socket=sock) as prod, \
+            tempfile.TemporaryDirectory() as tmp, Peer(sock) as peer:
+        a = np.arange(10, dtype=np.int64)
+        prod.publish("cp/a", a)
+        assert prod.last_publish_zero_copy is False
+        a[:] = -7  # allowed: the version has its own copy
+        peer.call(op="acquire", channel="cp/a", timeout=10)
+        path = os.path.join(tmp, "a.npy")
+        peer.call(op="read", key="cp/a", path=path)
+        assert np.array_equal(np.load(path), np.arange(10))
+
+
+def test_empty_dtypes_and_shapes():
+    with daemon() as sock, tb.Client(socket=sock) as prod, tb.Client(socket=sock) as cons:
+        for dt, shape in [(bool, (3, 4)), (np.float16, (5,)), (np.complex64, (2, 2)),
+                          (np.uint64, ()), (np.int8, (0, 7))]:
+            a = prod.empty(shape, dt)
+            assert a.shape == shape and a.dtype == np.dtype(dt)
+            a[...] = 1
+            v = prod.publish("em/x", a)
+            assert prod.last_publish_zero_copy is True
+            with cons.acquire("em/x", exact=v) as lease:
+                got = np.asarray(lease)
+                assert got.dtype == np.dtype(dt) and got.shape == shape
+                assert np.array_equal(got, a)
+                del got
+
+
+def test_metadata_version_channel():
+    with daemon() as sock, tb.Client(socket=sock) as prod, tb.Client(socket=sock) as cons:
+        a = np.ones(3)
+        v1 = prod.publish("md/a", a, metadata=b"\x00frame 1\xff")
+        v2 = prod.publish("md/a", a, metadata="frame 2", history_depth=4)
+        v3 = prod.publish("md/a", a)
+        assert (v1, v2, v3) == (1, 2, 3)
+        with cons.acquire("md/a", exact=1) as l1:
+            assert l1.metadata == b"\x00frame 1\xff" and l1.version == 1
+            assert l1.channel == "md/a"
+        with cons.acquire("md/a", after=1, timeout=1) as l2:
+            assert l2.version == 2 and l2.metadata == b"frame 2"
+        with cons.acquire("md/a") as l3:
+            assert l3.version == 3 and l3.metadata == b""
+            assert l3.producer_pid == os.getpid()
+
+
+def test_timeouts():
+    with daemon() as sock, tb.Client(socket=sock) as cons:
+        e = expect_error(lambda: cons.acquire("to/none", timeout=0.05), "TB_ETIMEDOUT",
+                         tb.TimeoutError)
+        assert isinstance(e, TimeoutError)  # the builtin one too
+        expect_error(lambda: cons.acquire("to/none", timeout=0), "TB_ENOTFOUND")
+        cons.publish("to/a", np.zeros(1))
+        expect_error(lambda: cons.acquire("to/a", after=1, timeout=0), "TB_EAGAIN")
+        expect_error(lambda: cons.acquire("to/a", after=1, timeout=0.05), "TB_ETIMEDOUT")
+
+
+def test_errors():
+    with daemon() as sock, tb.Client(socket=sock) as prod:
+        a = np.zeros(4)
+        expect_error(lambda: prod.publish("", a), "TB_ENAME")
+        expect_error(lambda: prod.publish("bad name\n", a), "TB_ENAME")
+        expect_error(lambda: prod.acquire("bad\x01name", timeout=0), "TB_ENAME")
+        prod.publish("er/a", a)
+        expect_error(lambda: prod.acquire("er/a", exact=99), "TB_ENOTFOUND")
+        expect_error(lambda: prod.publish("er/a", a, metadata=b"x" * 5000), "TB_ELIMIT")
+        expect_raises(lambda: prod.publish("er/a", a, stream=5), ValueError)
+        expect_raises(lambda: prod.publish("er/a", object()), TypeError)
+        expect_raises(lambda: prod.acquire("er/a", after=1, exact=1), ValueError)
+        expect_error(lambda: prod.empty((2,), np.float32, device="cuda"), "TB_ENOTSUP")
+    expect_error(lambda: tb.Client(socket="/nonexistent/tb.sock"), "TB_ECONNECT")
+    with daemon() as sock:
+        expect_error(lambda: tb.Client(socket=sock, stream_contract="sometimes"), "TB_EINVAL")
+
+
+def test_second_publisher_is_refused():
+    with daemon() as sock, tb.Client(socket=sock) as a, tb.Client(socket=sock) as b:
+        a.publish("pb/x", np.zeros(2))
+        expect_error(lambda: b.publish("pb/x", np.zeros(2)), "TB_EBUSY")
+
+
+def test_lease_after_release_raises():
+    with daemon() as sock, tb.Client(socket=sock) as prod, tb.Client(socket=sock) as cons:
+        prod.publish("rl/a", np.arange(4))
+        lease = cons.acquire("rl/a")
+        assert channel_leases(cons, "rl/a") == 1
+        lease.release()
+        assert lease.released
+        assert channel_leases(cons, "rl/a") == 0
+        assert lease.version == 1  # plain attributes stay readable
+        expect_error(lambda: lease.__dlpack__(), "TB_ESTALE")
+        expect_error(lambda: lease.__dlpack_device__(), "TB_ESTALE")
+        expect_error(lambda: lease.release(), "TB_ESTALE")
+        expect_error(lambda: np.from_dlpack(lease), "TB_ESTALE")
+        expect_raises(lambda: memoryview(lease), tb.Error)
+
+
+def test_context_managers_release_and_close():
+    with daemon() as sock, tb.Client(socket=sock) as prod:
+        prod.publish("cm/a", np.arange(4))
+        with tb.Client(socket=sock) as cons:
+            with cons.acquire("cm/a") as lease:
+                assert channel_leases(cons, "cm/a") == 1
+                x = np.from_dlpack(lease)
+                assert x.sum() == 6
+                del x
+            assert lease.released
+            assert channel_leases(cons, "cm/a") == 0
+        assert cons.closed
+        expect_error(lambda: cons.acquire("cm/a"), "TB_ESTALE")
+        assert len(prod.sessions()) == 1
+
+
+def test_consumer_keeps_lease_alive_until_its_deleter():
+    # The capsule's consumer owns the tensor: release() ends the lease only
+    # when that consumer lets go, and nothing is freed twice.
+    with daemon() as sock, tb.Client(socket=sock) as prod, tb.Client(socket=sock) as cons:
+        prod.publish("kd/a", np.arange(6, dtype=np.int32))
+        lease = cons.acquire("kd/a")
+        x = np.from_dlpack(lease)
+        y = np.asarray(lease)            # a buffer view holds it too
+        lease.release()
+        assert channel_leases(cons, "kd/a") == 1
+        assert x.tolist() == list(range(6)) and y.tolist() == list(range(6))
+        del x
+        gc.collect()
+        assert channel_leases(cons, "kd/a") == 1
+        del y
+        gc.collect()
+        assert channel_leases(cons, "kd/a") == 0
+        # Release while nothing is out, then drop the Lease: one release only.
+        lease2 = cons.acquire("kd/a")
+        lease2.release()
+        del lease2
+        assert channel_leases(cons, "kd/a") == 0
+        # A lease dropped without release() ends when collected.
+        lease3 = cons.acquire("kd/a")
+        assert channel_leases(cons, "kd/a") == 1
+        del lease3
+        gc.collect()
+        assert channel_leases(cons, "kd/a") == 0
+
+
+def test_dlpack_protocol_on_leases():
+    with daemon() as sock, tb.Client(socket=sock) as prod, tb.Client(socket=sock) as cons:
+        prod.publish("dp/a", np.arange(6, dtype=np.float32).reshape(2, 3))
+        with cons.acquire("dp/a") as lease:
+            assert lease.__dlpack_device__() == (1, 0)
+            assert '"dltensor_versioned"' in repr(lease.__dlpack__(max_version=(1, 0)))
+            assert '"dltensor_versioned"' in repr(lease.__dlpack__(max_version=(1, 3)))
+            assert '"dltensor"' in repr(lease.__dlpack__(max_version=(0, 8)))
+            assert '"dltensor"' in repr(lease.__dlpack__())
+            # unconsumed capsules above were freed by their destructors
+            gc.collect()
+            assert channel_leases(cons, "dp/a") == 1
+            lease.__dlpack__(dl_device=(1, 0), copy=False)
+            expect_raises(lambda: lease.__dlpack__(copy=True), BufferError)
+            expect_raises(lambda: lease.__dlpack__(dl_device=(2, 0)), BufferError)
+            expect_raises(lambda: lease.__dlpack__(stream=5), BufferError)
+            expect_raises(lambda: lease.__dlpack__(stream=-1), BufferError)
+            # read-only: the buffer view refuses writes
+            expect_raises(lambda: memoryview(lease).cast("B").__setitem__(0, 1), TypeError)
+            assert lease.dtype == (2, 32, 1) and lease.strides == (3, 1)
+        gc.collect()
+        assert channel_leases(cons, "dp/a") == 0
+
+
+def test_introspection():
+    with daemon() as sock, tb.Client(socket=sock, name="intro",
+                                     stream_contract="no_sync") as c:
+        assert c.stream_contract == "no_sync"
+        st = c.status()
+        assert st["sessions"] == 1 and st["socket_path"] == sock
+        me = [s for s in c.sessions() if s["session_id"] == c.session_id]
+        assert me and me[0]["name"] == "intro" and me[0]["stream_contract"] == "no_sync"
+        assert me[0]["pid"] == os.getpid()
+        c.publish("in/a", np.zeros(1), history_depth=3)
+        (ch,) = c.channels()
+        assert ch["name"] == "in/a" and ch["history_depth"] == 3 and ch["latest_version"] == 1
+        assert isinstance(c.fileno(), int)
+
+
+def test_notices_and_wait_free():
+    with daemon() as sock, tb.Client(socket=sock) as prod, tb.Client(socket=sock) as cons:
+        cons.subscribe("nt/a")
+        a = prod.empty((4,), np.uint8)
+        v1 = prod.publish("nt/a", a)
+        n = cons.poll_notice(timeout=5)
+        assert n["type"] == "new_version" and n["channel"] == "nt/a" and n["version"] == v1
+        lease = cons.acquire("nt/a")
+        expect_error(lambda: prod.wait_free("nt/a", v1, timeout=0), "TB_EBUSY")
+        prod.publish("nt/a", a)       # v1 leaves history but is still leased
+        expect_error(lambda: prod.wait_free("nt/a", v1, timeout=0.05), "TB_ETIMEDOUT")
+        lease.release()
+        prod.wait_free("nt/a", v1, timeout=5)
+        expect_error(lambda: prod.wait_free("nt/a", 99, timeout=0), "TB_ENOTFOUND")
+
+
+def test_empty_outlives_closed_client():
+    with daemon() as sock:
+        c = tb.Client(socket=sock)
+        a = c.empty((8,), np.int32)
+        a[:] = 5
+        c.close()
+        assert c.closed
+        a[:] = 6  # still mapped: the connection closes with the last array
+        assert a.sum() == 48
+        expect_error(lambda: c.publish("oc/a", a), "TB_ESTALE")
+        del a
+        gc.collect()
