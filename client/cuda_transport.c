@@ -176,7 +176,7 @@ static int alloc_registration(struct tb_client *c, struct tb__cuda_client *cc,
                               const struct tb__cuda_alloc *a,
                               struct tb__cuda_reg **out) {
   uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
-  struct tb__cuda_reg *reg;
+  struct tb__cuda_reg *reg = NULL;
   char why[256] = "";
   int rc;
 
@@ -262,10 +262,10 @@ int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
                              void *stream, uint64_t *buffer_id,
                              uint64_t *byte_offset, uint64_t *ready_event_id,
                              Tensorbroker__V1__Device *dev, uint8_t *uuid) {
-  struct tb__cuda_client *cc;
+  struct tb__cuda_client *cc = NULL;
   struct tb__cuda_stream s;
   struct tb__cuda_alloc a;
-  struct tb__cuda_reg *reg;
+  struct tb__cuda_reg *reg = NULL;
   struct tb__cuda_ev *e = NULL;
   uint64_t elem_bits, lo, hi, off;
   uintptr_t start;
@@ -406,7 +406,7 @@ static int open_event(struct tb_client *c, struct tb__cuda_client *cc,
 
 int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
                        void *stream) {
-  struct tb__cuda_client *cc;
+  struct tb__cuda_client *cc = NULL;
   struct tb__cuda_stream s;
   char why[256] = "";
   int rc;
@@ -438,7 +438,7 @@ int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
 int tb__cuda_map_open(struct tb_client *c,
                       const Tensorbroker__V1__BufferInfo *bi,
                       struct tb__map **out) {
-  struct tb__cuda_client *cc;
+  struct tb__cuda_client *cc = NULL;
   struct tb__map *m;
   tb_cu_deviceptr p = 0;
   char why[256] = "";
@@ -531,7 +531,7 @@ static int done_event_ensure(struct tb_client *c, int device,
 int tb__cuda_acquire_sync(struct tb_client *c, const struct tb__map *m,
                           const Tensorbroker__V1__EventInfo *ready,
                           void *stream, int *implicit) {
-  struct tb__cuda_client *cc;
+  struct tb__cuda_client *cc = NULL;
   struct tb__cuda_stream s;
   char why[256] = "";
   int rc;

@@ -7,14 +7,16 @@
  * that version any more.
  *
  *   producer [--socket PATH] [--channel NAME] [--frames N] [--width W]
- *            [--height H] [--ring K] [--fps F]
+ *            [--height H] [--ring K] [--fps F] [--ready-fd N]
  */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <tensorbroker/tensorbroker.h>
 
@@ -34,6 +36,7 @@ static void usage(FILE *f) {
           "                       channel keeps K-1 versions of history\n"
           "  -f, --fps F          frames per second, 0 = as fast as possible\n"
           "                       (default 0)\n"
+          "      --ready-fd N     write \"READY\\n\" to fd N once connected\n"
           "  -h, --help           this text\n");
 }
 
@@ -66,9 +69,11 @@ int main(int argc, char **argv) {
       {"height", required_argument, NULL, 'H'},
       {"ring", required_argument, NULL, 'r'},
       {"fps", required_argument, NULL, 'f'},
+      {"ready-fd", required_argument, NULL, 'R'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *channel = "demo/frames";
+  long ready_fd = -1;
   long frames = 100, width = 512, height = 512, ring = 8, fps = 0;
   struct tb_connect_options co;
   tb_client *c = NULL;
@@ -89,6 +94,7 @@ int main(int argc, char **argv) {
     case 'H': height = parse_num(optarg, "height", 1); break;
     case 'r': ring = parse_num(optarg, "ring size", 2); break;
     case 'f': fps = parse_num(optarg, "fps", 0); break;
+    case 'R': ready_fd = parse_num(optarg, "ready fd", 0); break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -113,6 +119,12 @@ int main(int argc, char **argv) {
     rc = tb_host_buffer_create(c, bytes, 0, &bufs[k]);
     if (rc < 0)
       return fail(c, "create buffer", rc);
+  }
+
+  if (ready_fd >= 0) { /* tell a launcher we are connected */
+    if (write((int)ready_fd, "READY\n", 6) != 6)
+      fprintf(stderr, "producer: ready-fd: %s\n", strerror(errno));
+    close((int)ready_fd);
   }
 
   uint64_t t0 = now_ns();
