@@ -7,6 +7,7 @@ starting with its quoted name), or with 'count' just how many there are.
 
 MATCH keeps only rows whose name contains it."""
 import json
+import signal
 import sys
 
 
@@ -24,6 +25,8 @@ def rows(path, section, match):
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
+    # gnuplot stops reading once it has the block it wants.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     path, section = sys.argv[1], sys.argv[2]
     rest = sys.argv[3:]
     count = bool(rest) and rest[0] == "count"
