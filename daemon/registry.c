@@ -134,8 +134,8 @@ int tbd__reply_status(struct tbd_registry *r, struct tbd_session *s,
   return status;
 }
 
-static void emit_notice(struct tbd_registry *r, struct tbd_session *s,
-                        Tensorbroker__V1__Notice *n) {
+void tbd__emit_notice(struct tbd_registry *r, struct tbd_session *s,
+                      Tensorbroker__V1__Notice *n) {
   Tensorbroker__V1__ServerMessage m = TENSORBROKER__V1__SERVER_MESSAGE__INIT;
 
   m.body_case = TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE;
@@ -178,7 +178,7 @@ struct tbd_session *tbd__session_find(struct tbd_registry *r, uint64_t id) {
 
 /* ---- waits ---- */
 
-static void wait_remove(struct tbd_registry *r, struct tbd_wait *w) {
+void tbd__wait_remove(struct tbd_registry *r, struct tbd_wait *w) {
   DL_DELETE(r->waits, w);
   r->nwaits--;
   w->s->wait = NULL;
@@ -240,7 +240,7 @@ void tbd_registry_expire(struct tbd_registry *r) {
     const char *what = w->kind == TBD_WAIT_ACQUIRE ? "acquire" : "wait-free";
     char name[TB__DEFAULT_MAX_NAME + 1];
     snprintf(name, sizeof(name), "%s", w->channel);
-    wait_remove(r, w);
+    tbd__wait_remove(r, w);
     tbd__reply_status(r, s, id, TB_ETIMEDOUT, "%s on '%s' timed out", what,
                       name);
   }
@@ -274,7 +274,7 @@ static void buffer_maybe_free(struct tbd_registry *r, struct tbd_buffer *b) {
       continue;
     HASH_DEL(s->sent, e);
     tbd_free(e);
-    emit_notice(r, s, &n);
+    tbd__emit_notice(r, s, &n);
   }
   if (b->fd >= 0)
     close(b->fd);
@@ -289,7 +289,8 @@ void tbd__buffer_retire(struct tbd_registry *r, struct tbd_buffer *b) {
   buffer_maybe_free(r, b);
 }
 
-static void channel_maybe_free(struct tbd_registry *r, struct tbd_channel *ch) {
+void tbd__channel_maybe_free(struct tbd_registry *r,
+                             struct tbd_channel *ch) {
   if (ch->publisher != NULL || ch->versions != NULL)
     return;
   HASH_DEL(r->channels, ch);
@@ -331,7 +332,7 @@ static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
     vf.buffer_id = v->buf->id;
     vf.n_done_events = nev;
     vf.done_events = evp;
-    emit_notice(r, pub, &n);
+    tbd__emit_notice(r, pub, &n);
   }
   DL_FOREACH_SAFE(r->waits, w, tmp) {
     Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
@@ -348,7 +349,7 @@ static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
     wf.version = v->number;
     wf.n_done_events = nev;
     wf.done_events = evp;
-    wait_remove(r, w);
+    tbd__wait_remove(r, w);
     tbd__send_reply(r, s, &rep, NULL, 0);
   }
   tbd_free(evs);
@@ -373,7 +374,7 @@ static void version_maybe_free(struct tbd_registry *r, struct tbd_version *v) {
   tbd_free(v->done);
   tbd_free(v);
   buffer_maybe_free(r, b);
-  channel_maybe_free(r, ch);
+  tbd__channel_maybe_free(r, ch);
 }
 
 /* Keep the newest ch->depth versions in history. */
@@ -395,51 +396,12 @@ static void channel_trim(struct tbd_registry *r, struct tbd_channel *ch) {
   }
 }
 
-/* ---- sessions ---- */
-
-int tbd_session_open(struct tbd_registry *r, pid_t pid, uid_t uid, gid_t gid,
-                     void *conn, struct tbd_session **out) {
-  struct tbd_session *s = tbd_calloc(1, sizeof(*s));
-
-  if (s == NULL)
-    return TB_ENOMEM;
-  s->id = r->next_session_id;
-  s->pid = pid;
-  s->uid = uid;
-  s->gid = gid;
-  s->conn = conn;
-  tbd_hash_oom = 0;
-  HASH_ADD(hh, r->sessions, id, sizeof(s->id), s);
-  if (tbd_hash_oom) {
-    tbd_free(s);
-    return TB_ENOMEM;
-  }
-  r->next_session_id++;
-  r->nsessions++;
-  *out = s;
-  return 0;
-}
-
-void tbd_session_mute(struct tbd_session *s) { s->muted = true; }
-void *tbd_session_conn(const struct tbd_session *s) { return s->conn; }
-uint64_t tbd_session_id(const struct tbd_session *s) { return s->id; }
-const char *tbd_session_name(const struct tbd_session *s) { return s->name; }
-pid_t tbd_session_pid(const struct tbd_session *s) { return s->pid; }
-uid_t tbd_session_uid(const struct tbd_session *s) { return s->uid; }
-int tbd_session_hello(const struct tbd_session *s) { return s->hello; }
-
-struct tbd_session *tbd_registry_first_session(struct tbd_registry *r) {
-  return r->sessions;
-}
-
-struct tbd_session *tbd_session_next(struct tbd_session *s) {
-  return s->hh.next;
-}
+/* ---- channels ---- */
 
 /* The publisher of ch left: tell subscribers and lease holders (each once)
  * and fail the acquires waiting on it. */
-static void channel_close(struct tbd_registry *r, struct tbd_channel *ch,
-                          const char *reason) {
+void tbd__channel_close(struct tbd_registry *r, struct tbd_channel *ch,
+                        const char *reason) {
   Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
   Tensorbroker__V1__ChannelClosed cc = TENSORBROKER__V1__CHANNEL_CLOSED__INIT;
   struct tbd_subgroup *g;
@@ -462,7 +424,7 @@ static void channel_close(struct tbd_registry *r, struct tbd_channel *ch,
   if (g != NULL) {
     DL_FOREACH2(g->members, sub, gnext) {
       sub->s->mark = stamp;
-      emit_notice(r, sub->s, &n);
+      tbd__emit_notice(r, sub->s, &n);
     }
   }
   DL_FOREACH(ch->versions, v) {
@@ -470,7 +432,7 @@ static void channel_close(struct tbd_registry *r, struct tbd_channel *ch,
       if (l->s->mark == stamp)
         continue;
       l->s->mark = stamp;
-      emit_notice(r, l->s, &n);
+      tbd__emit_notice(r, l->s, &n);
     }
   }
   DL_FOREACH_SAFE(r->waits, w, wtmp) {
@@ -478,60 +440,10 @@ static void channel_close(struct tbd_registry *r, struct tbd_channel *ch,
       continue;
     s = w->s;
     uint64_t id = w->request_id;
-    wait_remove(r, w);
+    tbd__wait_remove(r, w);
     tbd__reply_status(r, s, id, TB_ECLOSED, "channel '%s' closed: %s",
                       ch->name, reason);
   }
-}
-
-void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
-  struct tbd_lease *l, *ltmp;
-  struct tbd_sub *sub, *subtmp;
-  struct tbd_channel *ch, *chtmp;
-  struct tbd_event *e, *etmp;
-  struct tbd_buffer *b, *btmp;
-  struct tbd_sent *se, *setmp;
-
-  /* Nothing more goes to the closing session itself. */
-  s->muted = true;
-  if (s->wait != NULL)
-    wait_remove(r, s->wait);
-  DL_FOREACH_SAFE2(s->leases, l, ltmp, snext) {
-    /* no done events: a crashed consumer leaves nothing to wait on */
-    tbd__lease_release(r, l, NULL);
-  }
-  HASH_ITER(hh, s->subs, sub, subtmp) {
-    tbd__unsubscribe(r, s, sub->name);
-  }
-  HASH_ITER(hh, r->channels, ch, chtmp) {
-    if (ch->publisher != s)
-      continue;
-    channel_close(r, ch, "publisher disconnected");
-    channel_maybe_free(r, ch);
-  }
-  DL_FOREACH_SAFE2(s->events, e, etmp, snext) { tbd__event_remove(r, e); }
-  DL_FOREACH_SAFE2(s->buffers, b, btmp, snext) { tbd__buffer_retire(r, b); }
-  HASH_ITER(hh, s->sent, se, setmp) {
-    HASH_DEL(s->sent, se);
-    tbd_free(se);
-  }
-  if (s->hello)
-    r->nhello--;
-  HASH_DEL(r->sessions, s);
-  r->nsessions--;
-  tbd_free(s);
-}
-
-void tbd_registry_broadcast_closing(struct tbd_registry *r,
-                                    const char *reason) {
-  Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
-  Tensorbroker__V1__DaemonClosing dc = TENSORBROKER__V1__DAEMON_CLOSING__INIT;
-  struct tbd_session *s, *stmp;
-
-  n.body_case = TENSORBROKER__V1__NOTICE__BODY_DAEMON_CLOSING;
-  n.daemon_closing = &dc;
-  dc.reason = (char *)reason;
-  HASH_ITER(hh, r->sessions, s, stmp) { emit_notice(r, s, &n); }
 }
 
 /* ---- buffers and events ---- */
@@ -672,7 +584,7 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
     n.new_version = &nv;
     nv.channel = ch->name;
     nv.version = v->number;
-    DL_FOREACH2(g->members, sub, gnext) { emit_notice(r, sub->s, &n); }
+    DL_FOREACH2(g->members, sub, gnext) { tbd__emit_notice(r, sub->s, &n); }
   }
   /* Parked acquires that the new version satisfies are answered now, before
    * the publisher's own reply (the caller sends it). */
@@ -684,7 +596,7 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
     uint64_t id = w->request_id;
     int mode = w->mode;
     uint64_t after = w->version;
-    wait_remove(r, w);
+    tbd__wait_remove(r, w);
     /* cannot park again: a version now exists that matches */
     tbd__acquire(r, ws, id, channel, mode, after, 0);
   }

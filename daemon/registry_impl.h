@@ -191,6 +191,16 @@ int tbd__reply_status(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t request_id, int status, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
+void tbd__emit_notice(struct tbd_registry *r, struct tbd_session *s,
+                      Tensorbroker__V1__Notice *n);
+void tbd__wait_remove(struct tbd_registry *r, struct tbd_wait *w);
+/* The publisher of ch left: notify subscribers and lease holders, fail the
+ * acquires waiting on it. */
+void tbd__channel_close(struct tbd_registry *r, struct tbd_channel *ch,
+                        const char *reason);
+/* Remove ch once it has neither a publisher nor versions. */
+void tbd__channel_maybe_free(struct tbd_registry *r, struct tbd_channel *ch);
+
 struct tbd_channel *tbd__channel_find(struct tbd_registry *r,
                                       const char *name);
 struct tbd_session *tbd__session_find(struct tbd_registry *r, uint64_t id);

@@ -1,0 +1,96 @@
+/* Sessions: one per connection. Opening records the peer's credentials;
+ * closing, for whatever reason, gives back everything the session held and
+ * tells the sessions affected (docs/protocol.md, "Session"). */
+#include "registry_impl.h"
+
+#include <tensorbroker/errors.h>
+
+int tbd_session_open(struct tbd_registry *r, pid_t pid, uid_t uid, gid_t gid,
+                     void *conn, struct tbd_session **out) {
+  struct tbd_session *s = tbd_calloc(1, sizeof(*s));
+
+  if (s == NULL)
+    return TB_ENOMEM;
+  s->id = r->next_session_id;
+  s->pid = pid;
+  s->uid = uid;
+  s->gid = gid;
+  s->conn = conn;
+  tbd_hash_oom = 0;
+  HASH_ADD(hh, r->sessions, id, sizeof(s->id), s);
+  if (tbd_hash_oom) {
+    tbd_free(s);
+    return TB_ENOMEM;
+  }
+  r->next_session_id++;
+  r->nsessions++;
+  *out = s;
+  return 0;
+}
+
+void tbd_session_mute(struct tbd_session *s) { s->muted = true; }
+void *tbd_session_conn(const struct tbd_session *s) { return s->conn; }
+uint64_t tbd_session_id(const struct tbd_session *s) { return s->id; }
+const char *tbd_session_name(const struct tbd_session *s) { return s->name; }
+pid_t tbd_session_pid(const struct tbd_session *s) { return s->pid; }
+uid_t tbd_session_uid(const struct tbd_session *s) { return s->uid; }
+int tbd_session_hello(const struct tbd_session *s) { return s->hello; }
+
+struct tbd_session *tbd_registry_first_session(struct tbd_registry *r) {
+  return r->sessions;
+}
+
+struct tbd_session *tbd_session_next(struct tbd_session *s) {
+  return s->hh.next;
+}
+
+void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
+  struct tbd_lease *l, *ltmp;
+  struct tbd_sub *sub, *subtmp;
+  struct tbd_channel *ch, *chtmp;
+  struct tbd_event *e, *etmp;
+  struct tbd_buffer *b, *btmp;
+  struct tbd_sent *se, *setmp;
+
+  /* Nothing more goes to the closing session itself. */
+  s->muted = true;
+  if (s->wait != NULL)
+    tbd__wait_remove(r, s->wait);
+  DL_FOREACH_SAFE2(s->leases, l, ltmp, snext) {
+    /* no done events: a crashed consumer leaves nothing to wait on */
+    tbd__lease_release(r, l, NULL);
+  }
+  HASH_ITER(hh, s->subs, sub, subtmp) {
+    tbd__unsubscribe(r, s, sub->name);
+  }
+  HASH_ITER(hh, r->channels, ch, chtmp) {
+    if (ch->publisher != s)
+      continue;
+    tbd__channel_close(r, ch, "publisher disconnected");
+    tbd__channel_maybe_free(r, ch);
+  }
+  DL_FOREACH_SAFE2(s->events, e, etmp, snext) { tbd__event_remove(r, e); }
+  DL_FOREACH_SAFE2(s->buffers, b, btmp, snext) { tbd__buffer_retire(r, b); }
+  HASH_ITER(hh, s->sent, se, setmp) {
+    HASH_DEL(s->sent, se);
+    tbd_free(se);
+  }
+  if (s->hello)
+    r->nhello--;
+  HASH_DEL(r->sessions, s);
+  r->nsessions--;
+  tbd_free(s);
+}
+
+void tbd_registry_broadcast_closing(struct tbd_registry *r,
+                                    const char *reason) {
+  Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
+  Tensorbroker__V1__DaemonClosing dc = TENSORBROKER__V1__DAEMON_CLOSING__INIT;
+  struct tbd_session *s, *stmp;
+
+  n.body_case = TENSORBROKER__V1__NOTICE__BODY_DAEMON_CLOSING;
+  n.daemon_closing = &dc;
+  dc.reason = (char *)reason;
+  HASH_ITER(hh, r->sessions, s, stmp) { tbd__emit_notice(r, s, &n); }
+}
+
