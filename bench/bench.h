@@ -60,6 +60,7 @@ void tbb_skip(const char *why);
 void tbb_failed(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 extern int tbb_failures;
 int tbb_write_json(const char *path, int argc, char **argv);
+void tbb_results_free(void);
 
 /* ---- processes ---- */
 

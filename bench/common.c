@@ -227,6 +227,11 @@ static void add_machine(cJSON *root) {
   }
 }
 
+void tbb_results_free(void) {
+  cJSON_Delete(g_sections);
+  g_sections = g_cur = g_cur_rows = NULL;
+}
+
 int tbb_write_json(const char *path, int argc, char **argv) {
   cJSON *root = cJSON_CreateObject();
   char date[64];

@@ -188,10 +188,12 @@ int main(int argc, char **argv) {
   if (tbb_opt.json_path) {
     if (tbb_write_json(tbb_opt.json_path, argc, argv) < 0) {
       fprintf(stderr, "tb-bench: cannot write %s\n", tbb_opt.json_path);
+      tbb_results_free();
       return 1;
     }
     printf("\nwrote %s\n", tbb_opt.json_path);
   }
+  tbb_results_free();
   if (tbb_failures) {
     printf("\n%d part(s) FAILED\n", tbb_failures);
     return 1;
