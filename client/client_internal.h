@@ -42,7 +42,8 @@ struct tb__conn {
   int refs;             /* under lock: the client plus one per tensor */
   int fd;
   int closed; /* disconnected by the application: send nothing more */
-  int dead;   /* the daemon went away: calls fail with TB_EDISCONNECTED */
+  int dead;   /* the daemon went away: calls fail with TB_EDISCONNECTED;
+               * read and written with __atomic (a deleter may set it) */
   int contract;
   struct tb__map *maps; /* mapcache.c, uthash by buffer id */
   size_t nmaps;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -116,14 +117,14 @@ int tb__conn_send_oneway_locked(struct tb__conn *k, const tb__request *r) {
 
   if (k->closed || k->fd < 0)
     return 0;
-  if (k->dead)
+  if (__atomic_load_n(&k->dead, __ATOMIC_ACQUIRE))
     return TB_EDISCONNECTED;
   n = tb__request_encode(r, buf, sizeof(buf));
   if (n < 0)
     return (int)n;
   rc = tb__wire_send(k->fd, buf, (size_t)n, NULL, 0, 0);
   if (rc < 0) {
-    k->dead = 1;
+    __atomic_store_n(&k->dead, 1, __ATOMIC_RELEASE);
     return TB_EDISCONNECTED;
   }
   return 0;
@@ -243,7 +244,7 @@ static void close_fds(int *fds, int n) {
 
 static int mark_dead(struct tb_client *c, const char *why) {
   pthread_mutex_lock(&c->conn->lock);
-  c->conn->dead = 1;
+  __atomic_store_n(&c->conn->dead, 1, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&c->conn->lock);
   return tb__set_error(c, TB_EDISCONNECTED, "connection to the daemon lost: %s",
                        why);
@@ -260,7 +261,7 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
   long n;
   int rc, got = 0;
 
-  if (c->conn->dead)
+  if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
     return tb__set_error(c, TB_EDISCONNECTED,
                          "connection to the daemon lost earlier");
   for (;;) {
@@ -336,7 +337,7 @@ int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
   long n;
   int rc;
 
-  if (c->conn->dead)
+  if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
     return tb__set_error(c, TB_EDISCONNECTED,
                          "connection to the daemon lost earlier");
   id = c->next_request_id++;
@@ -527,6 +528,13 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
   rc = open_socket(path, &fd);
   if (rc < 0)
     return rc;
+  {
+    /* Bound every send: a daemon that stops reading must not hang a
+     * deleter (which sends while holding the connection's small lock). */
+    int ms = o.timeout_ms > 0 ? o.timeout_ms : TB__DEFAULT_TIMEOUT_MS;
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
 
   c = calloc(1, sizeof(*c));
   if (c == NULL) {

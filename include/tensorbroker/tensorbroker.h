@@ -248,10 +248,26 @@ TB_EXPORT void tb_acquire_options_init(struct tb_acquire_options *opts);
 /* Take a lease on a version of channel and return it as a DLPack tensor that
  * points into the producer's memory (no copy). On success *out is owned by
  * the caller; calling (*out)->deleter(*out), or tb_release(), ends the lease.
- * The deleter may be called from any thread, also after
- * tb_client_disconnect(). The tensor is read-only (flag
+ * The deleter may be called from any thread, also while another thread waits
+ * in tb_acquire() on the same client, and after tb_client_disconnect() (then
+ * it only unmaps). The tensor is read-only (flag
  * DLPACK_FLAG_BITMASK_READ_ONLY, memory mapped PROT_READ) unless the producer
- * allowed writes. opts may be NULL. Errors: TB_ETIMEDOUT, TB_EAGAIN (timeout
+ * allowed writes.
+ *
+ * The returned DLTensor: data already includes the layout's byte offset
+ * (byte_offset is always 0, since not every DLPack consumer honours it);
+ * strides are always filled (compact row-major ones computed when the
+ * producer sent none) except for 0-d tensors; device is kDLCPU, or kDLCUDA
+ * with this process's ordinal of the producer's device (matched by UUID);
+ * the managed tensor's version is {1, 1}. Buffers are mapped once per
+ * client and shared by all leases on them.
+ *
+ * CUDA: opts->stream (NULL follows the contract) is made to wait on the
+ * producer's ready event; TB_ECAPTURE when that wait would invalidate a
+ * graph capture, TB_ESTREAM for NULL under TB_CONTRACT_EXPLICIT,
+ * TB_ENOCUDA without a driver. Host tensors ignore the stream.
+ *
+ * opts may be NULL. Errors: TB_ETIMEDOUT, TB_EAGAIN (timeout
  * 0 and nothing there), TB_ENOTFOUND (EXACT version gone, or no such channel
  * with timeout 0), TB_ECLOSED (the producer left and no version matches),
  * TB_ELIMIT (too many leases). */
@@ -262,7 +278,17 @@ TB_EXPORT int tb_acquire(tb_client *c, const char *channel,
 /* End a lease early, recording that the consumer is done reading on stream
  * (CUDA: a done event is recorded on stream and handed to the producer; NULL
  * follows the contract). Host tensors take NULL. t is freed whether or not
- * the call succeeds; do not use it afterwards. */
+ * the call succeeds; do not use it afterwards. If the done event cannot be
+ * recorded (TB_ECAPTURE, TB_ESTREAM, TB_ECUDA) the lease still ends, without
+ * a done event, and that error is returned. TB_EINVAL for a tensor that
+ * tb_acquire() did not return (it is then left alone). Any thread.
+ *
+ * The plain deleter of a CUDA tensor behaves as tb_release(t, NULL): it
+ * records the done event on the contract's default stream, and if that
+ * fails (for example TB_ECAPTURE while the thread captures, or under
+ * TB_CONTRACT_EXPLICIT) it releases without one, so the producer may reuse
+ * the memory while the consumer's queued work still reads it. CUDA
+ * consumers should call tb_release() with their stream. */
 TB_EXPORT int tb_release(DLManagedTensorVersioned *t, void *stream);
 
 struct tb_lease_info {
