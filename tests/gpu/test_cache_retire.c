@@ -1,0 +1,131 @@
+/* GPU: the consumer's handle cache and buffer retirement, counted at the
+ * driver (tb__cuda_counters).
+ *  - producer: two publishes from one allocation A (different offsets) make
+ *    one cuIpcGetMemHandle;
+ *  - consumer: acquiring both versions makes one cuIpcOpenMemHandle;
+ *    a version from allocation B makes a second;
+ *  - the producer disconnects: A (no version left) is retired and the
+ *    consumer closes it (one cuIpcCloseMemHandle), B stays mapped while its
+ *    version is leased and still reads correctly. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "gpu_common.h"
+
+#define N (1u << 20)
+
+static struct tbt_daemon daemon_;
+
+static int producer(struct tbt_chan *ch, void *arg) {
+  struct tbg_gpu g;
+  struct tb_cuda_counters k0, k1;
+  (void)arg;
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, "producer", TB_CONTRACT_SPEC);
+  tb_cu_stream s = tbg_stream(&g, 1);
+  tb_cu_deviceptr a = tbg_alloc(&g, 2 * N * 4ull), b = tbg_alloc(&g, N * 4ull);
+  tbg_fill(&g, a, 11, N, s);
+  tbg_fill(&g, a + N * 4ull, 12, N, s);
+  tbg_fill(&g, b, 13, N, s);
+  tb__cuda_counters(&k0);
+  tbg_publish(c, &g, "gpu/cache", a, N, s, 1);
+  tbg_child_say(ch, "published");
+  tbg_child_hear(ch, "next", NULL, 0);
+  tbg_publish(c, &g, "gpu/cache", a + N * 4ull, N, s, 1);
+  tb__cuda_counters(&k1);
+  if (k1.ipc_get_mem - k0.ipc_get_mem != 1)
+    TBG_FAIL("two publishes from one allocation made %lu cuIpcGetMemHandle "
+             "calls, expected 1", k1.ipc_get_mem - k0.ipc_get_mem);
+  tbg_child_say(ch, "published");
+  tbg_child_hear(ch, "next", NULL, 0);
+  tbg_publish(c, &g, "gpu/cache", b, N, s, 1);
+  tbg_child_say(ch, "published");
+  tbg_child_hear(ch, "leave", NULL, 0);
+  tb_client_disconnect(c);
+  tbg_child_say(ch, "left");
+  tbg_child_hear(ch, "done", NULL, 0);
+  return 0;
+}
+
+static int consumer(struct tbt_chan *ch, void *arg) {
+  struct tbg_gpu g;
+  struct tb_cuda_counters k0, k;
+  DLManagedTensorVersioned *t = NULL;
+  uint64_t ver = 0;
+  (void)arg;
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, "consumer", TB_CONTRACT_SPEC);
+  tb_cu_stream s = tbg_stream(&g, 1);
+  TBG_OK(c, tb_subscribe(c, "gpu/cache"));
+  tbg_child_say(ch, "ready");
+  tb__cuda_counters(&k0);
+  for (unsigned r = 0; r < 3; r++) {
+    struct tb_lease_info li;
+    tbg_child_hear(ch, "go", NULL, 0);
+    TBG_OK(c, tbg_acquire(c, "gpu/cache", TB_ACQUIRE_NEXT, ver, s, &t));
+    TBG_OK(c, tb_lease_info(t, &li));
+    ver = li.version;
+    if (tbg_count(&g, tbg_tensor_ptr(t, N), 11 + r, N, s) != 0)
+      TBG_FAIL("version %llu: wrong data", (unsigned long long)ver);
+    tb__cuda_counters(&k);
+    unsigned long want = r < 2 ? 1 : 2;
+    if (k.ipc_open_mem - k0.ipc_open_mem != want)
+      TBG_FAIL("after %u acquires: %lu cuIpcOpenMemHandle calls, expected "
+               "%lu", r + 1, k.ipc_open_mem - k0.ipc_open_mem, want);
+    if (r < 2)
+      TBG_OK(c, tb_release(t, s)); /* the last one stays leased */
+    tbg_child_say(ch, "ok");
+  }
+  /* the producer leaves: the channel closes, A is retired */
+  tbg_wait_notice(c, TB_NOTICE_CHANNEL_CLOSED, NULL);
+  struct tb_status st;
+  TBG_OK(c, tb_daemon_status(c, &st)); /* everything before it is read */
+  struct tb_notice n;
+  while (tb_client_poll_notice(c, &n, 0) == 0) {
+  }
+  tb__cuda_counters(&k);
+  if (k.ipc_close_mem - k0.ipc_close_mem != 1)
+    TBG_FAIL("%lu cuIpcCloseMemHandle calls after the retirement, expected 1"
+             " (A closed, B still leased)", k.ipc_close_mem - k0.ipc_close_mem);
+  if (tbg_count(&g, tbg_tensor_ptr(t, N), 13, N, s) != 0)
+    TBG_FAIL("the leased version no longer reads correctly");
+  TBG_OK(c, tb_release(t, s));
+  tb_client_disconnect(c);
+  tbg_child_say(ch, "ok");
+  return 0;
+}
+
+static void cache_retire(void **state) {
+  struct tbt_child p, c;
+  (void)state;
+  tbg_daemon_up(&daemon_);
+  tbg_spawn(&c, consumer, NULL);
+  tbg_hear(&c, "consumer", "ready", NULL, 0);
+  tbg_spawn(&p, producer, NULL);
+  for (int r = 0; r < 3; r++) {
+    tbg_hear(&p, "producer", "published", NULL, 0);
+    tbg_say(&c, "go");
+    tbg_hear(&c, "consumer", "ok", NULL, 0);
+    if (r < 2)
+      tbg_say(&p, "next");
+  }
+  tbg_say(&p, "leave");
+  tbg_hear(&p, "producer", "left", NULL, 0);
+  tbg_hear(&c, "consumer", "ok", NULL, 0);
+  tbg_say(&p, "done");
+  tbg_reap(&c, "consumer");
+  tbg_reap(&p, "producer");
+  assert_int_equal(tbt_daemon_stop(&daemon_), 0);
+  tbt_daemon_cleanup(&daemon_);
+}
+
+int main(void) {
+  tbg_skip_without_gpu();
+  const struct CMUnitTest tests[] = {cmocka_unit_test(cache_retire)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,120 @@
+/* GPU: a consumer SIGKILLed while its kernel reads a version.
+ * Consumers K (to be killed) and O (other) lease version 1. O releases.
+ * The producer publishes version 2, so version 1 leaves the history; it is
+ * still leased by K, so tb_wait_free(v1, 0) is TB_EBUSY. K starts a kernel
+ * that reads version 1 for 2 s and is SIGKILLed meanwhile. Then the
+ * producer's tb_wait_free(v1) must succeed, O must still acquire and read
+ * version 2 correctly, and the daemon must answer. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "gpu_common.h"
+
+#define N (4u << 20)
+
+static struct tbt_daemon daemon_;
+
+static int producer(struct tbt_chan *ch, void *arg) {
+  struct tbg_gpu g;
+  (void)arg;
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, "producer", TB_CONTRACT_SPEC);
+  tb_cu_stream s = tbg_stream(&g, 1);
+  tb_cu_deviceptr a = tbg_alloc(&g, N * 4ull), b = tbg_alloc(&g, N * 4ull);
+  tbg_fill(&g, a, 21, N, s);
+  uint64_t v1 = tbg_publish(c, &g, "gpu/ckill", a, N, s, 1);
+  tbg_child_say(ch, "published %llu", (unsigned long long)v1);
+  tbg_child_hear(ch, "next", NULL, 0);
+  tbg_fill(&g, b, 22, N, s);
+  uint64_t v2 = tbg_publish(c, &g, "gpu/ckill", b, N, s, 1);
+  TBG_RC(c, tb_wait_free(c, "gpu/ckill", v1, 0, s), TB_EBUSY);
+  tbg_child_say(ch, "published %llu", (unsigned long long)v2);
+  tbg_child_hear(ch, "killed", NULL, 0);
+  TBG_OK(c, tb_wait_free(c, "gpu/ckill", v1, TBT_TIMEOUT_MS, s));
+  /* the buffer is ours again: rewrite and check it */
+  tbg_fill(&g, a, 23, N, s);
+  if (tbg_count(&g, a, 23, N, s) != 0)
+    TBG_FAIL("cannot rewrite the freed buffer");
+  tbg_child_say(ch, "free");
+  tbg_child_hear(ch, "done", NULL, 0);
+  tb_client_disconnect(c);
+  return 0;
+}
+
+static int consumer(struct tbt_chan *ch, void *arg) {
+  int doomed = *(const int *)arg;
+  struct tbg_gpu g;
+  char line[100];
+  DLManagedTensorVersioned *t = NULL;
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, doomed ? "doomed" : "other",
+                             TB_CONTRACT_SPEC);
+  tb_cu_stream s = tbg_stream(&g, 1);
+  tbg_child_hear(ch, "v", line, sizeof line);
+  unsigned long long v1 = strtoull(line, NULL, 10);
+  TBG_OK(c, tbg_acquire(c, "gpu/ckill", TB_ACQUIRE_EXACT, v1, s, &t));
+  if (tbg_count(&g, tbg_tensor_ptr(t, N), 21, N, s) != 0)
+    TBG_FAIL("version 1 reads wrong");
+  if (doomed) {
+    tb_cu_deviceptr cnt = tbg_alloc(&g, 4);
+    tbg_spin_count_async(&g, tbg_tensor_ptr(t, N), 21, N, 2000, cnt, s);
+    TBG_CU(g.cu->cuStreamQuery(s) == TB_CUDA_ERROR_NOT_READY ? 0 : 1);
+    tbg_child_say(ch, "reading");
+    tbg_child_hear(ch, "never", NULL, 0); /* killed here */
+    return 3;
+  }
+  TBG_OK(c, tb_release(t, s));
+  tbg_child_say(ch, "released");
+  tbg_child_hear(ch, "v", line, sizeof line);
+  unsigned long long v2 = strtoull(line, NULL, 10);
+  TBG_OK(c, tbg_acquire(c, "gpu/ckill", TB_ACQUIRE_EXACT, v2, s, &t));
+  if (tbg_count(&g, tbg_tensor_ptr(t, N), 22, N, s) != 0)
+    TBG_FAIL("version 2 reads wrong after the other consumer died");
+  TBG_OK(c, tb_release(t, s));
+  struct tb_status st;
+  TBG_OK(c, tb_daemon_status(c, &st));
+  tb_client_disconnect(c);
+  tbg_child_say(ch, "ok");
+  return 0;
+}
+
+static void consumer_kill(void **state) {
+  static const int doomed = 1, other = 0;
+  struct tbt_child p, k, o;
+  char line[100];
+  (void)state;
+  tbg_daemon_up(&daemon_);
+  tbg_spawn(&p, producer, NULL);
+  tbg_spawn(&k, consumer, (void *)&doomed);
+  tbg_spawn(&o, consumer, (void *)&other);
+  tbg_hear(&p, "producer", "published", line, sizeof line);
+  tbg_say(&k, "v %s", line);
+  tbg_say(&o, "v %s", line);
+  tbg_hear(&o, "other", "released", NULL, 0);
+  tbg_hear(&k, "doomed", "reading", NULL, 0);
+  tbg_say(&p, "next");
+  tbg_hear(&p, "producer", "published", line, sizeof line);
+  kill(k.pid, SIGKILL);
+  assert_int_equal(tbt_child_wait(&k, TBT_TIMEOUT_MS), 128 + SIGKILL);
+  tbg_say(&p, "killed");
+  tbg_hear(&p, "producer", "free", NULL, 0);
+  tbg_say(&o, "v %s", line);
+  tbg_hear(&o, "other", "ok", NULL, 0);
+  tbg_say(&p, "done");
+  tbg_reap(&o, "other");
+  tbg_reap(&p, "producer");
+  assert_int_equal(tbt_daemon_stop(&daemon_), 0);
+  tbt_daemon_cleanup(&daemon_);
+}
+
+int main(void) {
+  tbg_skip_without_gpu();
+  const struct CMUnitTest tests[] = {cmocka_unit_test(consumer_kill)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
