@@ -10,6 +10,7 @@
  * loaded. */
 #include "client_internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -47,9 +48,68 @@ struct tb__cuda_ev {
 struct tb__cuda_open_ev {
   uint64_t event_id; /* key */
   tb_cu_event ev;
+  int own; /* created by this process: used as is, never destroyed here */
   uint64_t stamp;
   UT_hash_handle hh;
 };
+
+/* Events this process created, by handle, process-wide: a consumer in the
+ * producer's own process (another tb_client, or the same) uses the event
+ * itself rather than opening its handle, as for memory (opening one's own
+ * IPC handle fails). */
+struct tb__own_ev {
+  uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE]; /* key */
+  tb_cu_event ev;
+  UT_hash_handle hh;
+};
+static pthread_mutex_t own_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct tb__own_ev *own_events;
+
+static int own_event_create(tb_cu_event *ev, uint8_t *handle, char *why,
+                            size_t whylen) {
+  struct tb__own_ev *o = calloc(1, sizeof(*o));
+  int rc;
+
+  if (o == NULL)
+    return TB_ENOMEM;
+  rc = tb__cuda_event_create(ev, handle, why, whylen);
+  if (rc < 0) {
+    free(o);
+    return rc;
+  }
+  memcpy(o->handle, handle, TB__CUDA_IPC_HANDLE_SIZE);
+  o->ev = *ev;
+  pthread_mutex_lock(&own_lock);
+  HASH_ADD(hh, own_events, handle, TB__CUDA_IPC_HANDLE_SIZE, o);
+  pthread_mutex_unlock(&own_lock);
+  return 0;
+}
+
+static void own_event_destroy(tb_cu_event ev) {
+  struct tb__own_ev *o, *tmp;
+
+  pthread_mutex_lock(&own_lock);
+  HASH_ITER(hh, own_events, o, tmp) {
+    if (o->ev == ev) {
+      HASH_DEL(own_events, o);
+      free(o);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&own_lock);
+  tb__cuda_event_destroy(ev);
+}
+
+static int own_event_find(const uint8_t *handle, tb_cu_event *ev) {
+  struct tb__own_ev *o;
+
+  pthread_mutex_lock(&own_lock);
+  HASH_FIND(hh, own_events, handle, TB__CUDA_IPC_HANDLE_SIZE, o);
+  if (o != NULL)
+    *ev = o->ev;
+  pthread_mutex_unlock(&own_lock);
+  return o != NULL;
+}
 
 struct tb__cuda_client {
   struct tb__cuda_reg *regs;
@@ -241,14 +301,14 @@ static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
   e = calloc(1, sizeof(*e));
   if (e == NULL)
     return TB_ENOMEM;
-  rc = tb__cuda_event_create(&e->ev, handle, why, sizeof(why));
+  rc = own_event_create(&e->ev, handle, why, sizeof(why));
   if (rc < 0) {
     free(e);
     return tb__set_error(c, rc, "%s", why);
   }
   rc = register_event(c, handle, device, uuid, &e->event_id);
   if (rc < 0) {
-    tb__cuda_event_destroy(e->ev);
+    own_event_destroy(e->ev);
     free(e);
     return rc;
   }
@@ -385,16 +445,21 @@ static int open_event(struct tb_client *c, struct tb__cuda_client *cc,
     cc->n_opened--;
     /* Destroying an event with waits already enqueued on it is safe: the
      * driver releases it once they complete. */
-    tb__cuda_event_destroy(v->ev);
+    if (!v->own)
+      tb__cuda_event_destroy(v->ev);
     free(v);
   }
   o = calloc(1, sizeof(*o));
   if (o == NULL)
     return TB_ENOMEM;
-  rc = tb__cuda_event_open(handle, &o->ev, why, sizeof(why));
-  if (rc < 0) {
-    free(o);
-    return tb__set_error(c, rc, "%s", why);
+  if (own_event_find(handle, &o->ev)) {
+    o->own = 1;
+  } else {
+    rc = tb__cuda_event_open(handle, &o->ev, why, sizeof(why));
+    if (rc < 0) {
+      free(o);
+      return tb__set_error(c, rc, "%s", why);
+    }
   }
   o->event_id = event_id;
   o->stamp = ++cc->clock;
@@ -510,14 +575,14 @@ static int done_event_ensure(struct tb_client *c, int device,
   e = calloc(1, sizeof(*e));
   if (e == NULL)
     return TB_ENOMEM;
-  rc = tb__cuda_event_create(&e->ev, handle, why, sizeof(why));
+  rc = own_event_create(&e->ev, handle, why, sizeof(why));
   if (rc < 0) {
     free(e);
     return tb__set_error(c, rc, "%s", why);
   }
   rc = register_event(c, handle, device, uuid, &e->event_id);
   if (rc < 0) {
-    tb__cuda_event_destroy(e->ev);
+    own_event_destroy(e->ev);
     free(e);
     return rc;
   }
@@ -612,13 +677,14 @@ void tb__cuda_client_free(struct tb_client *c) {
   }
   LL_FOREACH_SAFE(cc->ready, e, etmp) {
     LL_DELETE(cc->ready, e);
-    tb__cuda_event_destroy(e->ev);
+    own_event_destroy(e->ev);
     free(e->channel);
     free(e);
   }
   HASH_ITER(hh, cc->opened, o, otmp) {
     HASH_DEL(cc->opened, o);
-    tb__cuda_event_destroy(o->ev);
+    if (!o->own)
+      tb__cuda_event_destroy(o->ev);
     free(o);
   }
   free(cc);
@@ -632,7 +698,7 @@ void tb__cuda_conn_free(struct tb__cuda_conn *cc) {
     return;
   LL_FOREACH_SAFE(cc->done, e, etmp) {
     LL_DELETE(cc->done, e);
-    tb__cuda_event_destroy(e->ev);
+    own_event_destroy(e->ev);
     free(e);
   }
   free(cc);
