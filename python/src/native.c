@@ -290,6 +290,7 @@ typedef struct {
   PyObject *metadata; /* bytes */
   PyObject *shape;    /* tuple */
   int handed_out;     /* capsules given out (informational) */
+  int synced;         /* the wait was applied at acquire time */
 } LeaseObject;
 
 static int lease_check(LeaseObject *self) {
@@ -317,7 +318,7 @@ static void lease_dealloc(LeaseObject *self) {
   Py_DECREF(tp);
 }
 
-static PyObject *lease_new_from(DLManagedTensorVersioned *mt) {
+static PyObject *lease_new_from(DLManagedTensorVersioned *mt, int synced) {
   struct tb_lease_info info;
   int rc = tb_lease_info(mt, &info);
   if (rc < 0) {
@@ -337,6 +338,7 @@ static PyObject *lease_new_from(DLManagedTensorVersioned *mt) {
     return NULL;
   }
   self->core = core;
+  self->synced = synced;
   self->device = mt->dl_tensor.device;
   self->version = info.version;
   self->lease_id = info.lease_id;
@@ -433,7 +435,7 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
     }
     if (stream_from_py(stream, &s) < 0)
       return NULL;
-    if (s != TB_STREAM_NO_SYNC) {
+    if (s != TB_STREAM_NO_SYNC && !self->synced) {
       int rc;
       Py_BEGIN_ALLOW_THREADS
       rc = tbpy_lease_wait(mt, s);
@@ -1126,11 +1128,11 @@ static int timeout_ms_from_py(PyObject *o, int *out) {
 
 /* acquire(channel, after=None, timeout=None, exact=None) -> Lease */
 static PyObject *client_acquire(ClientObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"channel", "after", "timeout", "exact", NULL};
+  static char *kwlist[] = {"channel", "after", "timeout", "exact", "stream", NULL};
   const char *channel;
-  PyObject *after = Py_None, *timeout = Py_None, *exact = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OOO:acquire", kwlist, &channel, &after,
-                                   &timeout, &exact))
+  PyObject *after = Py_None, *timeout = Py_None, *exact = Py_None, *stream = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OOO$O:acquire", kwlist, &channel, &after,
+                                   &timeout, &exact, &stream))
     return NULL;
   if (client_check(self) < 0)
     return NULL;
@@ -1151,16 +1153,20 @@ static PyObject *client_acquire(ClientObject *self, PyObject *args, PyObject *kw
     return NULL;
   if (timeout_ms_from_py(timeout, &opts.timeout_ms) < 0)
     return NULL;
-  /* No wait at acquire time: the consumer library names its stream later, in
-   * Lease.__dlpack__(stream=...), and the wait is applied then. */
+  /* By default no wait at acquire time: the consumer library names its
+   * stream later, in Lease.__dlpack__(stream=...), and the wait is applied
+   * then. stream= given here applies the wait now instead (for a CUDA
+   * version; a host one takes no stream). */
   opts.stream = TB_STREAM_NO_SYNC;
+  if (stream != NULL && stream_from_py(stream, &opts.stream) < 0)
+    return NULL;
   DLManagedTensorVersioned *mt = NULL;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
   CLIENT_CALL(self, rc, err, tb_acquire(c_, channel, &opts, &mt));
   if (rc < 0)
     return raise_tb(rc, err);
-  return lease_new_from(mt);
+  return lease_new_from(mt, stream != NULL);
 }
 
 static PyObject *client_wait_free(ClientObject *self, PyObject *args, PyObject *kw) {

@@ -41,6 +41,9 @@ for _name in dir(_native):
 del _name
 
 
+_DEFER = object()  # acquire(stream=...) not given
+
+
 def cuda_available():
     """True when libcuda.so.1 loads and has a device."""
     return _native.cuda_available()
@@ -233,15 +236,20 @@ class Client:
         self._pins.pop((channel, version), None)
 
     # -- consuming -----------------------------------------------------------
-    def acquire(self, channel, after=None, timeout=None, exact=None):
+    def acquire(self, channel, after=None, timeout=None, exact=None, stream=_DEFER):
         """Lease a version of channel: the newest (default), the first newer
         than after=, or exactly exact=. timeout in seconds (None: forever,
         0: do not wait). Returns a Lease: pass it to numpy/torch/cupy/jax
         from_dlpack, and release it (or use it as a context manager).
 
-        No stream wait happens here: the wait is applied when the consumer
-        library calls lease.__dlpack__(stream=...)."""
-        return self._c.acquire(channel, after, timeout, exact)
+        By default no stream wait happens here: the wait is applied when the
+        consumer library calls lease.__dlpack__(stream=...). Passing stream=
+        (None: the contract's stream, -1, an int or a stream object) applies
+        the wait for a CUDA version now instead, and __dlpack__ then adds
+        none."""
+        if stream is _DEFER:
+            return self._c.acquire(channel, after, timeout, exact)
+        return self._c.acquire(channel, after, timeout, exact, stream=_stream_int(stream))
 
     # -- notices -------------------------------------------------------------
     def subscribe(self, channel):

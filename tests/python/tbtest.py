@@ -93,3 +93,25 @@ class Peer:
         if exc[0] is not None and self.proc.poll() is None:
             self.proc.kill()
         self.close()
+
+
+def require_torch_cuda():
+    """Skip unless torch with a CUDA device and a CUDA-capable libtensorbroker
+    are here; returns torch."""
+    try:
+        import torch
+    except ImportError:
+        raise Skip("torch is not installed")
+    if not torch.cuda.is_available():
+        raise Skip("no CUDA device")
+    import tensorbroker
+    if not tensorbroker.cuda_available():
+        raise Skip("libtensorbroker cannot load libcuda.so.1")
+    return torch
+
+
+def require_module(name):
+    try:
+        return __import__(name)
+    except ImportError:
+        raise Skip(name + " is not installed")

@@ -1,0 +1,52 @@
+"""GPU consumer for the gpu_test_*.py files, in its own process.
+
+    gpu_peer.py SOCKET LIB CHANNEL EXPECTED_SUM
+Acquires CHANNEL, imports the lease with LIB (torch, cupy, jax) through
+from_dlpack, and prints JSON {"sum": ..., "shape": [...], "device": ...}.
+    gpu_peer.py SOCKET hold CHANNEL
+Acquires CHANNEL with torch, starts a long kernel reading it, prints
+"reading" and waits to be killed."""
+import json
+import sys
+
+import tensorbroker as tb
+
+
+def main():
+    sock, lib, channel = sys.argv[1], sys.argv[2], sys.argv[3]
+    c = tb.Client(socket=sock, name="gpu-peer-" + lib)
+    lease = c.acquire(channel, timeout=60)
+    if lib == "torch":
+        import torch
+        x = torch.from_dlpack(lease)
+        total = float(x.double().sum().item())
+        shape, dev = list(x.shape), str(x.device)
+    elif lib == "cupy":
+        import cupy
+        x = cupy.from_dlpack(lease)
+        total = float(x.astype(cupy.float64).sum().get())
+        shape, dev = list(x.shape), "cuda:%d" % x.device.id
+    elif lib == "jax":
+        import jax
+        import jax.numpy as jnp
+        x = jax.dlpack.from_dlpack(lease)
+        total = float(jnp.sum(x.astype(jnp.float32)))
+        shape, dev = list(x.shape), str(list(x.devices())[0])
+    elif lib == "hold":
+        import torch
+        x = torch.from_dlpack(lease)
+        torch.cuda._sleep(int(5e9))      # a long read in flight
+        y = x * 2                        # noqa: F841
+        print(json.dumps({"reading": True}), flush=True)
+        sys.stdin.read()                 # until killed
+        return
+    else:
+        raise SystemExit("unknown lib " + lib)
+    del x
+    lease.release()
+    c.close()
+    print(json.dumps({"sum": total, "shape": shape, "device": dev}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""GPU: CUDA tensors across processes between torch, CuPy and JAX, zero copy
+(the lead runs these on the H200; they skip elsewhere)."""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tbtest  # noqa: E402
+from tbtest import daemon, PYTHON, HERE  # noqa: E402
+
+torch = tbtest.require_torch_cuda()
+import tensorbroker as tb  # noqa: E402
+
+
+def consume(sock, lib, channel):
+    out = subprocess.run([PYTHON, os.path.join(HERE, "gpu_peer.py"), sock, lib, channel],
+                         stdout=subprocess.PIPE, text=True, timeout=300)
+    if out.returncode == 77 or out.returncode != 0:
+        raise AssertionError("%s consumer failed (exit %d)" % (lib, out.returncode))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def torch_source():
+    x = torch.arange(4096 * 64, dtype=torch.float32, device="cuda").reshape(4096, 64)
+    x.mul_(0.5)              # pending work on the current stream
+    return x, float(x.double().sum().item())
+
+
+def check(got, expected, shape):
+    assert abs(got["sum"] - expected) <= 1e-6 * abs(expected) + 1e-3, (got, expected)
+    assert got["shape"] == list(shape), got
+
+
+def run_pair(lib, contract="spec"):
+    with daemon() as sock, tb.Client(socket=sock, name="torch-producer",
+                                     stream_contract=contract) as c:
+        x, expected = torch_source()
+        s = torch.cuda.current_stream()
+        c.publish("gpu/" + lib, x, stream=s)
+        assert c.last_publish_zero_copy
+        check(consume(sock, lib, "gpu/" + lib), expected, x.shape)
+
+
+def test_torch_to_torch():
+    run_pair("torch")
+
+
+def test_torch_to_torch_no_sync_contract_implicit_stream():
+    # stream=None on publish under no_sync: torch.__dlpack__(stream=-1) and no
+    # ready event; the producer orders its work itself.
+    with daemon() as sock, tb.Client(socket=sock, stream_contract="no_sync") as c:
+        x, expected = torch_source()
+        torch.cuda.synchronize()
+        c.publish("gpu/ns", x)
+        check(consume(sock, "torch", "gpu/ns"), expected, x.shape)
+
+
+def test_torch_to_cupy():
+    tbtest.require_module("cupy")
+    run_pair("cupy")
+
+
+def test_torch_to_jax():
+    tbtest.require_module("jax")
+    run_pair("jax")
+
+
+def test_cupy_to_torch():
+    cupy = tbtest.require_module("cupy")
+    with daemon() as sock, tb.Client(socket=sock, name="cupy-producer") as c:
+        x = cupy.arange(1000 * 33, dtype=cupy.float32).reshape(1000, 33) * 3
+        expected = float(x.astype(cupy.float64).sum().get())
+        c.publish("gpu/cupy", x, stream=cupy.cuda.get_current_stream())
+        check(consume(sock, "torch", "gpu/cupy"), expected, x.shape)
+
+
+def test_torch_noncontiguous_and_dtypes():
+    with daemon() as sock, tb.Client(socket=sock) as c:
+        base = torch.randn(256, 128, device="cuda")
+        for i, t in enumerate([base[:, ::2], base.t(), base.half(), base.to(torch.bfloat16),
+                               (base > 0), base.to(torch.int8)]):
+            ch = "gpu/dt%d" % i
+            c.publish(ch, t, stream=torch.cuda.current_stream())
+            got = consume(sock, "torch", ch)
+            check(got, float(t.double().sum().item()), t.shape)
+
+
+def test_same_process_lease_to_torch():
+    with daemon() as sock, tb.Client(socket=sock) as p, tb.Client(socket=sock) as c:
+        x, expected = torch_source()
+        p.publish("gpu/self", x, stream=torch.cuda.current_stream())
+        with c.acquire("gpu/self") as lease:
+            assert lease.__dlpack_device__() == (2, x.device.index)
+            y = torch.from_dlpack(lease)
+            assert abs(float(y.double().sum().item()) - expected) < 1e-3
+            del y
