@@ -10,6 +10,8 @@
 #include <string.h>
 #include <sys/pidfd.h>
 #include <sys/wait.h>
+#include <sched.h>
+#include <time.h>
 
 #include <tensorbroker/tensorbroker.h>
 
@@ -333,4 +335,223 @@ int tbt_recv(int fd, char *buf, size_t len, int timeout_ms) {
     if (got + 1 < len)
       buf[got++] = ch;
   }
+}
+
+/* ---- fixtures and library helpers ---- */
+
+int tbt_setup(void **state) {
+  struct tbt_daemon *d = calloc(1, sizeof(*d));
+
+  if (d == NULL)
+    return -1;
+  if (tbt_daemon_start(d, NULL) < 0) {
+    tbt_daemon_cleanup(d);
+    free(d);
+    return -1;
+  }
+  *state = d;
+  return 0;
+}
+
+int tbt_teardown(void **state) {
+  struct tbt_daemon *d = *state;
+  int code = 0;
+
+  if (d == NULL)
+    return 0;
+  if (d->pid > 0) {
+    code = tbt_daemon_stop(d);
+    if (code != 0)
+      fprintf(stderr, "tensorbrokerd exited with %d on SIGTERM, not 0\n", code);
+  }
+  tbt_daemon_cleanup(d);
+  free(d);
+  *state = NULL;
+  return code == 0 ? 0 : -1;
+}
+
+void tbt_fill(void *buf, size_t len, uint64_t seed) {
+  uint8_t *p = buf;
+  for (size_t i = 0; i < len; i++)
+    p[i] = tbt_pattern(i, seed);
+}
+
+uint64_t tbt_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int find_session(tb_client *c, pid_t pid, uint64_t id,
+                        struct tb_session_info *out) {
+  struct tb_session_info *s = NULL;
+  size_t n = 0;
+  int rc = tb_list_sessions(c, &s, &n);
+
+  if (rc < 0)
+    return rc;
+  rc = TB_ENOTFOUND;
+  for (size_t i = 0; i < n; i++) {
+    if ((pid > 0 && s[i].pid == (uint32_t)pid) ||
+        (id != 0 && s[i].session_id == id)) {
+      *out = s[i];
+      rc = 0;
+      break;
+    }
+  }
+  tb_free(s);
+  return rc;
+}
+
+int tbt_find_session_pid(tb_client *c, pid_t pid, struct tb_session_info *out) {
+  return find_session(c, pid, 0, out);
+}
+
+int tbt_find_session_id(tb_client *c, uint64_t id, struct tb_session_info *out) {
+  return find_session(c, 0, id, out);
+}
+
+int tbt_find_channel(tb_client *c, const char *name,
+                     struct tb_channel_info *out) {
+  struct tb_channel_info *ch = NULL;
+  size_t n = 0;
+  int rc = tb_list_channels(c, &ch, &n);
+
+  if (rc < 0)
+    return rc;
+  rc = TB_ENOTFOUND;
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(ch[i].name, name) == 0) {
+      *out = ch[i];
+      rc = 0;
+      break;
+    }
+  }
+  tb_free(ch);
+  return rc;
+}
+
+int tbt_own_requests(tb_client *c, uint64_t *n) {
+  struct tb_session_info s;
+  int rc = tbt_find_session_id(c, tb_client_session_id(c), &s);
+
+  if (rc < 0)
+    return rc;
+  *n = s.requests;
+  return 0;
+}
+
+int tbt_wait_requests(tb_client *c, uint64_t id, uint64_t min) {
+  uint64_t deadline = tbt_now_ms() + TBT_TIMEOUT_MS;
+  struct tb_session_info s;
+  int rc;
+
+  /* Each round trip is itself a wait on the daemon, so this loop advances
+   * at the daemon's pace; it ends on the event or the deadline. */
+  while (tbt_now_ms() < deadline) {
+    rc = tbt_find_session_id(c, id, &s);
+    if (rc < 0)
+      return rc;
+    if (s.requests >= min)
+      return 0;
+    sched_yield();
+  }
+  return TB_ETIMEDOUT;
+}
+
+int tbt_wait_session_gone(tb_client *c, uint64_t id) {
+  uint64_t deadline = tbt_now_ms() + TBT_TIMEOUT_MS;
+  struct tb_session_info s;
+  int rc;
+
+  while (tbt_now_ms() < deadline) {
+    rc = tbt_find_session_id(c, id, &s);
+    if (rc == TB_ENOTFOUND)
+      return 0;
+    if (rc < 0)
+      return rc;
+    sched_yield();
+  }
+  return TB_ETIMEDOUT;
+}
+
+int tbt_expect_notice(tb_client *c, int type, const char *channel,
+                      uint64_t version, int timeout_ms, struct tb_notice *out) {
+  uint64_t deadline = tbt_now_ms() + (uint64_t)timeout_ms;
+  struct tb_notice n;
+
+  for (;;) {
+    uint64_t now = tbt_now_ms();
+    int rc = tb_client_poll_notice(c, &n,
+                                   now >= deadline ? 0 : (int)(deadline - now));
+    if (rc < 0)
+      return rc;
+    if (n.type != type)
+      continue;
+    if (channel != NULL &&
+        (strcmp(n.channel, channel) != 0 ||
+         (version != 0 && n.version != version)))
+      continue;
+    if (out != NULL)
+      *out = n;
+    return 0;
+  }
+}
+
+int tbt_run(const char *const *argv, char *out, size_t len) {
+  int p[2], code;
+  size_t got = 0;
+  uint64_t deadline;
+  pid_t pid;
+
+  if (pipe2(p, O_CLOEXEC) < 0)
+    return -errno;
+  fflush(NULL);
+  pid = fork();
+  if (pid < 0) {
+    code = -errno;
+    close(p[0]);
+    close(p[1]);
+    return code;
+  }
+  if (pid == 0) {
+    if (dup2(p[1], 1) < 0)
+      _exit(126);
+    close_from(3);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  close(p[1]);
+  deadline = tbt_now_ms() + TBT_TIMEOUT_MS;
+  for (;;) {
+    struct pollfd pf = {.fd = p[0], .events = POLLIN};
+    uint64_t now = tbt_now_ms();
+    char tmp[4096];
+    ssize_t n;
+    int rc;
+    if (now >= deadline)
+      break;
+    rc = poll(&pf, 1, (int)(deadline - now));
+    if (rc < 0 && errno == EINTR)
+      continue;
+    if (rc <= 0)
+      break;
+    n = read(p[0], tmp, sizeof(tmp));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    for (ssize_t i = 0; i < n; i++)
+      if (len > 0 && got + 1 < len)
+        out[got++] = tmp[i];
+  }
+  if (len > 0)
+    out[got] = '\0';
+  close(p[0]);
+  code = tbt_wait_pid(pid, TBT_TIMEOUT_MS);
+  if (code == -ETIMEDOUT) {
+    kill(pid, SIGKILL);
+    tbt_wait_pid(pid, TBT_TIMEOUT_MS);
+  }
+  return code;
 }

@@ -10,6 +10,7 @@
 #define TB_TEST_HARNESS_H
 
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -117,3 +118,52 @@ int tbt_recv(int fd, char *buf, size_t len, int timeout_ms);
 #define TBT_CHECK_OK(expr) TBT_CHECK_RC(expr, 0)
 
 #endif /* TB_TEST_HARNESS_H */
+
+/* ---- cmocka fixtures and library helpers ---- */
+
+/* setup: start a daemon (default options) into *state; teardown: stop it
+ * with SIGTERM, fail unless it exits 0 (a test that killed it on purpose
+ * leaves pid 0), and clean up. */
+int tbt_setup(void **state);
+int tbt_teardown(void **state);
+
+/* Byte p of a test buffer holds this value, so a reader can check any byte
+ * knowing only its position in the buffer and the seed. */
+static inline uint8_t tbt_pattern(uint64_t pos, uint64_t seed) {
+  return (uint8_t)((pos * 131u + seed * 7u + 17u) & 0xffu);
+}
+void tbt_fill(void *buf, size_t len, uint64_t seed);
+
+/* The entry of tb_list_sessions for pid / session id; 0 or TB_ENOTFOUND. */
+int tbt_find_session_pid(tb_client *c, pid_t pid, struct tb_session_info *out);
+int tbt_find_session_id(tb_client *c, uint64_t id, struct tb_session_info *out);
+/* The entry of tb_list_channels for name; 0 or TB_ENOTFOUND. */
+int tbt_find_channel(tb_client *c, const char *name, struct tb_channel_info *out);
+
+/* The number of requests the daemon has counted from c's own session,
+ * this call's ListSessions included: the next request c sends is number
+ * *n + 1. */
+int tbt_own_requests(tb_client *c, uint64_t *n);
+
+/* Wait until the daemon has counted at least min requests from session id
+ * (so a request the session sent has reached it). Bounded by
+ * TBT_TIMEOUT_MS; 0 or TB_ETIMEDOUT. */
+int tbt_wait_requests(tb_client *c, uint64_t id, uint64_t min);
+
+/* Wait until session id is no longer listed (its connection closed and the
+ * daemon cleaned up after it). Bounded; 0 or TB_ETIMEDOUT. */
+int tbt_wait_session_gone(tb_client *c, uint64_t id);
+
+/* Take notices until one of type (and, when channel is not NULL, of that
+ * channel and version, version 0 matching any) arrives; others are
+ * skipped. 0 and *out (may be NULL), or the poll's error. */
+int tbt_expect_notice(tb_client *c, int type, const char *channel,
+                      uint64_t version, int timeout_ms, struct tb_notice *out);
+
+/* Monotonic milliseconds. */
+uint64_t tbt_now_ms(void);
+
+/* Run argv (argv[0] a path) with stdout captured into out (NUL-terminated,
+ * truncated to len) and stderr inherited; bounded. Returns the exit code as
+ * tbt_wait_pid, or a negative errno. */
+int tbt_run(const char *const *argv, char *out, size_t len);

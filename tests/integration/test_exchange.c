@@ -1,0 +1,635 @@
+/* Exchange through the real daemon between real processes: bytes, layout
+ * and metadata arrive intact; one producer feeds eight consumers; history
+ * depth; acquire-next waits; timeouts. */
+#include "tb_test.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define BUFSZ (64 * 1024)
+
+/* What a consumer expects of one channel: the layout, where element 0 sits
+ * in the producer's buffer, and the buffer's fill seed. */
+struct expect {
+  const char *channel;
+  DLDataType dtype;
+  int32_t ndim;
+  int64_t shape[4];
+  int64_t strides[4]; /* all zero: compact */
+  uint64_t pos0;      /* buffer position of element 0 */
+  uint64_t seed;
+  char meta[32];
+};
+
+static int has_strides(const struct expect *e) {
+  for (int i = 0; i < e->ndim; i++)
+    if (e->strides[i] != 0)
+      return 1;
+  return 0;
+}
+
+static int64_t numel(const struct expect *e) {
+  int64_t n = 1;
+  for (int i = 0; i < e->ndim; i++)
+    n *= e->shape[i];
+  return n;
+}
+
+/* Check a received tensor against e: every field and every element's bytes,
+ * walking the strides the consumer was given. Child-side: TBT_CHECK. */
+static void check_tensor(const DLManagedTensorVersioned *t,
+                         const struct expect *e, uint64_t version) {
+  const DLTensor *d = &t->dl_tensor;
+  struct tb_lease_info li;
+  int64_t cstr[4], idx[4] = {0, 0, 0, 0};
+  size_t eb = (size_t)(d->dtype.bits * d->dtype.lanes + 7) / 8;
+
+  TBT_CHECK(t->version.major == DLPACK_MAJOR_VERSION);
+  TBT_CHECK(d->device.device_type == kDLCPU);
+  TBT_CHECK(d->ndim == e->ndim);
+  TBT_CHECK(d->dtype.code == e->dtype.code);
+  TBT_CHECK(d->dtype.bits == e->dtype.bits);
+  TBT_CHECK(d->dtype.lanes == e->dtype.lanes);
+  TBT_CHECK(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+  for (int i = 0; i < e->ndim; i++)
+    TBT_CHECK(d->shape[i] == e->shape[i]);
+  /* strides: as sent, or NULL only when the tensor is compact */
+  {
+    int64_t s = 1;
+    for (int i = e->ndim - 1; i >= 0; i--) {
+      cstr[i] = has_strides(e) ? e->strides[i] : s;
+      s *= e->shape[i];
+    }
+  }
+  if (d->strides == NULL) {
+    int64_t s = 1;
+    for (int i = e->ndim - 1; i >= 0; i--) {
+      TBT_CHECK(e->shape[i] == 1 || cstr[i] == s);
+      s *= e->shape[i];
+    }
+  } else {
+    for (int i = 0; i < e->ndim; i++)
+      TBT_CHECK(e->shape[i] == 1 || d->strides[i] == cstr[i]);
+  }
+  for (int64_t k = 0; k < numel(e); k++) {
+    int64_t off = 0;
+    const uint8_t *p;
+    for (int i = 0; i < e->ndim; i++)
+      off += idx[i] * cstr[i];
+    p = (const uint8_t *)d->data + d->byte_offset + off * (int64_t)eb;
+    for (size_t j = 0; j < eb; j++) {
+      uint8_t want = tbt_pattern(e->pos0 + (uint64_t)(off * (int64_t)eb) + j,
+                                 e->seed);
+      if (p[j] != want) {
+        fprintf(stderr, "[child] %s: element %lld byte %zu = %u, expected %u\n",
+                e->channel, (long long)k, j, p[j], want);
+        _exit(3);
+      }
+    }
+    for (int i = e->ndim - 1; i >= 0; i--) {
+      if (++idx[i] < e->shape[i])
+        break;
+      idx[i] = 0;
+    }
+  }
+  TBT_CHECK_OK(tb_lease_info(t, &li));
+  TBT_CHECK(li.version == version);
+  TBT_CHECK(strcmp(li.channel, e->channel) == 0);
+  TBT_CHECK(li.memory_kind == 1);
+  TBT_CHECK(li.producer_pid == (uint32_t)getppid());
+  TBT_CHECK(li.metadata_len == strlen(e->meta));
+  TBT_CHECK(memcmp(li.metadata, e->meta, li.metadata_len) == 0);
+}
+
+static struct tb_acquire_options acq_opts(int mode, uint64_t version,
+                                          int timeout_ms) {
+  struct tb_acquire_options o;
+  tb_acquire_options_init(&o);
+  o.mode = mode;
+  o.version = version;
+  o.timeout_ms = timeout_ms;
+  return o;
+}
+
+/* Publish e from buffer b (element 0 at e->pos0). */
+static void publish_expect(tb_client *c, tb_buffer *b, const struct expect *e,
+                           uint64_t *version) {
+  DLTensor t;
+  struct tb_publish_options po;
+  int64_t shape[4], strides[4];
+
+  memset(&t, 0, sizeof(t));
+  memcpy(shape, e->shape, sizeof(shape));
+  memcpy(strides, e->strides, sizeof(strides));
+  t.data = (uint8_t *)tb_buffer_data(b) + e->pos0;
+  t.device.device_type = kDLCPU;
+  t.ndim = e->ndim;
+  t.dtype = e->dtype;
+  t.shape = shape;
+  t.strides = has_strides(e) ? strides : NULL;
+  tb_publish_options_init(&po);
+  po.metadata = e->meta;
+  po.metadata_len = strlen(e->meta);
+  assert_tb_ok(tb_publish(c, e->channel, &t, &po, version));
+}
+
+/* ---- bytes, shape, strides, dtype and metadata arrive intact ---- */
+
+static const struct expect intact[] = {
+    {"intact/f32", {kDLFloat, 32, 1}, 2, {3, 5}, {0}, 64, 1, "frame=42"},
+    /* a transposed view: column-major 4x3 int16 */
+    {"intact/strided", {kDLInt, 16, 1}, 2, {4, 3}, {1, 4}, 128, 2, "t"},
+    /* every other element of every other row of an 8x8 float64 */
+    {"intact/slice", {kDLFloat, 64, 1}, 2, {4, 4}, {16, 2}, 0, 3,
+     "ts=1700000000.5"},
+    {"intact/bool", {TB_DTYPE_BOOL, 8, 1}, 1, {7}, {0}, 1, 4, ""},
+    {"intact/bf16", {TB_DTYPE_BFLOAT, 16, 1}, 3, {2, 2, 3}, {0}, 256, 5, "bf"},
+    {"intact/f8", {TB_DTYPE_FLOAT8_E4M3FN, 8, 1}, 1, {33}, {0}, 1000, 6, "f8"},
+    {"intact/f8e5m2", {TB_DTYPE_FLOAT8_E5M2, 8, 1}, 2, {2, 9}, {9, 1}, 7, 7, ""},
+    {"intact/lanes", {kDLFloat, 32, 4}, 1, {5}, {0}, 16, 8, "x4"},
+    {"intact/scalar", {kDLUInt, 64, 1}, 0, {0}, {0}, 8, 9, "0d"},
+    {"intact/u8-4d", {kDLUInt, 8, 1}, 4, {2, 1, 3, 2}, {0}, 3, 10, "4d"},
+};
+#define NINTACT (sizeof(intact) / sizeof(intact[0]))
+
+static int intact_consumer(struct tbt_chan *ch, void *arg) {
+  const char *daemon_sock = arg;
+  struct tbt_daemon d;
+  tb_client *c;
+
+  memset(&d, 0, sizeof(d));
+  snprintf(d.sock, sizeof(d.sock), "%s", daemon_sock);
+  TBT_CHECK_OK(tbt_connect(&d, "consumer", &c));
+  TBT_CHECK_OK(tbt_send(ch->wr, "ready"));
+  for (size_t i = 0; i < NINTACT; i++) {
+    struct tb_acquire_options o = acq_opts(TB_ACQUIRE_LATEST, 0, TBT_TIMEOUT_MS);
+    DLManagedTensorVersioned *t = NULL;
+    TBT_CHECK_OK(tb_acquire(c, intact[i].channel, &o, &t));
+    check_tensor(t, &intact[i], 1);
+    TBT_CHECK_OK(tb_release(t, NULL));
+  }
+  tb_client_disconnect(c);
+  return 0;
+}
+
+static void test_intact(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tbt_child ch;
+  tb_client *p;
+  tb_buffer *bufs[NINTACT];
+  char line[64];
+
+  assert_tb_ok(tbt_child_start(&ch, intact_consumer, d->sock));
+  assert_tb_ok(tbt_recv(ch.rd, line, sizeof(line), TBT_TIMEOUT_MS));
+  assert_string_equal(line, "ready");
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  for (size_t i = 0; i < NINTACT; i++) {
+    uint64_t v = 0;
+    assert_tb_ok(tb_host_buffer_create(p, BUFSZ, 0, &bufs[i]));
+    tbt_fill(tb_buffer_data(bufs[i]), BUFSZ, intact[i].seed);
+    publish_expect(p, bufs[i], &intact[i], &v);
+    assert_int_equal(v, 1);
+  }
+  assert_int_equal(tbt_child_wait(&ch, TBT_TIMEOUT_MS), 0);
+  for (size_t i = 0; i < NINTACT; i++)
+    assert_tb_ok(tb_buffer_destroy(bufs[i]));
+  tb_client_disconnect(p);
+}
+
+/* Negative strides: a reversed view whose element 0 is the buffer's last
+ * element; layout validation (proto/) accepts it since it stays inside. */
+static void test_negative_strides(void **state) {
+  struct tbt_daemon *d = *state;
+  tb_client *p, *c;
+  tb_buffer *b;
+  DLTensor t;
+  int64_t shape[1] = {16}, strides[1] = {-1};
+  DLManagedTensorVersioned *r = NULL;
+  struct tb_acquire_options o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+  const int32_t *src;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "consumer", &c));
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b));
+  for (int i = 0; i < 16; i++)
+    ((int32_t *)tb_buffer_data(b))[i] = i * 10;
+  memset(&t, 0, sizeof(t));
+  t.data = (int32_t *)tb_buffer_data(b) + 15;
+  t.device.device_type = kDLCPU;
+  t.ndim = 1;
+  t.dtype = (DLDataType){kDLInt, 32, 1};
+  t.shape = shape;
+  t.strides = strides;
+  assert_tb_ok(tb_publish(p, "neg", &t, NULL, NULL));
+  assert_tb_ok(tb_acquire(c, "neg", &o, &r));
+  assert_non_null(r->dl_tensor.strides);
+  assert_int_equal(r->dl_tensor.strides[0], -1);
+  src = (const int32_t *)((const uint8_t *)r->dl_tensor.data +
+                          r->dl_tensor.byte_offset);
+  for (int i = 0; i < 16; i++)
+    assert_int_equal(src[-i], (15 - i) * 10);
+  assert_tb_ok(tb_release(r, NULL));
+  assert_tb_ok(tb_buffer_destroy(b));
+  tb_client_disconnect(c);
+  tb_client_disconnect(p);
+}
+
+/* A tensor reaching past its buffer is refused before or by the daemon,
+ * and a bad name or a foreign pointer too; nothing is published. */
+static void test_publish_refused(void **state) {
+  struct tbt_daemon *d = *state;
+  tb_client *p;
+  tb_buffer *b;
+  DLTensor t;
+  int64_t shape[1] = {1025};
+  int32_t local[4];
+  struct tb_channel_info ci;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b));
+  memset(&t, 0, sizeof(t));
+  t.data = tb_buffer_data(b);
+  t.device.device_type = kDLCPU;
+  t.ndim = 1;
+  t.dtype = (DLDataType){kDLFloat, 32, 1};
+  t.shape = shape;
+  assert_tb_err(tb_publish(p, "refused", &t, NULL, NULL), TB_ELAYOUT);
+  shape[0] = 1024;
+  assert_tb_err(tb_publish(p, "bad//name", &t, NULL, NULL), TB_ENAME);
+  t.dtype = (DLDataType){TB_DTYPE_OPAQUE_HANDLE, 64, 1};
+  assert_tb_err(tb_publish(p, "refused", &t, NULL, NULL), TB_EDTYPE);
+  t.dtype = (DLDataType){kDLFloat, 32, 1};
+  shape[0] = 4;
+  t.data = local;
+  assert_true(tb_publish(p, "refused", &t, NULL, NULL) < 0);
+  assert_tb_err(tbt_find_channel(p, "refused", &ci), TB_ENOTFOUND);
+  /* tb_publish_copy takes the same local memory */
+  memset(local, 0x11, sizeof(local));
+  assert_tb_ok(tb_publish_copy(p, "refused", &t, NULL, NULL));
+  assert_tb_ok(tbt_find_channel(p, "refused", &ci));
+  assert_int_equal(ci.latest_version, 1);
+  assert_tb_ok(tb_buffer_destroy(b));
+  tb_client_disconnect(p);
+}
+
+/* ---- one producer, eight consumer processes ---- */
+
+#define NCONS 8
+#define NVERS 24
+#define NRING 4
+#define FANSZ (32 * 1024)
+
+static int fan_consumer(struct tbt_chan *ch, void *arg) {
+  struct tbt_daemon d;
+  tb_client *c;
+  uint64_t last = 0;
+  int seen = 0;
+
+  memset(&d, 0, sizeof(d));
+  snprintf(d.sock, sizeof(d.sock), "%s", (const char *)arg);
+  TBT_CHECK_OK(tbt_connect(&d, "fan-consumer", &c));
+  TBT_CHECK_OK(tbt_send(ch->wr, "ready"));
+  while (last < NVERS) {
+    struct tb_acquire_options o = acq_opts(TB_ACQUIRE_NEXT, last, TBT_TIMEOUT_MS);
+    DLManagedTensorVersioned *t = NULL;
+    struct tb_lease_info li;
+    const uint8_t *p;
+    TBT_CHECK_OK(tb_acquire(c, "fan", &o, &t));
+    TBT_CHECK_OK(tb_lease_info(t, &li));
+    TBT_CHECK(li.version > last);
+    TBT_CHECK(li.metadata_len == sizeof(uint64_t));
+    TBT_CHECK(memcmp(li.metadata, &li.version, sizeof(uint64_t)) == 0);
+    TBT_CHECK(t->dl_tensor.shape[0] == FANSZ);
+    p = (const uint8_t *)t->dl_tensor.data + t->dl_tensor.byte_offset;
+    for (size_t i = 0; i < FANSZ; i++)
+      TBT_CHECK(p[i] == tbt_pattern(i, li.version));
+    last = li.version;
+    seen++;
+    TBT_CHECK_OK(tb_release(t, NULL));
+  }
+  TBT_CHECK(last == NVERS);
+  TBT_CHECK_OK(tbt_send(ch->wr, "seen %d", seen));
+  tb_client_disconnect(c);
+  return 0;
+}
+
+static void test_one_producer_eight_consumers(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tbt_child ch[NCONS];
+  tb_client *p;
+  tb_buffer *ring[NRING];
+  char line[64];
+  int64_t shape[1] = {FANSZ};
+  struct tb_session_info si;
+  size_t nsess = 0;
+  struct tb_session_info *all = NULL;
+
+  for (int i = 0; i < NCONS; i++)
+    assert_tb_ok(tbt_child_start(&ch[i], fan_consumer, d->sock));
+  for (int i = 0; i < NCONS; i++) {
+    assert_tb_ok(tbt_recv(ch[i].rd, line, sizeof(line), TBT_TIMEOUT_MS));
+    assert_string_equal(line, "ready");
+  }
+  assert_tb_ok(tbt_connect(d, "fan-producer", &p));
+  assert_tb_ok(tb_list_sessions(p, &all, &nsess));
+  assert_int_equal(nsess, NCONS + 1);
+  tb_free(all);
+  for (int i = 0; i < NRING; i++)
+    assert_tb_ok(tb_host_buffer_create(p, FANSZ, 0, &ring[i]));
+  for (uint64_t v = 1; v <= NVERS; v++) {
+    tb_buffer *b = ring[(v - 1) % NRING];
+    struct tb_publish_options po;
+    DLTensor t;
+    uint64_t got = 0;
+    /* the buffer last carried version v - NRING: rewrite it only once
+     * nobody reads that version any more */
+    if (v > NRING)
+      assert_tb_ok(tb_wait_free(p, "fan", v - NRING, TBT_TIMEOUT_MS, NULL));
+    tbt_fill(tb_buffer_data(b), FANSZ, v);
+    memset(&t, 0, sizeof(t));
+    t.data = tb_buffer_data(b);
+    t.device.device_type = kDLCPU;
+    t.ndim = 1;
+    t.dtype = (DLDataType){kDLUInt, 8, 1};
+    t.shape = shape;
+    tb_publish_options_init(&po);
+    po.metadata = &v;
+    po.metadata_len = sizeof(v);
+    assert_tb_ok(tb_publish(p, "fan", &t, &po, &got));
+    assert_int_equal(got, v);
+  }
+  for (int i = 0; i < NCONS; i++) {
+    int seen = 0;
+    assert_tb_ok(tbt_recv(ch[i].rd, line, sizeof(line), TBT_TIMEOUT_MS));
+    assert_int_equal(sscanf(line, "seen %d", &seen), 1);
+    assert_true(seen >= 1 && seen <= NVERS);
+    assert_int_equal(tbt_child_wait(&ch[i], TBT_TIMEOUT_MS), 0);
+  }
+  /* everyone is gone: the daemon holds no lease and one session */
+  assert_tb_ok(tbt_find_session_id(p, tb_client_session_id(p), &si));
+  assert_int_equal(si.buffers, NRING);
+  {
+    struct tb_channel_info ci;
+    assert_tb_ok(tbt_find_channel(p, "fan", &ci));
+    assert_int_equal(ci.latest_version, NVERS);
+    assert_int_equal(ci.publishes, NVERS);
+    assert_int_equal(ci.publisher_session, tb_client_session_id(p));
+  }
+  for (int i = 0; i < NRING; i++)
+    assert_tb_ok(tb_buffer_destroy(ring[i]));
+  tb_client_disconnect(p);
+}
+
+/* ---- history depth ---- */
+
+static void test_history_depth(void **state) {
+  struct tbt_daemon *d = *state;
+  tb_client *p, *c;
+  tb_buffer *b;
+  int64_t shape[1] = {256};
+  struct tb_channel_info ci;
+  DLManagedTensorVersioned *t = NULL;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "consumer", &c));
+  assert_tb_ok(tb_host_buffer_create(p, 5 * 256, 0, &b));
+  tbt_fill(tb_buffer_data(b), 5 * 256, 77);
+  for (uint64_t v = 1; v <= 5; v++) {
+    struct tb_publish_options po;
+    DLTensor tt;
+    uint64_t got = 0;
+    memset(&tt, 0, sizeof(tt));
+    tt.data = (uint8_t *)tb_buffer_data(b) + (v - 1) * 256;
+    tt.device.device_type = kDLCPU;
+    tt.ndim = 1;
+    tt.dtype = (DLDataType){kDLUInt, 8, 1};
+    tt.shape = shape;
+    tb_publish_options_init(&po);
+    po.history_depth = 3;
+    po.metadata = &v;
+    po.metadata_len = sizeof(v);
+    assert_tb_ok(tb_publish(p, "hist", &tt, &po, &got));
+    assert_int_equal(got, v);
+  }
+  assert_tb_ok(tbt_find_channel(c, "hist", &ci));
+  assert_int_equal(ci.history_depth, 3);
+  assert_int_equal(ci.versions_held, 3);
+  assert_int_equal(ci.latest_version, 5);
+
+  for (uint64_t v = 3; v <= 5; v++) {
+    struct tb_acquire_options o = acq_opts(TB_ACQUIRE_EXACT, v, 0);
+    struct tb_lease_info li;
+    const uint8_t *px;
+    assert_tb_ok(tb_acquire(c, "hist", &o, &t));
+    assert_tb_ok(tb_lease_info(t, &li));
+    assert_int_equal(li.version, v);
+    assert_memory_equal(li.metadata, &v, sizeof(v));
+    px = (const uint8_t *)t->dl_tensor.data + t->dl_tensor.byte_offset;
+    for (int i = 0; i < 256; i++)
+      assert_int_equal(px[i], tbt_pattern((v - 1) * 256 + (uint64_t)i, 77));
+    assert_tb_ok(tb_release(t, NULL));
+  }
+  for (uint64_t v = 1; v <= 2; v++) {
+    struct tb_acquire_options o = acq_opts(TB_ACQUIRE_EXACT, v, TBT_TIMEOUT_MS);
+    t = NULL;
+    assert_tb_err(tb_acquire(c, "hist", &o, &t), TB_ENOTFOUND);
+    assert_null(t);
+  }
+  {
+    /* EXACT never waits, even for a version not yet published */
+    struct tb_acquire_options o = acq_opts(TB_ACQUIRE_EXACT, 6, TBT_TIMEOUT_MS);
+    assert_tb_err(tb_acquire(c, "hist", &o, &t), TB_ENOTFOUND);
+  }
+  {
+    /* NEXT after a dropped version: the oldest held newer one */
+    struct tb_acquire_options o = acq_opts(TB_ACQUIRE_NEXT, 1, 0);
+    struct tb_lease_info li;
+    assert_tb_ok(tb_acquire(c, "hist", &o, &t));
+    assert_tb_ok(tb_lease_info(t, &li));
+    assert_int_equal(li.version, 3);
+    assert_tb_ok(tb_release(t, NULL));
+    o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+    assert_tb_ok(tb_acquire(c, "hist", &o, &t));
+    assert_tb_ok(tb_lease_info(t, &li));
+    assert_int_equal(li.version, 5);
+    t->deleter(t);
+  }
+  /* dropped versions are free, held ones are not */
+  assert_tb_ok(tb_wait_free(p, "hist", 1, 0, NULL));
+  assert_tb_ok(tb_wait_free(p, "hist", 2, 0, NULL));
+  assert_tb_err(tb_wait_free(p, "hist", 3, 0, NULL), TB_EBUSY);
+  assert_tb_err(tb_wait_free(p, "hist", 9, 0, NULL), TB_ENOTFOUND);
+  assert_tb_ok(tb_buffer_destroy(b));
+  tb_client_disconnect(c);
+  tb_client_disconnect(p);
+}
+
+/* ---- acquire NEXT waits for the next publish; timeouts ---- */
+
+static int next_waiter(struct tbt_chan *ch, void *arg) {
+  struct tbt_daemon d;
+  tb_client *c;
+  DLManagedTensorVersioned *t = NULL;
+  struct tb_acquire_options o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+  struct tb_lease_info li;
+  uint64_t n = 0;
+
+  memset(&d, 0, sizeof(d));
+  snprintf(d.sock, sizeof(d.sock), "%s", (const char *)arg);
+  TBT_CHECK_OK(tbt_connect(&d, "waiter", &c));
+  TBT_CHECK_OK(tb_acquire(c, "next", &o, &t));
+  TBT_CHECK_OK(tb_lease_info(t, &li));
+  TBT_CHECK(li.version == 1);
+  TBT_CHECK_OK(tb_release(t, NULL));
+  /* the acquire below will be request n + 1 of this session */
+  TBT_CHECK_OK(tbt_own_requests(c, &n));
+  /* NEXT after 1 returns 2 whenever 2 is published, so the parent may
+   * publish as soon as it reads this line: no race */
+  TBT_CHECK_OK(tbt_send(ch->wr, "waiting %llu %llu",
+                        (unsigned long long)tb_client_session_id(c),
+                        (unsigned long long)n));
+  o = acq_opts(TB_ACQUIRE_NEXT, 1, TBT_TIMEOUT_MS);
+  TBT_CHECK_OK(tb_acquire(c, "next", &o, &t));
+  TBT_CHECK_OK(tb_lease_info(t, &li));
+  TBT_CHECK(li.version == 2);
+  TBT_CHECK(((const uint8_t *)t->dl_tensor.data + t->dl_tensor.byte_offset)[5] ==
+            tbt_pattern(5, 2));
+  TBT_CHECK_OK(tb_release(t, NULL));
+  tb_client_disconnect(c);
+  return 0;
+}
+
+static void publish_small(tb_client *p, tb_buffer *b, const char *ch,
+                          uint64_t seed, uint64_t *v) {
+  int64_t shape[1] = {64};
+  DLTensor t;
+
+  tbt_fill(tb_buffer_data(b), 64, seed);
+  memset(&t, 0, sizeof(t));
+  t.data = tb_buffer_data(b);
+  t.device.device_type = kDLCPU;
+  t.ndim = 1;
+  t.dtype = (DLDataType){kDLUInt, 8, 1};
+  t.shape = shape;
+  assert_tb_ok(tb_publish(p, ch, &t, NULL, v));
+}
+
+static void test_next_waits(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tbt_child ch;
+  tb_client *p;
+  tb_buffer *b1, *b2;
+  char line[64];
+  unsigned long long sid = 0, nreq = 0;
+  uint64_t v = 0;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b1));
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b2));
+  publish_small(p, b1, "next", 1, &v);
+  assert_int_equal(v, 1);
+  assert_tb_ok(tbt_child_start(&ch, next_waiter, d->sock));
+  assert_tb_ok(tbt_recv(ch.rd, line, sizeof(line), TBT_TIMEOUT_MS));
+  assert_int_equal(sscanf(line, "waiting %llu %llu", &sid, &nreq), 2);
+  publish_small(p, b2, "next", 2, &v);
+  assert_int_equal(v, 2);
+  assert_int_equal(tbt_child_wait(&ch, TBT_TIMEOUT_MS), 0);
+  assert_tb_ok(tb_buffer_destroy(b1));
+  assert_tb_ok(tb_buffer_destroy(b2));
+  tb_client_disconnect(p);
+}
+
+/* The waiter is already parked in the daemon when the publish comes. */
+static void test_next_parked(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tbt_child ch;
+  tb_client *p;
+  tb_buffer *b1, *b2;
+  char line[64];
+  unsigned long long sid = 0, nreq = 0;
+  uint64_t v = 0;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b1));
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b2));
+  publish_small(p, b1, "next", 1, &v);
+  assert_tb_ok(tbt_child_start(&ch, next_waiter, d->sock));
+  assert_tb_ok(tbt_recv(ch.rd, line, sizeof(line), TBT_TIMEOUT_MS));
+  assert_int_equal(sscanf(line, "waiting %llu %llu", &sid, &nreq), 2);
+  /* the parked acquire is the child's next request */
+  assert_tb_ok(tbt_wait_requests(p, sid, nreq + 1));
+  publish_small(p, b2, "next", 2, &v);
+  assert_int_equal(tbt_child_wait(&ch, TBT_TIMEOUT_MS), 0);
+  assert_tb_ok(tb_buffer_destroy(b1));
+  assert_tb_ok(tb_buffer_destroy(b2));
+  tb_client_disconnect(p);
+}
+
+static void test_timeouts(void **state) {
+  struct tbt_daemon *d = *state;
+  tb_client *p, *c;
+  tb_buffer *b;
+  DLManagedTensorVersioned *t = (DLManagedTensorVersioned *)0x1;
+  struct tb_acquire_options o;
+  struct tb_status st;
+  uint64_t v = 0, t0, el;
+  int rc;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "consumer", &c));
+
+  /* no such channel, timeout 0: does not wait */
+  o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+  rc = tb_acquire(c, "nothing/here", &o, &t);
+  if (rc != TB_EAGAIN && rc != TB_ENOTFOUND)
+    fail_msg("acquire with timeout 0 on a missing channel: %s", tb_err_name(rc));
+  assert_ptr_equal(t, (DLManagedTensorVersioned *)0x1);
+
+  /* a short wait on a missing channel times out */
+  o = acq_opts(TB_ACQUIRE_LATEST, 0, 50);
+  t0 = tbt_now_ms();
+  assert_tb_err(tb_acquire(c, "nothing/here", &o, &t), TB_ETIMEDOUT);
+  el = tbt_now_ms() - t0;
+  assert_true(el >= 40 && el < TBT_TIMEOUT_MS);
+
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b));
+  publish_small(p, b, "t", 1, &v);
+  /* NEXT after the latest: nothing now */
+  o = acq_opts(TB_ACQUIRE_NEXT, 1, 0);
+  assert_tb_err(tb_acquire(c, "t", &o, &t), TB_EAGAIN);
+  o = acq_opts(TB_ACQUIRE_NEXT, 1, 80);
+  t0 = tbt_now_ms();
+  assert_tb_err(tb_acquire(c, "t", &o, &t), TB_ETIMEDOUT);
+  el = tbt_now_ms() - t0;
+  assert_true(el >= 70 && el < TBT_TIMEOUT_MS);
+  assert_ptr_equal(t, (DLManagedTensorVersioned *)0x1);
+  /* the client is still in step with the daemon after its timeouts */
+  assert_tb_ok(tb_daemon_status(c, &st));
+  assert_int_equal(st.leases, 0);
+  o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+  assert_tb_ok(tb_acquire(c, "t", &o, &t));
+  assert_tb_ok(tb_release(t, NULL));
+  /* a later publish is not handed to the timed-out waits */
+  publish_small(p, b, "t", 2, &v);
+  assert_tb_ok(tb_daemon_status(c, &st));
+  assert_int_equal(st.leases, 0);
+  assert_tb_ok(tb_buffer_destroy(b));
+  tb_client_disconnect(c);
+  tb_client_disconnect(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_intact, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_negative_strides, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_publish_refused, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_one_producer_eight_consumers, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_history_depth, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_next_waits, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_next_parked, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_timeouts, tbt_setup, tbt_teardown),
+  };
+  return cmocka_run_group_tests_name("exchange", tests, NULL, NULL);
+}

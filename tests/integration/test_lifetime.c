@@ -1,0 +1,215 @@
+/* Lifetimes of buffers, leases and tensors across destroy, disconnect and
+ * threads. */
+#include "tb_test.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#include "harness.h"
+
+static struct tb_acquire_options acq_opts(int mode, uint64_t version,
+                                          int timeout_ms) {
+  struct tb_acquire_options o;
+  tb_acquire_options_init(&o);
+  o.mode = mode;
+  o.version = version;
+  o.timeout_ms = timeout_ms;
+  return o;
+}
+
+static void publish_buf(tb_client *p, tb_buffer *b, const char *ch,
+                        uint64_t seed, uint64_t *v) {
+  int64_t shape[1] = {(int64_t)tb_buffer_size(b)};
+  DLTensor t;
+
+  tbt_fill(tb_buffer_data(b), tb_buffer_size(b), seed);
+  memset(&t, 0, sizeof(t));
+  t.data = tb_buffer_data(b);
+  t.device.device_type = kDLCPU;
+  t.ndim = 1;
+  t.dtype = (DLDataType){kDLUInt, 8, 1};
+  t.shape = shape;
+  assert_tb_ok(tb_publish(p, ch, &t, NULL, v));
+}
+
+static void check_bytes(const DLManagedTensorVersioned *t, uint64_t seed) {
+  const uint8_t *px =
+      (const uint8_t *)t->dl_tensor.data + t->dl_tensor.byte_offset;
+  for (int64_t i = 0; i < t->dl_tensor.shape[0]; i++)
+    if (px[i] != tbt_pattern((uint64_t)i, seed))
+      fail_msg("byte %lld is %u, expected %u", (long long)i, px[i],
+               tbt_pattern((uint64_t)i, seed));
+}
+
+/* The producer destroys the buffer while a consumer holds a lease on a
+ * version in it: still readable; once the version is freed the consumer is
+ * told the buffer is retired. */
+static void test_destroy_while_leased(void **state) {
+  struct tbt_daemon *d = *state;
+  tb_client *p, *c;
+  tb_buffer *b1, *b2;
+  DLManagedTensorVersioned *t = NULL;
+  struct tb_acquire_options o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+  struct tb_notice n;
+  uint64_t v, id1;
+  struct tb_status st;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "consumer", &c));
+  assert_tb_ok(tb_host_buffer_create(p, 8192, 0, &b1));
+  assert_tb_ok(tb_host_buffer_create(p, 8192, 0, &b2));
+  id1 = tb_buffer_id(b1);
+  publish_buf(p, b1, "d", 5, &v);
+  assert_tb_ok(tb_acquire(c, "d", &o, &t));
+  assert_tb_ok(tb_buffer_destroy(b1));
+  check_bytes(t, 5);
+  /* a newer version pushes version 1 out of the history; the lease keeps it */
+  publish_buf(p, b2, "d", 6, &v);
+  assert_int_equal(v, 2);
+  check_bytes(t, 5);
+  assert_tb_err(tb_wait_free(p, "d", 1, 0, NULL), TB_EBUSY);
+  assert_tb_ok(tb_release(t, NULL));
+  assert_tb_ok(tb_wait_free(p, "d", 1, TBT_TIMEOUT_MS, NULL));
+  assert_tb_ok(tbt_expect_notice(c, TB_NOTICE_BUFFER_RETIRED, NULL, 0,
+                                 TBT_TIMEOUT_MS, &n));
+  assert_int_equal(n.buffer_id, id1);
+  /* version 2 from the other buffer is unaffected */
+  assert_tb_ok(tb_acquire(c, "d", &o, &t));
+  check_bytes(t, 6);
+  assert_tb_ok(tb_release(t, NULL));
+  assert_tb_ok(tb_daemon_status(p, &st));
+  assert_int_equal(st.buffers, 1);
+  assert_tb_ok(tb_buffer_destroy(b2));
+  tb_client_disconnect(c);
+  tb_client_disconnect(p);
+}
+
+/* Tensors outlive their client: readable after tb_client_disconnect, and
+ * the deleter is safe then. The daemon ended the lease with the session. */
+static void test_deleter_after_disconnect(void **state) {
+  struct tbt_daemon *d = *state;
+  tb_client *p, *c;
+  tb_buffer *b;
+  DLManagedTensorVersioned *t1 = NULL, *t2 = NULL;
+  struct tb_acquire_options o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+  struct tb_channel_info ci;
+  uint64_t v, cid;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "consumer", &c));
+  cid = tb_client_session_id(c);
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b));
+  publish_buf(p, b, "dd", 8, &v);
+  assert_tb_ok(tb_acquire(c, "dd", &o, &t1));
+  assert_tb_ok(tb_acquire(c, "dd", &o, &t2));
+  assert_tb_ok(tbt_find_channel(p, "dd", &ci));
+  assert_int_equal(ci.leases, 2);
+  tb_client_disconnect(c);
+  check_bytes(t1, 8);
+  t1->deleter(t1);
+  check_bytes(t2, 8);
+  {
+    int rc = tb_release(t2, NULL); /* frees t2 whatever it returns */
+    assert_true(rc == 0 || rc == TB_EDISCONNECTED);
+  }
+  /* the session's end released both leases */
+  assert_tb_ok(tbt_wait_session_gone(p, cid));
+  assert_tb_ok(tbt_find_channel(p, "dd", &ci));
+  assert_int_equal(ci.leases, 0);
+  assert_tb_ok(tb_buffer_destroy(b));
+  tb_client_disconnect(p);
+}
+
+struct waiter {
+  tb_client *c;
+  int rc;
+  uint64_t version;
+};
+
+static void *wait_next(void *arg) {
+  struct waiter *w = arg;
+  struct tb_acquire_options o = acq_opts(TB_ACQUIRE_NEXT, 1, TBT_TIMEOUT_MS);
+  DLManagedTensorVersioned *t = NULL;
+  struct tb_lease_info li;
+
+  w->rc = tb_acquire(w->c, "thr", &o, &t);
+  if (w->rc == 0) {
+    if (tb_lease_info(t, &li) == 0)
+      w->version = li.version;
+    t->deleter(t);
+  }
+  return NULL;
+}
+
+/* One thread is blocked in tb_acquire on a client; another runs the
+ * deleter of a tensor of the same client. The deleter must not wait for the
+ * blocked call: we publish the version the blocked call waits for only
+ * after the deleter has returned, so a deleter that waited would leave the
+ * acquire to time out. */
+static void test_deleter_other_thread(void **state) {
+  struct tbt_daemon *d = *state;
+  tb_client *p, *c;
+  tb_buffer *b1, *b2;
+  DLManagedTensorVersioned *t = NULL;
+  struct tb_acquire_options o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+  struct tb_session_info si;
+  struct waiter w = {0};
+  pthread_t th;
+  uint64_t v;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "consumer", &c));
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b1));
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b2));
+  publish_buf(p, b1, "thr", 1, &v);
+  assert_tb_ok(tb_acquire(c, "thr", &o, &t));
+  assert_tb_ok(tbt_find_session_id(p, tb_client_session_id(c), &si));
+  w.c = c;
+  assert_int_equal(pthread_create(&th, NULL, wait_next, &w), 0);
+  /* the acquire has reached the daemon and is parked there */
+  assert_tb_ok(tbt_wait_requests(p, tb_client_session_id(c), si.requests + 1));
+  t->deleter(t);
+  publish_buf(p, b2, "thr", 2, &v);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_tb_ok(w.rc);
+  assert_int_equal(w.version, 2);
+  /* the lease on version 1 was really released */
+  assert_tb_ok(tb_wait_free(p, "thr", 1, TBT_TIMEOUT_MS, NULL));
+  assert_tb_ok(tb_buffer_destroy(b1));
+  assert_tb_ok(tb_buffer_destroy(b2));
+  tb_client_disconnect(c);
+  tb_client_disconnect(p);
+}
+
+/* Consumers map read-only unless the producer allowed writes. */
+static void test_writable_flag(void **state) {
+  struct tbt_daemon *d = *state;
+  tb_client *p, *c;
+  tb_buffer *b;
+  DLManagedTensorVersioned *t = NULL;
+  struct tb_acquire_options o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+  uint64_t v;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "consumer", &c));
+  assert_tb_ok(tb_host_buffer_create(p, 4096, TB_BUFFER_CONSUMERS_MAY_WRITE, &b));
+  publish_buf(p, b, "w", 3, &v);
+  assert_tb_ok(tb_acquire(c, "w", &o, &t));
+  assert_false(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+  ((uint8_t *)t->dl_tensor.data)[0] = 0xee; /* mapped writable */
+  assert_int_equal(((uint8_t *)tb_buffer_data(b))[0], 0xee); /* shared */
+  assert_tb_ok(tb_release(t, NULL));
+  assert_tb_ok(tb_buffer_destroy(b));
+  tb_client_disconnect(c);
+  tb_client_disconnect(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_destroy_while_leased, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_deleter_after_disconnect, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_deleter_other_thread, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_writable_flag, tbt_setup, tbt_teardown),
+  };
+  return cmocka_run_group_tests_name("lifetime", tests, NULL, NULL);
+}

@@ -1,0 +1,341 @@
+/* Bad and slow clients speaking the wire directly: the daemon answers
+ * protocol errors by closing that connection and keeps serving everyone
+ * else. After each abuse a normal client makes a full round trip. */
+#include "tb_test.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include "harness.h"
+#include "tb_proto.h"
+
+static int raw_connect(const struct tbt_daemon *d) {
+  struct sockaddr_un a;
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+  assert_true(fd >= 0);
+  memset(&a, 0, sizeof(a));
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof(a.sun_path), "%s", d->sock);
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+  return fd;
+}
+
+static void raw_send_req(int fd, tb__request *r) {
+  uint8_t buf[4096];
+  long n = tb__request_encode(r, buf, sizeof(buf));
+  assert_tb_ok(n);
+  assert_int_equal(tb__wire_send(fd, buf, (size_t)n, NULL, 0, 0), 0);
+}
+
+/* Read one server message (bounded); NULL at end of stream. */
+static tb__server_message *raw_recv(int fd) {
+  static uint8_t buf[TB__MAX_MESSAGE_HARD];
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  int fds[TB__MAX_FDS], nfds = 0;
+  tb__server_message *m = NULL;
+  long n;
+
+  assert_int_equal(poll(&p, 1, TBT_TIMEOUT_MS), 1);
+  n = tb__wire_recv(fd, buf, sizeof(buf), fds, &nfds, 0);
+  if (n == 0 || n == -ECONNRESET)
+    return NULL;
+  assert_tb_ok(n);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  assert_tb_ok(tb__server_message_decode(buf, (size_t)n, &m));
+  return m;
+}
+
+static void raw_hello(int fd) {
+  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  tb__server_message *m;
+
+  h.protocol_version = 1;
+  h.client_name = "raw";
+  r.request_id = 1;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+  r.hello = &h;
+  raw_send_req(fd, &r);
+  m = raw_recv(fd);
+  assert_non_null(m);
+  assert_int_equal(m->body_case, TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY);
+  assert_int_equal(m->reply->status, 0);
+  assert_true(m->reply->request_id == 1);
+  assert_int_equal(m->reply->body_case, TENSORBROKER__V1__REPLY__BODY_HELLO);
+  assert_true(m->reply->hello->session_id != 0);
+  tb__server_message_free(m);
+}
+
+/* After a protocol error: at most one Reply{TB_EPROTO}, then end of stream. */
+static void expect_closed_with_eproto(int fd) {
+  tb__server_message *m = raw_recv(fd);
+
+  if (m != NULL) {
+    assert_int_equal(m->body_case, TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY);
+    assert_int_equal(m->reply->status, TB_EPROTO);
+    tb__server_message_free(m);
+    assert_null(raw_recv(fd));
+  }
+  close(fd);
+}
+
+/* A normal client: connect, publish, acquire, release, status. */
+static void round_trip(const struct tbt_daemon *d, struct tb_status *out) {
+  tb_client *c;
+  tb_buffer *b;
+  int64_t shape[1] = {16};
+  DLTensor t;
+  DLManagedTensorVersioned *r = NULL;
+  struct tb_acquire_options o;
+
+  assert_tb_ok(tbt_connect(d, "witness", &c));
+  assert_tb_ok(tb_host_buffer_create(c, 4096, 0, &b));
+  memset(&t, 0, sizeof(t));
+  t.data = tb_buffer_data(b);
+  t.device.device_type = kDLCPU;
+  t.ndim = 1;
+  t.dtype = (DLDataType){kDLUInt, 8, 1};
+  t.shape = shape;
+  ((uint8_t *)tb_buffer_data(b))[3] = 0x42;
+  assert_tb_ok(tb_publish(c, "witness", &t, NULL, NULL));
+  tb_acquire_options_init(&o);
+  o.timeout_ms = 0;
+  assert_tb_ok(tb_acquire(c, "witness", &o, &r));
+  assert_int_equal(((uint8_t *)r->dl_tensor.data)[3], 0x42);
+  assert_tb_ok(tb_release(r, NULL));
+  assert_tb_ok(tb_daemon_status(c, out));
+  assert_tb_ok(tb_buffer_destroy(b));
+  tb_client_disconnect(c);
+}
+
+static void test_garbage(void **state) {
+  struct tbt_daemon *d = *state;
+  static const uint8_t junk[] = {0xff, 0xff, 0xff, 0xff, 0x07, 0x00, 0x13};
+  struct tb_status st;
+  int fd;
+
+  /* before Hello */
+  fd = raw_connect(d);
+  assert_int_equal(tb__wire_send(fd, junk, sizeof(junk), NULL, 0, 0), 0);
+  expect_closed_with_eproto(fd);
+  round_trip(d, &st);
+  assert_true(st.bad_messages >= 1);
+  /* after Hello */
+  fd = raw_connect(d);
+  raw_hello(fd);
+  assert_int_equal(tb__wire_send(fd, junk, sizeof(junk), NULL, 0, 0), 0);
+  expect_closed_with_eproto(fd);
+  round_trip(d, &st);
+  assert_true(st.bad_messages >= 2);
+  /* an empty datagram */
+  fd = raw_connect(d);
+  raw_hello(fd);
+  assert_int_equal(tb__wire_send(fd, "", 0, NULL, 0, 0), 0);
+  expect_closed_with_eproto(fd);
+  round_trip(d, &st);
+}
+
+static void test_truncated(void **state) {
+  struct tbt_daemon *d = *state;
+  Tensorbroker__V1__Subscribe s = TENSORBROKER__V1__SUBSCRIBE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  uint8_t buf[256];
+  struct tb_status st;
+  long n;
+  int fd;
+
+  s.channel = "a/rather/long/channel/name/to/cut";
+  r.request_id = 2;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_SUBSCRIBE;
+  r.subscribe = &s;
+  n = tb__request_encode(&r, buf, sizeof(buf));
+  assert_true(n > 10);
+  fd = raw_connect(d);
+  raw_hello(fd);
+  assert_int_equal(tb__wire_send(fd, buf, (size_t)n / 2, NULL, 0, 0), 0);
+  expect_closed_with_eproto(fd);
+  round_trip(d, &st);
+}
+
+static void test_oversized(void **state) {
+  struct tbt_daemon *d = *state;
+  static uint8_t big[70000];
+  struct tb_status st;
+  int fd;
+
+  memset(big, 0x0a, sizeof(big));
+  fd = raw_connect(d);
+  raw_hello(fd);
+  assert_int_equal(tb__wire_send(fd, big, sizeof(big), NULL, 0, 0), 0);
+  expect_closed_with_eproto(fd);
+  round_trip(d, &st);
+  assert_true(st.bad_messages >= 1);
+}
+
+static void test_request_before_hello(void **state) {
+  struct tbt_daemon *d = *state;
+  Tensorbroker__V1__Status s = TENSORBROKER__V1__STATUS__INIT;
+  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  struct tb_status st;
+  int fd;
+
+  fd = raw_connect(d);
+  r.request_id = 5;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_STATUS;
+  r.status = &s;
+  raw_send_req(fd, &r);
+  expect_closed_with_eproto(fd);
+  round_trip(d, &st);
+
+  /* a second Hello */
+  fd = raw_connect(d);
+  raw_hello(fd);
+  h.protocol_version = 1;
+  r.request_id = 6;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+  r.hello = &h;
+  raw_send_req(fd, &r);
+  expect_closed_with_eproto(fd);
+  round_trip(d, &st);
+
+  /* a Hello of another protocol version: refused, not a crash */
+  fd = raw_connect(d);
+  h.protocol_version = 2;
+  r.request_id = 7;
+  raw_send_req(fd, &r);
+  {
+    tb__server_message *m = raw_recv(fd);
+    if (m != NULL) {
+      assert_int_equal(m->reply->status, TB_EVERSION);
+      tb__server_message_free(m);
+    }
+  }
+  close(fd);
+  round_trip(d, &st);
+}
+
+static void test_unexpected_fds(void **state) {
+  struct tbt_daemon *d = *state;
+  Tensorbroker__V1__Status s = TENSORBROKER__V1__STATUS__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  uint8_t buf[64];
+  struct tb_status st;
+  int fd, devnull;
+  long n;
+
+  r.request_id = 9;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_STATUS;
+  r.status = &s;
+  n = tb__request_encode(&r, buf, sizeof(buf));
+  devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  fd = raw_connect(d);
+  raw_hello(fd);
+  assert_int_equal(tb__wire_send(fd, buf, (size_t)n, &devnull, 1, 0), 0);
+  close(devnull);
+  expect_closed_with_eproto(fd);
+  round_trip(d, &st);
+}
+
+/* Connects and says nothing; or sends half a Hello's worth of nothing. The
+ * daemon serves others meanwhile and drops nobody. */
+static void test_silent_clients(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tb_status st;
+  int fds[8];
+
+  for (int i = 0; i < 8; i++)
+    fds[i] = raw_connect(d);
+  round_trip(d, &st);
+  round_trip(d, &st);
+  /* a session that said Hello and then nothing */
+  raw_hello(fds[0]);
+  round_trip(d, &st);
+  for (int i = 0; i < 8; i++)
+    close(fds[i]);
+  round_trip(d, &st);
+}
+
+/* A subscriber that never reads while thousands of versions are published:
+ * publishing never blocks, the daemon drops that session once its queue
+ * overflows, and everyone else is served. */
+static void test_never_reads(void **state) {
+  struct tbt_daemon *d = *state;
+  Tensorbroker__V1__Subscribe s = TENSORBROKER__V1__SUBSCRIBE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  tb_client *p;
+  tb_buffer *b;
+  int64_t shape[1] = {64};
+  DLTensor t;
+  struct tb_status st;
+  struct tb_channel_info ci;
+  int fd, eof = 0;
+
+  fd = raw_connect(d);
+  raw_hello(fd);
+  s.channel = "flood";
+  r.request_id = 2;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_SUBSCRIBE;
+  r.subscribe = &s;
+  raw_send_req(fd, &r); /* its reply is never read either */
+
+  assert_tb_ok(tbt_connect(d, "flooder", &p));
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b));
+  memset(&t, 0, sizeof(t));
+  t.data = tb_buffer_data(b);
+  t.device.device_type = kDLCPU;
+  t.ndim = 1;
+  t.dtype = (DLDataType){kDLUInt, 8, 1};
+  t.shape = shape;
+  for (int i = 0; i < 5000; i++)
+    assert_tb_ok(tb_publish(p, "flood", &t, NULL, NULL));
+  assert_tb_ok(tbt_find_channel(p, "flood", &ci));
+  assert_int_equal(ci.latest_version, 5000);
+  round_trip(d, &st);
+  assert_true(st.sessions_dropped >= 1);
+  /* the slow session was closed: what it can still read ends in EOF */
+  for (int i = 0; i < 100000 && !eof; i++) {
+    tb__server_message *m = raw_recv(fd);
+    if (m == NULL)
+      eof = 1;
+    else
+      tb__server_message_free(m);
+  }
+  assert_true(eof);
+  close(fd);
+  assert_tb_ok(tb_buffer_destroy(b));
+  tb_client_disconnect(p);
+}
+
+static int setup_small_outq(void **state) {
+  static const char *const extra[] = {"--max-outq", "4096", NULL};
+  struct tbt_daemon *d = calloc(1, sizeof(*d));
+
+  if (d == NULL || tbt_daemon_start(d, extra) < 0) {
+    if (d != NULL)
+      tbt_daemon_cleanup(d);
+    free(d);
+    return -1;
+  }
+  *state = d;
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_garbage, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_truncated, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_oversized, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_request_before_hello, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_unexpected_fds, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_silent_clients, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_never_reads, setup_small_outq, tbt_teardown),
+  };
+  return cmocka_run_group_tests_name("robust", tests, NULL, NULL);
+}
