@@ -64,7 +64,8 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   if (doomed) {
     tb_cu_deviceptr cnt = tbg_alloc(&g, 4);
     tbg_spin_count_async(&g, tbg_tensor_ptr(t, N), 21, N, 2000, cnt, s);
-    TBG_CU(g.cu->cuStreamQuery(s) == TB_CUDA_ERROR_NOT_READY ? 0 : 1);
+    if (g.cu->cuStreamQuery(s) != TB_CUDA_ERROR_NOT_READY)
+      TBG_FAIL("the 2 s reading kernel is not running any more");
     tbg_child_say(ch, "reading");
     tbg_child_hear(ch, "never", NULL, 0); /* killed here */
     return 3;
