@@ -148,8 +148,9 @@ int tb__layout_extent(int32_t ndim, const int64_t *shape,
     return fail(why, whylen, TB_ELAYOUT, "extent overflows");
   if (lo_b < 0)
     return fail(why, whylen, TB_ELAYOUT,
-                "negative strides reach %lld bytes before the buffer",
-                (long long)-lo_b);
+                "negative strides reach %llu bytes before the buffer",
+                /* -lo_b overflows for INT64_MIN; negate unsigned */
+                0ull - (unsigned long long)lo_b);
   *lo = (uint64_t)lo_b;
   *hi = (uint64_t)hi_b;
   return 0;
