@@ -197,13 +197,11 @@ int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
                              void *stream, uint64_t *buffer_id,
                              uint64_t *byte_offset, uint64_t *ready_event_id,
                              Tensorbroker__V1__Device *dev, uint8_t *uuid);
-/* After the Publish reply: bind the ready event to (channel, version), or
- * give it back to the pool when the publish failed (version 0). */
-void tb__cuda_publish_done(struct tb_client *c, uint64_t ready_event_id,
-                           const char *channel, uint64_t version);
-/* A VersionFree for (channel, version) arrived: its ready event is free. */
-void tb__cuda_version_freed(struct tb_client *c, const char *channel,
-                            uint64_t version);
+/* tb_lease_wait: make stream (resolved under k's contract) wait for a
+ * lease's ready event. Takes only k->lock; any thread. */
+int tb__cuda_lease_wait(struct tb__conn *k, uint64_t event_id,
+                        const uint8_t *handle, const uint8_t *uuid,
+                        void *stream);
 /* Producer: make stream wait on the consumers' done events. */
 int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
                        void *stream);

@@ -182,8 +182,6 @@ static void handle_notice(struct tb_client *c,
     n.version = no->version_free->version;
     n.buffer_id = no->version_free->buffer_id;
     tb__freed_add(c, no->version_free);
-    if (c->cuda != NULL)
-      tb__cuda_version_freed(c, n.channel, n.version);
     break;
   case TENSORBROKER__V1__NOTICE__BODY_BUFFER_RETIRED:
     n.type = TB_NOTICE_BUFFER_RETIRED;

@@ -19,6 +19,7 @@
 #include "cuda_ipc.h"
 
 #define TB__EVENT_CACHE_MAX 256 /* opened foreign events per client */
+#define TB__READY_EVENTS_MAX 256 /* producer streams per client */
 
 /* Producer: an allocation registered with the daemon, keyed by its base. */
 struct tb__cuda_reg {
@@ -32,16 +33,14 @@ struct tb__cuda_reg {
 };
 
 /* An interprocess event of ours, registered once with the daemon: a
- * producer's ready event (busy while the version it marks is not free), or
- * a consumer's done event. */
+ * producer's ready event (one per device and producer stream, re-recorded
+ * for every version), or a consumer's done event (one per device). */
 struct tb__cuda_ev {
   struct tb__cuda_ev *next;
   tb_cu_event ev;
   uint64_t event_id;
   int device;
-  int busy;      /* ready events: 1 from record until VersionFree */
-  char *channel; /* ready events: the version it marks */
-  uint64_t version;
+  tb_cu_stream stream; /* ready events: the producer stream it records on */
 };
 
 /* Another process's event, opened once and kept (opening costs ~150 us). */
@@ -114,15 +113,24 @@ static int own_event_find(const uint8_t *handle, tb_cu_event *ev) {
 struct tb__cuda_client {
   struct tb__cuda_reg *regs;
   struct tb__cuda_ev *ready;
+};
+
+/* Lives in the refcounted connection, under its lock: deleters record the
+ * done events, and tb_lease_wait (any thread, also after disconnect) uses
+ * the cache of opened events, so neither may need the call lock. */
+struct tb__cuda_conn {
+  struct tb__cuda_ev *done; /* one per device ordinal */
   struct tb__cuda_open_ev *opened;
   size_t n_opened;
   uint64_t clock;
 };
 
-/* Lives in the refcounted connection: deleters record these. */
-struct tb__cuda_conn {
-  struct tb__cuda_ev *done; /* one per device ordinal */
-};
+/* k->cuda, created on first use. Caller holds k->lock. */
+static struct tb__cuda_conn *conn_cuda_locked(struct tb__conn *k) {
+  if (k->cuda == NULL)
+    k->cuda = calloc(1, sizeof(*k->cuda));
+  return k->cuda;
+}
 
 static int cuda_client(struct tb_client *c, struct tb__cuda_client **out) {
   const struct tb_cuda *cu;
@@ -280,23 +288,36 @@ static int alloc_registration(struct tb_client *c, struct tb__cuda_client *cc,
   return 0;
 }
 
-/* A free ready event on device, created and registered when the pool has
- * none. An event is re-used only after the version it marked is freed: a
- * re-record before then would move a consumer's wait to later work. */
+/* The ready event of (device, producer stream), created and registered the
+ * first time that stream publishes, then re-recorded for every version the
+ * stream publishes. Re-recording is safe because all records are on one
+ * stream: a later record completes only after everything an earlier one
+ * marked, so a consumer waiting on the latest record can only wait longer,
+ * never too short. It is also what CUDA graph replay needs: a captured
+ * external wait waits for the event's latest record at launch time, so a
+ * graph captured on version N waits, on replay, for the producer's newest
+ * publish from the same stream (measured on H200, GPU-FACTS.md). One event
+ * per version would leave a replayed graph waiting on a stale event. */
 static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
                            int device, const uint8_t *uuid,
-                           struct tb__cuda_ev **out) {
+                           tb_cu_stream stream, struct tb__cuda_ev **out) {
   uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
   struct tb__cuda_ev *e;
   char why[256] = "";
-  int rc, ordinal;
+  int rc, ordinal, n = 0;
 
   LL_FOREACH(cc->ready, e) {
-    if (!e->busy && e->device == device) {
+    if (e->device == device && e->stream == stream) {
       *out = e;
       return 0;
     }
+    n++;
   }
+  if (n >= TB__READY_EVENTS_MAX)
+    return tb__set_error(c, TB_ELIMIT,
+                         "more than %d producer streams published on this "
+                         "client; publish from fewer streams",
+                         TB__READY_EVENTS_MAX);
   /* the event must belong to the device's context */
   rc = tb__cuda_device_by_uuid(uuid, &ordinal, why, sizeof(why));
   if (rc < 0)
@@ -316,6 +337,7 @@ static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
     return rc;
   }
   e->device = device;
+  e->stream = stream;
   LL_PREPEND(cc->ready, e);
   *out = e;
   return 0;
@@ -363,13 +385,12 @@ int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
   if (rc < 0)
     return rc;
   if (!s.no_sync) {
-    rc = ready_event_get(c, cc, reg->device, reg->uuid, &e);
+    rc = ready_event_get(c, cc, reg->device, reg->uuid, s.stream, &e);
     if (rc < 0)
       return rc;
     rc = tb__cuda_record(e->ev, &s, why, sizeof(why));
     if (rc < 0)
       return tb__set_error(c, rc, "%s", why);
-    e->busy = 1; /* bound to the version by tb__cuda_publish_done */
   }
   memcpy(uuid, reg->uuid, TB__UUID_SIZE);
   dev->type = kDLCUDA;
@@ -382,62 +403,29 @@ int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
   return 0;
 }
 
-void tb__cuda_publish_done(struct tb_client *c, uint64_t ready_event_id,
-                           const char *channel, uint64_t version) {
-  struct tb__cuda_ev *e;
-
-  if (c->cuda == NULL || ready_event_id == 0)
-    return;
-  LL_FOREACH(c->cuda->ready, e) {
-    if (e->event_id != ready_event_id)
-      continue;
-    free(e->channel);
-    e->channel = NULL;
-    e->busy = 0;
-    if (version != 0) {
-      e->channel = strdup(channel);
-      /* without the name we could never match its VersionFree: keep the
-       * event out of the pool rather than risk an early re-record */
-      e->busy = 1;
-      e->version = version;
-    }
-    return;
-  }
-}
-
-void tb__cuda_version_freed(struct tb_client *c, const char *channel,
-                            uint64_t version) {
-  struct tb__cuda_ev *e;
-
-  LL_FOREACH(c->cuda->ready, e) {
-    if (e->busy && e->version == version && e->channel != NULL &&
-        strcmp(e->channel, channel) == 0) {
-      free(e->channel);
-      e->channel = NULL;
-      e->busy = 0;
-      return;
-    }
-  }
-}
-
 /* ---- opened events (consumer ready events, producer done events) ---- */
 
-static int open_event(struct tb_client *c, struct tb__cuda_client *cc,
-                      uint64_t event_id, const uint8_t *handle,
-                      const uint8_t *uuid, tb_cu_event *out) {
+/* Open (or find) another process's event in the connection's cache.
+ * Caller holds k->lock; the event stays valid while the lock is held (an
+ * evicted event is destroyed, which is safe with waits already enqueued). */
+static int open_event_locked(struct tb__conn *k, uint64_t event_id,
+                             const uint8_t *handle, const uint8_t *uuid,
+                             tb_cu_event *out, char *why, size_t whylen) {
+  struct tb__cuda_conn *cc = conn_cuda_locked(k);
   struct tb__cuda_open_ev *o;
-  char why[256] = "";
   int rc, ordinal;
 
+  if (cc == NULL)
+    return TB_ENOMEM;
   HASH_FIND(hh, cc->opened, &event_id, sizeof(event_id), o);
   if (o != NULL) {
     o->stamp = ++cc->clock;
     *out = o->ev;
     return 0;
   }
-  rc = tb__cuda_device_by_uuid(uuid, &ordinal, why, sizeof(why));
+  rc = tb__cuda_device_by_uuid(uuid, &ordinal, why, whylen);
   if (rc < 0)
-    return tb__set_error(c, rc, "%s", why);
+    return rc;
   while (cc->n_opened >= TB__EVENT_CACHE_MAX) {
     struct tb__cuda_open_ev *v = NULL, *x, *tmp;
     HASH_ITER(hh, cc->opened, x, tmp) {
@@ -458,10 +446,10 @@ static int open_event(struct tb_client *c, struct tb__cuda_client *cc,
   if (own_event_find(handle, &o->ev)) {
     o->own = 1;
   } else {
-    rc = tb__cuda_event_open(handle, &o->ev, why, sizeof(why));
+    rc = tb__cuda_event_open(handle, &o->ev, why, whylen);
     if (rc < 0) {
       free(o);
-      return tb__set_error(c, rc, "%s", why);
+      return rc;
     }
   }
   o->event_id = event_id;
@@ -470,6 +458,22 @@ static int open_event(struct tb_client *c, struct tb__cuda_client *cc,
   cc->n_opened++;
   *out = o->ev;
   return 0;
+}
+
+/* Open the event and make s wait for it, under the connection lock. */
+static int wait_event(struct tb__conn *k, uint64_t event_id,
+                      const uint8_t *handle, const uint8_t *uuid,
+                      const struct tb__cuda_stream *s, char *why,
+                      size_t whylen) {
+  tb_cu_event ev;
+  int rc;
+
+  pthread_mutex_lock(&k->lock);
+  rc = open_event_locked(k, event_id, handle, uuid, &ev, why, whylen);
+  if (rc == 0)
+    rc = tb__cuda_wait(s, ev, why, whylen);
+  pthread_mutex_unlock(&k->lock);
+  return rc;
 }
 
 int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
@@ -489,12 +493,8 @@ int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
   if (s.no_sync)
     return 0; /* -1: the caller orders the reuse itself */
   for (size_t i = 0; i < f->n_done; i++) {
-    tb_cu_event ev;
-    rc = open_event(c, cc, f->done[i].event_id, f->done[i].handle,
-                    f->done[i].uuid, &ev);
-    if (rc < 0)
-      return rc;
-    rc = tb__cuda_wait(&s, ev, why, sizeof(why));
+    rc = wait_event(c->conn, f->done[i].event_id, f->done[i].handle,
+                    f->done[i].uuid, &s, why, sizeof(why));
     if (rc < 0)
       return tb__set_error(c, rc, "%s", why);
   }
@@ -615,17 +615,14 @@ int tb__cuda_acquire_sync(struct tb_client *c, const struct tb__map *m,
   if (rc < 0)
     return rc;
   if (ready != NULL && ready->event_id != 0 && !s.no_sync) {
-    tb_cu_event ev;
     const uint8_t *uuid = m->uuid;
     if (ready->cuda_ipc_event_handle.len != TB__CUDA_IPC_HANDLE_SIZE)
       return tb__set_error(c, TB_EPROTO, "ready event without a handle");
     if (ready->device != NULL && ready->device->uuid.len == TB__UUID_SIZE)
       uuid = ready->device->uuid.data;
-    rc = open_event(c, cc, ready->event_id, ready->cuda_ipc_event_handle.data,
-                    uuid, &ev);
-    if (rc < 0)
-      return rc;
-    rc = tb__cuda_wait(&s, ev, why, sizeof(why));
+    rc = wait_event(c->conn, ready->event_id,
+                    ready->cuda_ipc_event_handle.data, uuid, &s, why,
+                    sizeof(why));
     if (rc < 0)
       return tb__set_error(c, rc, "%s", why);
   }
@@ -669,7 +666,6 @@ void tb__cuda_client_free(struct tb_client *c) {
   struct tb__cuda_client *cc = c->cuda;
   struct tb__cuda_reg *reg, *rtmp;
   struct tb__cuda_ev *e, *etmp;
-  struct tb__cuda_open_ev *o, *otmp;
 
   if (cc == NULL)
     return;
@@ -681,7 +677,21 @@ void tb__cuda_client_free(struct tb_client *c) {
   LL_FOREACH_SAFE(cc->ready, e, etmp) {
     LL_DELETE(cc->ready, e);
     own_event_destroy(e->ev);
-    free(e->channel);
+    free(e);
+  }
+  free(cc);
+  c->cuda = NULL;
+}
+
+void tb__cuda_conn_free(struct tb__cuda_conn *cc) {
+  struct tb__cuda_ev *e, *etmp;
+  struct tb__cuda_open_ev *o, *otmp;
+
+  if (cc == NULL)
+    return;
+  LL_FOREACH_SAFE(cc->done, e, etmp) {
+    LL_DELETE(cc->done, e);
+    own_event_destroy(e->ev);
     free(e);
   }
   HASH_ITER(hh, cc->opened, o, otmp) {
@@ -691,18 +701,20 @@ void tb__cuda_client_free(struct tb_client *c) {
     free(o);
   }
   free(cc);
-  c->cuda = NULL;
 }
 
-void tb__cuda_conn_free(struct tb__cuda_conn *cc) {
-  struct tb__cuda_ev *e, *etmp;
+int tb__cuda_lease_wait(struct tb__conn *k, uint64_t event_id,
+                        const uint8_t *handle, const uint8_t *uuid,
+                        void *stream) {
+  const struct tb_cuda *cu;
+  struct tb__cuda_stream s;
+  char why[256] = "";
+  int rc;
 
-  if (cc == NULL)
-    return;
-  LL_FOREACH_SAFE(cc->done, e, etmp) {
-    LL_DELETE(cc->done, e);
-    own_event_destroy(e->ev);
-    free(e);
-  }
-  free(cc);
+  if (tb__cuda_load(&cu) != 0)
+    return TB_ENOCUDA;
+  rc = tb__cuda_stream_resolve(k->contract, stream, &s, why, sizeof(why));
+  if (rc < 0 || s.no_sync || event_id == 0)
+    return rc;
+  return wait_event(k, event_id, handle, uuid, &s, why, sizeof(why));
 }

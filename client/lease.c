@@ -19,6 +19,10 @@ struct tb__lease {
   uint64_t version;
   uint32_t producer_pid;
   int implicit; /* the acquire relied on the contract's default stream */
+  /* CUDA: the producer's ready event, for tb_lease_wait (0: none) */
+  uint64_t ready_event_id;
+  uint8_t ready_handle[TB__CUDA_IPC_HANDLE_SIZE];
+  uint8_t ready_uuid[TB__UUID_SIZE];
   void *metadata;
   size_t metadata_len;
   char *channel;
@@ -83,6 +87,18 @@ int tb_release(DLManagedTensorVersioned *t, void *stream) {
   if (t == NULL || t->deleter != tb__lease_deleter)
     return TB_EINVAL;
   return lease_end((struct tb__lease *)t, stream);
+}
+
+int tb_lease_wait(const DLManagedTensorVersioned *t, void *stream) {
+  const struct tb__lease *l;
+
+  if (t == NULL || t->deleter != tb__lease_deleter)
+    return TB_EINVAL;
+  l = (const struct tb__lease *)t;
+  if (l->map->kind != TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)
+    return 0; /* host memory is ready when published */
+  return tb__cuda_lease_wait(l->conn, l->ready_event_id, l->ready_handle,
+                             l->ready_uuid, stream);
 }
 
 int tb_lease_info(const DLManagedTensorVersioned *t,
@@ -176,6 +192,17 @@ static int build_tensor(struct tb_client *c,
   l->version = ar->version;
   l->producer_pid = ar->buffer->producer_pid;
   l->implicit = implicit;
+  if (ar->ready_event != NULL && ar->ready_event->event_id != 0 &&
+      ar->ready_event->cuda_ipc_event_handle.len == TB__CUDA_IPC_HANDLE_SIZE) {
+    const Tensorbroker__V1__EventInfo *re = ar->ready_event;
+    l->ready_event_id = re->event_id;
+    memcpy(l->ready_handle, re->cuda_ipc_event_handle.data,
+           TB__CUDA_IPC_HANDLE_SIZE);
+    if (re->device != NULL && re->device->uuid.len == TB__UUID_SIZE)
+      memcpy(l->ready_uuid, re->device->uuid.data, TB__UUID_SIZE);
+    else
+      memcpy(l->ready_uuid, map->uuid, TB__UUID_SIZE);
+  }
 
   /* byte_offset is folded into data (byte_offset = 0): every DLPack
    * consumer reads data, not all of them honour byte_offset. */

@@ -255,7 +255,6 @@ int tb_publish(tb_client *c, const char *channel, const DLTensor *t,
       goto out_unlock;
     rc = send_publish(c, channel, t, &o, buffer_id, offset, ev, &dev,
                       &version);
-    tb__cuda_publish_done(c, ev, channel, rc == 0 ? version : 0);
   } else {
     rc = tb__set_error(c, TB_EDEVICE, "device type %d not supported",
                        (int)t->device.device_type);

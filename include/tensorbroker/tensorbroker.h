@@ -291,6 +291,17 @@ TB_EXPORT int tb_acquire(tb_client *c, const char *channel,
  * consumers should call tb_release() with their stream. */
 TB_EXPORT int tb_release(DLManagedTensorVersioned *t, void *stream);
 
+/* Make stream wait (again) for the producer's ready event of a tensor
+ * returned by tb_acquire(): for consumers that acquire with
+ * TB_STREAM_NO_SYNC and learn their stream later, as DLPack's __dlpack__
+ * (stream=...) does. The stream rules are tb_acquire()'s: NULL follows the
+ * contract, TB_STREAM_NO_SYNC does nothing, a capturing stream gets an
+ * external wait (replays wait for the producer's newest record on the same
+ * stream), the legacy stream while this thread captures is TB_ECAPTURE.
+ * Host tensors: 0, nothing to wait for. Any thread, also after
+ * tb_client_disconnect(); TB_EINVAL for a tensor not from tb_acquire(). */
+TB_EXPORT int tb_lease_wait(const DLManagedTensorVersioned *t, void *stream);
+
 struct tb_lease_info {
   uint64_t version;
   uint64_t lease_id;
