@@ -29,18 +29,9 @@
 
 #define TBPY_ERRMSG_MAX 512
 
-/* The wait that Lease.__dlpack__(stream=s) needs: make s wait for the lease's
- * ready event (external wait when s is capturing). Proposed for the public
- * API; CMake defines TBPY_HAVE_LEASE_WAIT when the header declares it. */
-#ifdef TBPY_HAVE_LEASE_WAIT
+/* Lease.__dlpack__(stream=s) makes s wait for the producer's ready event
+ * with tb_lease_wait (an external wait when s is capturing). */
 #define tbpy_lease_wait tb_lease_wait
-#else
-static int tbpy_lease_wait(const DLManagedTensorVersioned *t, void *stream) {
-  (void)t;
-  (void)stream;
-  return TB_ENOTSUP;
-}
-#endif
 
 static PyObject *ErrorType;   /* tensorbroker.Error */
 static PyObject *TimeoutType; /* tensorbroker.TimeoutError(Error, TimeoutError) */
