@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <string.h>
 #include <sys/pidfd.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <sched.h>
 #include <time.h>
@@ -109,6 +110,8 @@ int tbt_daemon_start_at(struct tbt_daemon *d, const char *sock,
     return rc;
   }
   if (pid == 0) {
+    /* a test binary killed by ctest's timeout must not leave its daemon */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     /* the ready pipe becomes fd 3 without O_CLOEXEC; nothing else of the
      * test (client sockets!) may leak into the daemon */
     if (p[1] == 3) {
@@ -234,6 +237,7 @@ int tbt_child_start(struct tbt_child *c, tbt_child_fn fn, void *arg) {
   }
   if (pid == 0) {
     struct tbt_chan ch;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     /* move our ends to 3 and 4 and drop everything else the test had open
      * (its client sockets would keep its sessions alive otherwise) */
     int r = fcntl(down[0], F_DUPFD_CLOEXEC, 10);
