@@ -41,6 +41,8 @@ struct tbd_conn {
   size_t outq_bytes;
   int events;
   int doomed;
+  int pending;                  /* on srv->pending: read in the check phase */
+  struct tbd_conn *pnext;
   struct tbd_conn *next, *prev; /* srv->conns */
   struct tbd_conn *dnext;       /* srv->doomed */
 };
@@ -149,7 +151,7 @@ void tbd_server_emit(void *ud, struct tbd_session *s,
     c->outq = q;
   c->outq_tail = q;
   c->outq_bytes += (size_t)len;
-  conn_set_events(c, UV_READABLE | UV_WRITABLE);
+  conn_set_events(c, UV_READABLE | UV_DISCONNECT | UV_WRITABLE);
   return;
 
 out_drop:
@@ -227,7 +229,9 @@ static void on_timer(uv_timer_t *t) {
   after(srv);
 }
 
-static void conn_read(struct tbd_conn *c) {
+/* Read and handle up to READ_BUDGET datagrams. Returns 1 when the budget
+ * ran out with more perhaps waiting, else 0. */
+static int conn_read(struct tbd_conn *c) {
   struct tbd_server *srv = c->srv;
   int fds[TB__MAX_FDS];
 
@@ -238,38 +242,44 @@ static void conn_read(struct tbd_conn *c) {
                            &nfds, MSG_DONTWAIT);
 
     if (n == -EAGAIN || n == -EWOULDBLOCK)
-      return;
+      return 0;
     if (n == 0) { /* end of stream (or an empty datagram: same thing) */
       conn_doom(c);
-      return;
+      return 0;
     }
     if (n == -EMSGSIZE) {
       tbd_session_protocol_error(srv->reg, c->s, 0,
                                  "datagram larger than --max-message or "
                                  "with too many descriptors");
       conn_doom(c);
-      return;
+      return 0;
     }
     if (n < 0) {
       tbd_debug("session %llu: recv: %s",
                 (unsigned long long)tbd_session_id(c->s), strerror((int)-n));
       conn_doom(c);
-      return;
+      return 0;
     }
     if (tb__request_decode(srv->rxbuf, (size_t)n, &req) < 0) {
       for (int k = 0; k < nfds; k++)
         close(fds[k]);
       tbd_session_protocol_error(srv->reg, c->s, 0, "undecodable datagram");
       conn_doom(c);
-      return;
+      return 0;
     }
     rc = tbd_session_request(srv->reg, c->s, req, fds, nfds);
     tb__request_free(req);
     if (rc < 0)
       conn_doom(c);
   }
+  return !c->doomed;
 }
 
+/* Requests are read in the check phase, after every poll callback of this
+ * loop iteration has run, while hang-ups are handled at once. So when a
+ * client disconnects and then another client asks something, the daemon
+ * has ended the first session before it answers the second, even if both
+ * events come out of the same epoll_wait in the other order. */
 static void on_conn_poll(uv_poll_t *h, int status, int events) {
   struct tbd_conn *c = h->data;
   struct tbd_server *srv = c->srv;
@@ -282,9 +292,30 @@ static void on_conn_poll(uv_poll_t *h, int status, int events) {
       if (rc < 0)
         conn_doom(c);
       else if (rc == 0)
-        conn_set_events(c, UV_READABLE);
+        conn_set_events(c, UV_READABLE | UV_DISCONNECT);
     }
-    if ((events & UV_READABLE) && !c->doomed)
+    if ((events & UV_DISCONNECT) && !c->doomed) {
+      /* what it sent before hanging up still counts, then end of stream */
+      while (!c->doomed && conn_read(c))
+        ;
+    } else if ((events & UV_READABLE) && !c->doomed && !c->pending) {
+      c->pending = 1;
+      c->pnext = srv->pending;
+      srv->pending = c;
+    }
+  }
+  after(srv);
+}
+
+static void on_check(uv_check_t *h) {
+  struct tbd_server *srv = h->data;
+
+  while (srv->pending != NULL) {
+    struct tbd_conn *c = srv->pending;
+    srv->pending = c->pnext;
+    c->pending = 0;
+    /* doomed ones are freed only in the closing phase, after this one */
+    if (!c->doomed)
       conn_read(c);
   }
   after(srv);
@@ -320,8 +351,8 @@ static void conn_accepted(struct tbd_server *srv, int fd) {
     goto out_free;
   }
   c->poll.data = c;
-  c->events = UV_READABLE;
-  uv_poll_start(&c->poll, UV_READABLE, on_conn_poll);
+  c->events = UV_READABLE | UV_DISCONNECT;
+  uv_poll_start(&c->poll, c->events, on_conn_poll);
   c->next = srv->conns;
   if (srv->conns != NULL)
     srv->conns->prev = c;
@@ -397,10 +428,14 @@ int tbd_server_init(struct tbd_server *srv, uv_loop_t *loop,
   tbd_registry_set_socket_path(srv->reg, socket_path);
   uv_timer_init(loop, &srv->timer);
   srv->timer.data = srv;
+  uv_check_init(loop, &srv->check);
+  srv->check.data = srv;
+  uv_check_start(&srv->check, on_check);
   rc = uv_poll_init(loop, &srv->listen_poll, listen_fd);
   if (rc < 0) {
     tbd_error("uv_poll_init: %s", uv_strerror(rc));
     uv_close((uv_handle_t *)&srv->timer, NULL);
+    uv_close((uv_handle_t *)&srv->check, NULL);
     tbd_registry_free(srv->reg);
     srv->reg = NULL;
     rc = TB_ESYS;
@@ -440,6 +475,7 @@ void tbd_server_shutdown(struct tbd_server *srv, const char *reason) {
   reap(srv);
   uv_timer_stop(&srv->timer);
   uv_close((uv_handle_t *)&srv->timer, NULL);
+  uv_close((uv_handle_t *)&srv->check, NULL);
   uv_poll_stop(&srv->listen_poll);
   uv_close((uv_handle_t *)&srv->listen_poll, on_listen_closed);
   if (srv->socket_path != NULL && unlink(srv->socket_path) < 0 &&

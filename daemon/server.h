@@ -20,10 +20,12 @@ struct tbd_server {
   int reserve_fd;            /* spent on EMFILE to accept-and-close */
   uv_poll_t listen_poll;
   uv_timer_t timer;
+  uv_check_t check;          /* reads the sessions marked readable */
   uint8_t *rxbuf;            /* lim.max_message bytes */
   uint8_t *txbuf;            /* TB__MAX_MESSAGE_HARD bytes */
   struct tbd_conn *conns;
   struct tbd_conn *doomed;
+  struct tbd_conn *pending;  /* readable, to be read in the check phase */
   uint32_t nconns;
   int stopping;
 };
