@@ -431,10 +431,6 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
       Py_BEGIN_ALLOW_THREADS
       rc = tbpy_lease_wait(mt, s);
       Py_END_ALLOW_THREADS
-      if (rc == TB_ENOTSUP)
-        return raise_tb(rc, "this libtensorbroker has no tb_lease_wait(): it cannot make "
-                            "the consumer's stream wait for the producer; pass stream=-1 "
-                            "and synchronise yourself");
       if (rc < 0)
         return raise_tb(rc, NULL);
     }
@@ -1470,13 +1466,7 @@ PyMODINIT_FUNC PyInit__native(void) {
       PyModule_AddObjectRef(m, "Buffer", BufferType) < 0 ||
       PyModule_AddObjectRef(m, "Lease", LeaseType) < 0 ||
       PyModule_AddStringConstant(m, "library_version", tb_version()) < 0 ||
-      PyModule_AddIntConstant(m, "HAVE_LEASE_WAIT",
-#ifdef TBPY_HAVE_LEASE_WAIT
-                              1
-#else
-                              0
-#endif
-                              ) < 0)
+      PyModule_AddIntConstant(m, "HAVE_LEASE_WAIT", 1) < 0)
     goto fail;
 #define ADD_ERR(name, value, text)                                             \
   if (PyModule_AddIntConstant(m, "TB_" #name, value) < 0)                      \

@@ -32,6 +32,15 @@ if [ "$old_build" != "$build" ] || [ "$old_src" != "$src" ]; then
   printf 'src=%s\nbuild=%s\n' "$src" "$build" >"$carry/ORIGIN"
 fi
 
+# The Python tests were configured with this machine's /usr/bin/python3;
+# there, the python3 on PATH is the one with torch, CuPy and JAX.
+py=$(command -v python3 || true)
+if [ -n "$py" ] && [ "$py" != /usr/bin/python3 ] &&
+  "$py" -c 'import torch' >/dev/null 2>&1; then
+  echo "run-on-gpu: Python tests use $py"
+  find "$build" -name CTestTestfile.cmake -exec sed -i "s|/usr/bin/python3|$py|g" {} +
+fi
+
 export LD_LIBRARY_PATH="$carry:$build/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 {
@@ -57,11 +66,13 @@ timeout 300 ctest -L gpu --output-on-failure --timeout 120 2>&1 |
 grep -q '100% tests passed' "$logs/ctest-gpu.txt" || status=1
 cp Testing/Temporary/LastTest.log "$logs/LastTest-gpu.log" 2>/dev/null
 
-echo "== ctest (everything else)"
-timeout 150 ctest -LE gpu --output-on-failure --timeout 60 -j 8 2>&1 |
-  tee "$logs/ctest-rest.txt"
-grep -q '100% tests passed' "$logs/ctest-rest.txt" || status=1
-cp Testing/Temporary/LastTest.log "$logs/LastTest-rest.log" 2>/dev/null
+if [ "${TB_GPU_RUN_ALL:-0}" = 1 ]; then
+  echo "== ctest (everything else)"
+  timeout 150 ctest -LE gpu --output-on-failure --timeout 60 -j 8 2>&1 |
+    tee "$logs/ctest-rest.txt"
+  grep -q '100% tests passed' "$logs/ctest-rest.txt" || status=1
+  cp Testing/Temporary/LastTest.log "$logs/LastTest-rest.log" 2>/dev/null
+fi
 
 echo "== run-on-gpu: exit $status (logs in $logs)"
 exit $status
