@@ -415,7 +415,7 @@ static size_t run_torch(uint64_t *out, size_t cap, long iters) {
     script = "bench/torch_baseline.py";
   snprintf(file, sizeof(file), "%s/lat.txt", dir);
   snprintf(cmd, sizeof(cmd),
-           "timeout 120 python3 %s/torch_baseline.py --mib 4 --iters %ld "
+           "timeout 120 python3 %s --mib 4 --iters %ld "
            "--out %s >/dev/null 2>%s/err.txt",
            script, iters, file, dir);
   fflush(stdout);
