@@ -108,6 +108,10 @@ static const struct tb_cuda_sym tb_cuda_syms[] = {
     SYM1(cuModuleUnload),
     SYM1(cuDeviceGetName),
     SYM1(cuStreamQuery),
+    SYM1(cuCtxEnablePeerAccess),
+    SYM1(cuMemcpyPeerAsync),
+    SYM1(cuMemAllocAsync),
+    SYM1(cuMemFreeAsync),
 };
 
 static pthread_once_t tb_cuda_once = PTHREAD_ONCE_INIT;

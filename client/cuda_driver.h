@@ -62,6 +62,8 @@ typedef struct {
 #define TB_CUDA_ERROR_INVALID_CONTEXT 201
 #define TB_CUDA_ERROR_PEER_ACCESS_UNSUPPORTED 217
 #define TB_CUDA_ERROR_NOT_READY 600
+#define TB_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
+#define TB_CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED 115
 #define TB_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
 #define TB_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
 #define TB_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT 906
@@ -143,6 +145,14 @@ struct tb_cuda {
   tb_cu_result (*cuModuleUnload)(tb_cu_module m);
   tb_cu_result (*cuDeviceGetName)(char *name, int len, tb_cu_device d);
   tb_cu_result (*cuStreamQuery)(tb_cu_stream s);
+  /* Cross-GPU exchange (issue 6). */
+  tb_cu_result (*cuCtxEnablePeerAccess)(tb_cu_context peer, unsigned flags);
+  tb_cu_result (*cuMemcpyPeerAsync)(tb_cu_deviceptr dst, tb_cu_context dctx,
+                                    tb_cu_deviceptr src, tb_cu_context sctx,
+                                    size_t n, tb_cu_stream s);
+  tb_cu_result (*cuMemAllocAsync)(tb_cu_deviceptr *p, size_t size,
+                                  tb_cu_stream s);
+  tb_cu_result (*cuMemFreeAsync)(tb_cu_deviceptr p, tb_cu_stream s);
 };
 
 /* Load and initialise the driver once per process (thread-safe). On success

@@ -535,7 +535,9 @@ int tb__cuda_device_by_uuid(const uint8_t uuid[16], int *ordinal, char *why,
         tb_uuid_text(uuid, text, sizeof text);
         tb_why(why, whylen,
                "the current device (ordinal %d) has no peer access to %s "
-               "(ordinal %d) where the tensor lives",
+               "(ordinal %d) where the tensor lives; make that device "
+               "current, or pass the consumer's device with "
+               "TB_ACQUIRE_COPY_TO_DEVICE to copy",
                cur_dev, text, found);
         return TB_EDEVICE;
       }
@@ -729,4 +731,473 @@ void tb__cuda_event_destroy(tb_cu_event e) {
   int mode = tb_relaxed_enter(cu);
   cu->cuEventDestroy(e);
   tb_relaxed_leave(cu, mode);
+}
+
+/* ---- cross-GPU exchange ------------------------------------------------- */
+
+void tb__cuda_uuid_text(const uint8_t uuid[16], char *buf, size_t len) {
+  tb_uuid_text(uuid, buf, len);
+}
+
+int tb__cuda_find_uuid(const uint8_t uuid[16], int *ordinal, char *why,
+                       size_t whylen) {
+  const struct tb_cuda *cu;
+  tb_cu_device dev;
+  tb_cu_uuid u;
+  tb_cu_result r;
+  char text[48];
+  int n = 0, rc;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  r = cu->cuDeviceGetCount(&n);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceGetCount", r);
+  for (int i = 0; i < n; i++) {
+    if (cu->cuDeviceGet(&dev, i) != 0 || cu->cuDeviceGetUuid(&u, dev) != 0)
+      continue;
+    if (memcmp(u.bytes, uuid, 16) == 0) {
+      *ordinal = i;
+      return 0;
+    }
+  }
+  tb_uuid_text(uuid, text, sizeof text);
+  tb_why(why, whylen,
+         "the tensor lives on %s, which is not among this process's %d "
+         "visible CUDA devices (check CUDA_VISIBLE_DEVICES)",
+         text, n);
+  return TB_EDEVICE;
+}
+
+int tb__cuda_device_uuid(int ordinal, uint8_t uuid[16], char *why,
+                         size_t whylen) {
+  const struct tb_cuda *cu;
+  tb_cu_device dev;
+  tb_cu_uuid u;
+  tb_cu_result r;
+  int n = 0, rc;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  r = cu->cuDeviceGetCount(&n);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceGetCount", r);
+  if (ordinal < 0 || ordinal >= n) {
+    tb_why(why, whylen,
+           "device %d is not among this process's %d visible CUDA devices",
+           ordinal, n);
+    return TB_EDEVICE;
+  }
+  r = cu->cuDeviceGet(&dev, ordinal);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceGet", r);
+  r = cu->cuDeviceGetUuid(&u, dev);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceGetUuid", r);
+  memcpy(uuid, u.bytes, 16);
+  return 0;
+}
+
+int tb__cuda_xdev_plan(int owner, int consumer, unsigned flags,
+                       int can_access, const uint8_t owner_uuid[16],
+                       const uint8_t consumer_uuid[16], int *plan, char *why,
+                       size_t whylen) {
+  char ot[48], ct[48];
+
+  if (consumer < 0 || consumer == owner) {
+    *plan = TB__XDEV_SAME;
+    return 0;
+  }
+  if (flags & TB_ACQUIRE_COPY_TO_DEVICE) {
+    *plan = TB__XDEV_COPY;
+    return 0;
+  }
+  if (can_access) {
+    *plan = TB__XDEV_PEER;
+    return 0;
+  }
+  tb_uuid_text(consumer_uuid, ct, sizeof ct);
+  tb_uuid_text(owner_uuid, ot, sizeof ot);
+  tb_why(why, whylen,
+         "%s (device %d) cannot reach %s (device %d, where the tensor "
+         "lives) by peer access; pass TB_ACQUIRE_COPY_TO_DEVICE to copy",
+         ct, consumer, ot, owner);
+  return TB_EDEVICE;
+}
+
+int tb__cuda_can_access_peer(int consumer, int owner, int *can, char *why,
+                             size_t whylen) {
+  const struct tb_cuda *cu;
+  tb_cu_device a, b;
+  tb_cu_result r;
+  int v = 0, rc;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  r = cu->cuDeviceGet(&a, consumer);
+  if (r == 0)
+    r = cu->cuDeviceGet(&b, owner);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceGet", r);
+  r = cu->cuDeviceCanAccessPeer(&v, a, b);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceCanAccessPeer", r);
+  *can = v != 0;
+  return 0;
+}
+
+int tb__cuda_current_device(int *ordinal, tb_cu_context *ctx, char *why,
+                            size_t whylen) {
+  const struct tb_cuda *cu;
+  tb_cu_context cur = NULL;
+  tb_cu_device d;
+  tb_cu_result r;
+  int rc;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  r = cu->cuCtxGetCurrent(&cur);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuCtxGetCurrent", r);
+  if (cur == NULL) {
+    tb_why(why, whylen, "no CUDA context is current on this thread");
+    return TB_EDEVICE;
+  }
+  r = cu->cuCtxGetDevice(&d);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuCtxGetDevice", r);
+  *ordinal = d;
+  if (ctx != NULL)
+    *ctx = cur;
+  return 0;
+}
+
+int tb__cuda_device_enter(int ordinal, struct tb__cuda_devctx *d, char *why,
+                          size_t whylen) {
+  const struct tb_cuda *cu;
+  tb_cu_context cur = NULL, ctx;
+  tb_cu_device dev, cur_dev;
+  tb_cu_result r;
+  int n = 0, rc;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  r = cu->cuDeviceGetCount(&n);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceGetCount", r);
+  if (ordinal < 0 || ordinal >= n) {
+    tb_why(why, whylen,
+           "device %d is not among this process's %d visible CUDA devices",
+           ordinal, n);
+    return TB_EDEVICE;
+  }
+  r = cu->cuCtxGetCurrent(&cur);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuCtxGetCurrent", r);
+  if (cur != NULL) {
+    r = cu->cuCtxGetDevice(&cur_dev);
+    if (r != 0)
+      return tb_cu_fail(why, whylen, "cuCtxGetDevice", r);
+    if (cur_dev == ordinal) {
+      d->ctx = cur;
+      d->prev = cur;
+      d->switched = 0;
+      return 0;
+    }
+  }
+  r = cu->cuDeviceGet(&dev, ordinal);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceGet", r);
+  rc = tb_primary_ctx(cu, dev, &ctx, why, whylen);
+  if (rc != 0)
+    return rc;
+  r = cu->cuCtxSetCurrent(ctx);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuCtxSetCurrent", r);
+  d->ctx = ctx;
+  d->prev = cur;
+  /* Nothing was current: leave the device's context current, as the
+   * default path does, so the legacy stream means this device later. */
+  d->switched = cur != NULL;
+  return 0;
+}
+
+void tb__cuda_device_leave(const struct tb__cuda_devctx *d) {
+  const struct tb_cuda *cu;
+  if (d->switched && tb__cuda_load(&cu) == 0)
+    cu->cuCtxSetCurrent(d->prev);
+}
+
+int tb__cuda_open_mem_here(const uint8_t handle[64], int owner, size_t size,
+                           tb_cu_deviceptr *out, int *local, char *why,
+                           size_t whylen) {
+  const struct tb_cuda *cu;
+  tb_cu_ipc_mem_handle h;
+  tb_cu_deviceptr p = 0, base = 0;
+  tb_cu_context cur = NULL, own_ctx = NULL;
+  tb_cu_device cur_dev = -1;
+  size_t mapped = 0;
+  struct tb_export *e;
+  tb_cu_result r;
+  int rc, mode;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_need_ctx(cu, "mapping another process's CUDA memory", why, whylen);
+  if (rc != 0)
+    return rc;
+  pthread_mutex_lock(&tb_exports_lock);
+  e = tb_export_by_handle(handle);
+  if (e != NULL) {
+    base = e->base;
+    mapped = e->size;
+  }
+  pthread_mutex_unlock(&tb_exports_lock);
+  if (base != 0) {
+    if (mapped < size) {
+      tb_why(why, whylen,
+             "own allocation is %zu bytes, the buffer claims %zu", mapped,
+             size);
+      return TB_ELAYOUT;
+    }
+    /* Our own memory used from another device's context: IPC open is
+     * refused in-process, so enable peer access to its context. */
+    if (cu->cuCtxGetCurrent(&cur) != 0 || cu->cuCtxGetDevice(&cur_dev) != 0)
+      return tb_cu_fail(why, whylen, "cuCtxGetDevice", TB_CUDA_ERROR_INVALID_CONTEXT);
+    if (cur_dev != owner) {
+      if (tb_ptr_ctx(cu, base, &own_ctx) != 0) {
+        tb_why(why, whylen, "0x%llx is no longer CUDA memory", base);
+        return TB_EDEVICE;
+      }
+      mode = tb_relaxed_enter(cu);
+      r = cu->cuCtxEnablePeerAccess(own_ctx, 0);
+      tb_relaxed_leave(cu, mode);
+      if (r != 0 && r != TB_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+        if (r == TB_CUDA_ERROR_PEER_ACCESS_UNSUPPORTED) {
+          tb_why(why, whylen, "cuCtxEnablePeerAccess: %s: device %d cannot "
+                 "reach device %d", tb__cuda_err_name(r), (int)cur_dev, owner);
+          return TB_EDEVICE;
+        }
+        return tb_cu_fail(why, whylen, "cuCtxEnablePeerAccess", r);
+      }
+    }
+    *out = base;
+    *local = 1;
+    return 0;
+  }
+
+  memcpy(h.reserved, handle, 64);
+  mode = tb_relaxed_enter(cu);
+  r = cu->cuIpcOpenMemHandle(&p, h, TB_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  tb_relaxed_leave(cu, mode);
+  if (r == TB_CUDA_ERROR_PEER_ACCESS_UNSUPPORTED) {
+    tb_why(why, whylen, "cuIpcOpenMemHandle: %s: this device cannot map "
+           "memory of the tensor's device", tb__cuda_err_name(r));
+    return TB_EDEVICE;
+  }
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuIpcOpenMemHandle", r);
+  r = cu->cuMemGetAddressRange(&base, &mapped, p);
+  if (r != 0 || mapped < size) {
+    if (r != 0)
+      rc = tb_cu_fail(why, whylen, "cuMemGetAddressRange", r);
+    else {
+      tb_why(why, whylen, "mapped allocation is %zu bytes, the buffer "
+             "claims %zu", mapped, size);
+      rc = TB_ELAYOUT;
+    }
+    mode = tb_relaxed_enter(cu);
+    cu->cuIpcCloseMemHandle(p);
+    tb_relaxed_leave(cu, mode);
+    return rc;
+  }
+  *out = p;
+  *local = 0;
+  return 0;
+}
+
+int tb__cuda_close_mem_in(tb_cu_context ctx, tb_cu_deviceptr p) {
+  const struct tb_cuda *cu;
+  struct tb_ctx_saved saved;
+  tb_cu_result r;
+  int own, mode;
+
+  if (tb__cuda_load(&cu) != 0)
+    return TB_ENOCUDA;
+  pthread_mutex_lock(&tb_exports_lock);
+  own = tb_export_by_base(p) != NULL;
+  pthread_mutex_unlock(&tb_exports_lock);
+  if (own)
+    return 0;
+  if (tb_ctx_enter(cu, ctx, &saved, NULL, 0) != 0)
+    return TB_ECUDA;
+  mode = tb_relaxed_enter(cu);
+  r = cu->cuIpcCloseMemHandle(p);
+  tb_relaxed_leave(cu, mode);
+  tb_ctx_leave(cu, &saved);
+  return r == 0 ? 0 : TB_ECUDA;
+}
+
+int tb__cuda_stream_device(const struct tb__cuda_stream *s, int *ordinal,
+                           char *why, size_t whylen) {
+  const struct tb_cuda *cu;
+  struct tb_ctx_saved saved;
+  tb_cu_context ctx;
+  tb_cu_device d;
+  tb_cu_result r;
+  int rc;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_stream_ctx(cu, s->stream, &ctx, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
+  if (rc != 0)
+    return rc;
+  r = cu->cuCtxGetDevice(&d);
+  tb_ctx_leave(cu, &saved);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuCtxGetDevice", r);
+  *ordinal = d;
+  return 0;
+}
+
+int tb__cuda_capturing(const struct tb__cuda_stream *s, char *why,
+                       size_t whylen) {
+  const struct tb_cuda *cu;
+  struct tb_ctx_saved saved;
+  tb_cu_context ctx;
+  int rc;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_stream_ctx(cu, s->stream, &ctx, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_capture_state(cu, s->stream, "copying the tensor", why, whylen);
+  tb_ctx_leave(cu, &saved);
+  return rc;
+}
+
+int tb__cuda_copy_peer(const struct tb__cuda_stream *s, tb_cu_deviceptr src,
+                       tb_cu_context sctx, size_t n, tb_cu_deviceptr *dst,
+                       tb_cu_context *dctx, int *pooled, tb_cu_event *copied,
+                       char *why, size_t whylen) {
+  const struct tb_cuda *cu;
+  tb_cu_context cur = NULL;
+  tb_cu_device dev;
+  tb_cu_deviceptr p = 0;
+  tb_cu_event ev = NULL;
+  tb_cu_result r;
+  int pools = 0, rc, mode;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb__cuda_capturing(s, why, whylen);
+  if (rc < 0)
+    return rc;
+  if (rc == 1) {
+    tb_why(why, whylen,
+           "TB_ACQUIRE_COPY_TO_DEVICE cannot copy inside a CUDA graph "
+           "capture (the copy would belong to the graph); acquire before "
+           "capturing, or map the tensor by peer access");
+    return TB_ECAPTURE;
+  }
+  r = cu->cuCtxGetCurrent(&cur);
+  if (r != 0 || cur == NULL)
+    return tb_cu_fail(why, whylen, "cuCtxGetCurrent",
+                      r != 0 ? r : TB_CUDA_ERROR_INVALID_CONTEXT);
+  r = cu->cuCtxGetDevice(&dev);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuCtxGetDevice", r);
+  if (cu->cuDeviceGetAttribute(&pools,
+                               TB_CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+                               dev) != 0)
+    pools = 0;
+  /* event create and allocation are not stream work */
+  mode = tb_relaxed_enter(cu);
+  r = cu->cuEventCreate(&ev, TB_CU_EVENT_DISABLE_TIMING);
+  tb_relaxed_leave(cu, mode);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuEventCreate", r);
+  if (pools) {
+    r = cu->cuMemAllocAsync(&p, n, s->stream);
+  } else {
+    mode = tb_relaxed_enter(cu);
+    r = cu->cuMemAlloc(&p, n);
+    tb_relaxed_leave(cu, mode);
+  }
+  if (r != 0) {
+    rc = tb_cu_fail(why, whylen, pools ? "cuMemAllocAsync" : "cuMemAlloc", r);
+    goto out_event;
+  }
+  r = cu->cuMemcpyPeerAsync(p, cur, src, sctx, n, s->stream);
+  if (r != 0) {
+    rc = tb_cu_fail(why, whylen, "cuMemcpyPeerAsync", r);
+    goto out_free;
+  }
+  r = cu->cuEventRecord(ev, s->stream);
+  if (r != 0) {
+    rc = tb_cu_fail(why, whylen, "cuEventRecord", r);
+    goto out_free;
+  }
+  *dst = p;
+  *dctx = cur;
+  *pooled = pools;
+  *copied = ev;
+  return 0;
+
+out_free:
+  if (pools)
+    cu->cuMemFreeAsync(p, s->stream);
+  else
+    cu->cuMemFree(p);
+out_event:
+  cu->cuEventDestroy(ev);
+  return rc;
+}
+
+int tb__cuda_free_copy(tb_cu_deviceptr p, tb_cu_context ctx, int pooled,
+                       const struct tb__cuda_stream *s) {
+  const struct tb_cuda *cu;
+  struct tb_ctx_saved saved;
+  struct tb__cuda_stream legacy = {TB_CU_STREAM_LEGACY, 0, 0};
+  const struct tb__cuda_stream *use = s;
+  tb_cu_result r;
+  int cap, mode;
+
+  if (p == 0)
+    return 0;
+  if (tb__cuda_load(&cu) != 0)
+    return TB_ENOCUDA;
+  if (tb_ctx_enter(cu, ctx, &saved, NULL, 0) != 0)
+    return TB_ECUDA;
+  if (use == NULL || use->no_sync)
+    use = &legacy;
+  cap = pooled ? tb__cuda_capturing(use, NULL, 0) : 0;
+  if (pooled && cap == 0) {
+    r = cu->cuMemFreeAsync(p, use->stream);
+  } else {
+    /* not pooled, or the stream captures or may not be touched (a free
+     * there would become a graph node or invalidate the capture): a plain
+     * free, allowed during a capture in relaxed mode */
+    mode = tb_relaxed_enter(cu);
+    r = cu->cuMemFree(p);
+    tb_relaxed_leave(cu, mode);
+  }
+  tb_ctx_leave(cu, &saved);
+  return r == 0 ? 0 : TB_ECUDA;
 }

@@ -90,4 +90,104 @@ int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
 int tb__cuda_wait(const struct tb__cuda_stream *s, tb_cu_event ev, char *why,
                   size_t whylen);
 
+/* ---- cross-GPU exchange (docs/cuda.md, "Cross-GPU exchange") ---------- */
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L prints it. */
+void tb__cuda_uuid_text(const uint8_t uuid[16], char *buf, size_t len);
+
+/* The ordinal of the visible device with this UUID; no context is touched.
+ * TB_EDEVICE when no visible device has it. */
+int tb__cuda_find_uuid(const uint8_t uuid[16], int *ordinal, char *why,
+                       size_t whylen);
+
+/* The UUID of visible device ordinal; TB_EDEVICE for an ordinal out of
+ * range. */
+int tb__cuda_device_uuid(int ordinal, uint8_t uuid[16], char *why,
+                         size_t whylen);
+
+/* How an acquire reaches memory on device owner from device consumer. */
+enum tb__xdev_plan {
+  TB__XDEV_SAME = 0, /* same device (or consumer -1): map it there */
+  TB__XDEV_PEER = 1, /* map it for the consumer's device by peer access */
+  TB__XDEV_COPY = 2  /* copy it onto the consumer's device */
+};
+
+/* The decision, free of driver calls so that it can be tested without two
+ * GPUs: consumer < 0 or consumer == owner -> SAME (the copy flag asks for a
+ * copy only across devices); TB_ACQUIRE_COPY_TO_DEVICE -> COPY; can_access
+ * (cuDeviceCanAccessPeer(consumer, owner)) -> PEER; otherwise TB_EDEVICE,
+ * naming both devices by UUID and the flag to pass, and *plan untouched.
+ * Never a silent copy. */
+int tb__cuda_xdev_plan(int owner, int consumer, unsigned flags,
+                       int can_access, const uint8_t owner_uuid[16],
+                       const uint8_t consumer_uuid[16], int *plan, char *why,
+                       size_t whylen);
+
+/* cuDeviceCanAccessPeer(consumer, owner) by ordinals. */
+int tb__cuda_can_access_peer(int consumer, int owner, int *can, char *why,
+                             size_t whylen);
+
+/* A context on a device made current for a while. */
+struct tb__cuda_devctx {
+  tb_cu_context ctx;  /* the context used for the device */
+  tb_cu_context prev; /* restored by leave when switched */
+  int switched;
+};
+
+/* Make a context of device ordinal current on this thread: the current one
+ * if it is on that device, else the device's primary context (retained
+ * once per process). With no context current before, the primary context
+ * stays current after leave (as tb__cuda_device_by_uuid does), so that the
+ * legacy stream means that device's afterwards; otherwise leave restores
+ * the previous one. */
+int tb__cuda_device_enter(int ordinal, struct tb__cuda_devctx *d, char *why,
+                          size_t whylen);
+void tb__cuda_device_leave(const struct tb__cuda_devctx *d);
+
+/* The device ordinal of the current context (TB_EDEVICE without one). */
+int tb__cuda_current_device(int *ordinal, tb_cu_context *ctx, char *why,
+                            size_t whylen);
+
+/* Map another process's allocation (exported on device owner) into the
+ * CURRENT context, which may be on another device: with
+ * CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS the driver enables peer access from
+ * the current device to owner's. This process's own allocations come back
+ * as their base (*local = 1); used from a context on another device, peer
+ * access to the allocation's context is enabled first. */
+int tb__cuda_open_mem_here(const uint8_t handle[64], int owner, size_t size,
+                           tb_cu_deviceptr *out, int *local, char *why,
+                           size_t whylen);
+
+/* Close a mapping in the context it was opened in (own allocations: no-op). */
+int tb__cuda_close_mem_in(tb_cu_context ctx, tb_cu_deviceptr p);
+
+/* The device ordinal an (already resolved, not no_sync) stream runs on:
+ * an explicit stream's context's device, or the current context's. */
+int tb__cuda_stream_device(const struct tb__cuda_stream *s, int *ordinal,
+                           char *why, size_t whylen);
+
+/* Whether s captures: 0 no, 1 yes; TB_ECAPTURE when touching s would
+ * invalidate a capture (the legacy stream while this thread captures). */
+int tb__cuda_capturing(const struct tb__cuda_stream *s, char *why,
+                       size_t whylen);
+
+/* Copy n bytes from src (mapped in context sctx) to a new allocation on
+ * the current context's device, on stream s (a resolved stream, not
+ * no_sync; must not capture: TB_ECAPTURE). Stream-ordered allocation
+ * (cuMemAllocAsync) where the device supports memory pools (*pooled = 1),
+ * else cuMemAlloc. Enqueues only; never synchronises the host. Then records
+ * a new plain event after the copy into *copied (for tb_lease_wait). */
+int tb__cuda_copy_peer(const struct tb__cuda_stream *s, tb_cu_deviceptr src,
+                       tb_cu_context sctx, size_t n, tb_cu_deviceptr *dst,
+                       tb_cu_context *dctx, int *pooled, tb_cu_event *copied,
+                       char *why, size_t whylen);
+
+/* Free a copy made by tb__cuda_copy_peer, in its context: pooled copies
+ * with cuMemFreeAsync on s (no_sync or NULL s: that context's legacy
+ * stream), without blocking the host. While the calling thread captures a
+ * graph the stream-ordered free is not allowed: the copy is then freed
+ * with cuMemFree in relaxed capture mode (which synchronises). */
+int tb__cuda_free_copy(tb_cu_deviceptr p, tb_cu_context ctx, int pooled,
+                       const struct tb__cuda_stream *s);
+
 #endif /* TB_CUDA_IPC_H */

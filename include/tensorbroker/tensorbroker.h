@@ -241,7 +241,28 @@ struct tb_acquire_options {
   /* CUDA tensors: the stream that will read the data; it is made to wait on
    * the producer's ready event. NULL follows the contract. Host: NULL. */
   void *stream;
+  /* Fields below were added after 0.1.0; they are read only when
+   * struct_size covers them, so callers built against the older struct get
+   * the defaults. */
+  /* CUDA tensors: the consumer's device, as an ordinal of THIS process's
+   * visible devices. -1 (default): the device holding the memory (matched by
+   * UUID), as before. Another device: the memory is mapped for that device
+   * through peer access (TB_EDEVICE when the two devices cannot reach each
+   * other), or copied onto it with TB_ACQUIRE_COPY_TO_DEVICE. Host tensors
+   * ignore it. */
+  int device;
+  /* TB_ACQUIRE_* flags below; unknown bits are TB_EINVAL. Default 0. */
+  unsigned flags;
 };
+
+/* With opts->device naming another GPU than the one holding the tensor:
+ * instead of mapping the producer's memory through peer access, copy the
+ * tensor device-to-device onto opts->device (a new compact allocation,
+ * DLPACK_FLAG_BITMASK_IS_COPIED, writable) and end the lease as soon as the
+ * copy is enqueued. Ignored when the tensor already lives on opts->device
+ * (or device is -1), and for host tensors: the flag asks for a copy only
+ * across devices. docs/cuda.md, "Cross-GPU exchange". */
+#define TB_ACQUIRE_COPY_TO_DEVICE 0x1u
 
 TB_EXPORT void tb_acquire_options_init(struct tb_acquire_options *opts);
 

@@ -82,6 +82,10 @@ EQ(TB_CUDA_ERROR_NO_DEVICE, CUDA_ERROR_NO_DEVICE);
 EQ(TB_CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_CONTEXT);
 EQ(TB_CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
 EQ(TB_CUDA_ERROR_NOT_READY, CUDA_ERROR_NOT_READY);
+EQ(TB_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+   CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+EQ(TB_CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+   CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED);
 EQ(TB_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
 EQ(TB_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
@@ -111,6 +115,8 @@ EQ(TB_CUDA_API_VERSION, 12000);
   R (*)(F, unsigned int, unsigned int, unsigned int, unsigned int,           \
         unsigned int, unsigned int, unsigned int, S, void **, void **)
 #define S_inst(R, E, G) R (*)(E *, G, unsigned long long)
+#define S_peer(R, D, C, S) R (*)(D, C, D, C, size_t, S)
+#define S_allocasync(R, D, S) R (*)(D *, size_t, S)
 
 #define CU(...) (CUresult, __VA_ARGS__)
 #define TB(...) (tb_cu_result, __VA_ARGS__)
@@ -214,6 +220,15 @@ CHECK(cuModuleUnload, cuModuleUnload, S_i, CU(CUmodule), TB(tb_cu_module));
 CHECK(cuDeviceGetName, cuDeviceGetName, S_name, CU(CUdevice),
       TB(tb_cu_device));
 CHECK(cuStreamQuery, cuStreamQuery, S_i, CU(CUstream), TB(tb_cu_stream));
+CHECK(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, S_vv,
+      CU(CUcontext, unsigned int), TB(tb_cu_context, unsigned));
+CHECK(cuMemcpyPeerAsync, cuMemcpyPeerAsync, S_peer,
+      CU(CUdeviceptr, CUcontext, CUstream),
+      TB(tb_cu_deviceptr, tb_cu_context, tb_cu_stream));
+CHECK(cuMemAllocAsync, cuMemAllocAsync, S_allocasync,
+      CU(CUdeviceptr, CUstream), TB(tb_cu_deviceptr, tb_cu_stream));
+CHECK(cuMemFreeAsync, cuMemFreeAsync, S_vv, CU(CUdeviceptr, CUstream),
+      TB(tb_cu_deviceptr, tb_cu_stream));
 
 /* cuGetProcAddress_v2, which cuda_driver.c declares privately. */
 _Static_assert(IS(__typeof__(&cuGetProcAddress_v2),
