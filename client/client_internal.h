@@ -35,6 +35,7 @@
 struct tb__map;
 struct tb__cuda_client;
 struct tb__cuda_conn;
+struct tb__cuda_view;
 
 /* ---- the refcounted connection (conn.c) ---- */
 struct tb__conn {
@@ -161,10 +162,16 @@ struct tb__map {
   int retired;
   int writable;
   void *host;             /* host mapping */
-  uint64_t dev;           /* CUDA: base in this process (tb_cu_deviceptr) */
-  int local;              /* CUDA: our own allocation, never closed */
-  int device;             /* CUDA: ordinal in this process */
+  uint64_t dev;           /* unused (CUDA mappings are in views) */
+  int local;              /* unused */
+  int device;             /* CUDA: ordinal in this process of the memory's
+                           * device (matched by uuid) */
   uint8_t uuid[TB__UUID_SIZE];
+  /* CUDA: the IPC handle, opened lazily once per consumer device (a
+   * mapping opened in one device's context is never handed to another
+   * device): cuda_transport.c, closed by tb__cuda_map_close. */
+  uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
+  struct tb__cuda_view *views;
   size_t size;
   uint64_t stamp; /* last use, for eviction */
   UT_hash_handle hh;
@@ -201,7 +208,7 @@ int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
  * lease's ready event. Takes only k->lock; any thread. */
 int tb__cuda_lease_wait(struct tb__conn *k, uint64_t event_id,
                         const uint8_t *handle, const uint8_t *uuid,
-                        void *stream);
+                        int device, int enter, void *stream);
 /* Producer: make stream wait on the consumers' done events. */
 int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
                        void *stream);
@@ -210,18 +217,44 @@ int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
 int tb__cuda_map_open(struct tb_client *c,
                       const Tensorbroker__V1__BufferInfo *bi,
                       struct tb__map **out);
-/* Consumer: make the acquire stream wait on the ready event; make sure a
- * done event is registered for the device. *implicit is set when the
- * contract chose the stream. */
-int tb__cuda_acquire_sync(struct tb_client *c, const struct tb__map *m,
-                          const Tensorbroker__V1__EventInfo *ready,
-                          void *stream, int *implicit);
-/* Consumer: record the done event for a lease on stream (under the
- * connection's contract). Writes the registered event id, 0 when none
- * applies (no-sync stream). Caller holds k->lock. */
-int tb__cuda_release_record_locked(struct tb__conn *k, int device,
+/* What a CUDA acquire produced (cuda_transport.c). */
+struct tb__cuda_acq {
+  uint64_t base;   /* the buffer's byte 0 as this consumer addresses it */
+  int done_device; /* device whose done event the release records */
+  int enter;       /* 1: a consumer device was given; default streams at
+                    * release and tb_lease_wait are that device's */
+  int implicit;    /* the contract chose the stream */
+  /* TB_ACQUIRE_COPY_TO_DEVICE across devices (copy != 0): */
+  uint64_t copy;          /* the allocation on the consumer's device */
+  void *copy_ctx;         /* its context (tb_cu_context) */
+  int copy_pooled;        /* cuMemAllocAsync'ed: freed with cuMemFreeAsync */
+  void *copy_event;       /* plain event recorded after the copy */
+  uint64_t done_event_id; /* done event recorded after the copy, 0: none */
+};
+
+/* Consumer: make the mapping (or copy) for the consumer's device, make
+ * the acquire stream wait on the ready event, make sure a done event is
+ * registered for the device. device -1: the memory's own device (or the
+ * current context's, as before); flags: TB_ACQUIRE_*. [lo, hi): the bytes of
+ * the buffer the tensor touches (what a copy copies). */
+int tb__cuda_acquire(struct tb_client *c, struct tb__map *m,
+                     const Tensorbroker__V1__EventInfo *ready, void *stream,
+                     int device, unsigned flags, uint64_t lo, uint64_t hi,
+                     struct tb__cuda_acq *out);
+/* Consumer: record the done event of device on stream (under the
+ * connection's contract; enter: default streams are device's). Writes the
+ * registered event id, 0 when none applies (no-sync stream). Caller holds
+ * k->lock. */
+int tb__cuda_release_record_locked(struct tb__conn *k, int device, int enter,
                                    void *stream, uint64_t *done_event_id,
                                    int *implicit);
+/* Consumer: free a copy made by tb__cuda_acquire (stream under k's
+ * contract; no-sync: the copy's device's legacy stream), destroy its event. */
+int tb__cuda_copy_free(struct tb__conn *k, const struct tb__cuda_acq *a,
+                       void *stream);
+/* tb_lease_wait for a copy: make stream wait for the copy's event. */
+int tb__cuda_copy_wait(struct tb__conn *k, const struct tb__cuda_acq *a,
+                       int device, void *stream);
 /* Free the client's (producer, event cache) and the connection's CUDA
  * state. */
 void tb__cuda_client_free(struct tb_client *c);

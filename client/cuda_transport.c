@@ -413,6 +413,7 @@ static int open_event_locked(struct tb__conn *k, uint64_t event_id,
                              tb_cu_event *out, char *why, size_t whylen) {
   struct tb__cuda_conn *cc = conn_cuda_locked(k);
   struct tb__cuda_open_ev *o;
+  struct tb__cuda_devctx dc;
   int rc, ordinal;
 
   if (cc == NULL)
@@ -423,7 +424,15 @@ static int open_event_locked(struct tb__conn *k, uint64_t event_id,
     *out = o->ev;
     return 0;
   }
-  rc = tb__cuda_device_by_uuid(uuid, &ordinal, why, whylen);
+  /* The event is opened in a context of its own device (the current one
+   * when it is on that device; with none current, that device's primary
+   * context stays current, as before). A stream of any other device may
+   * then wait on it: cuStreamWaitEvent accepts events of other contexts
+   * and devices, with or without peer access. */
+  rc = tb__cuda_find_uuid(uuid, &ordinal, why, whylen);
+  if (rc < 0)
+    return rc;
+  rc = tb__cuda_device_enter(ordinal, &dc, why, whylen);
   if (rc < 0)
     return rc;
   while (cc->n_opened >= TB__EVENT_CACHE_MAX) {
@@ -441,15 +450,17 @@ static int open_event_locked(struct tb__conn *k, uint64_t event_id,
     free(v);
   }
   o = calloc(1, sizeof(*o));
-  if (o == NULL)
-    return TB_ENOMEM;
+  if (o == NULL) {
+    rc = TB_ENOMEM;
+    goto out_leave;
+  }
   if (own_event_find(handle, &o->ev)) {
     o->own = 1;
   } else {
     rc = tb__cuda_event_open(handle, &o->ev, why, whylen);
     if (rc < 0) {
       free(o);
-      return rc;
+      goto out_leave;
     }
   }
   o->event_id = event_id;
@@ -457,7 +468,10 @@ static int open_event_locked(struct tb__conn *k, uint64_t event_id,
   HASH_ADD(hh, cc->opened, event_id, sizeof(o->event_id), o);
   cc->n_opened++;
   *out = o->ev;
-  return 0;
+  rc = 0;
+out_leave:
+  tb__cuda_device_leave(&dc);
+  return rc;
 }
 
 /* Open the event and make s wait for it, under the connection lock. */
@@ -503,14 +517,25 @@ int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
 
 /* ---- consumer ---- */
 
+/* A buffer's mapping for one consumer device: the IPC handle opened in a
+ * context of that device. Views hang off the cache entry (struct tb__map)
+ * and are added only by tb_acquire, which holds the call lock and a
+ * reference on the entry; they are closed with it once unused. */
+struct tb__cuda_view {
+  struct tb__cuda_view *next;
+  int device;        /* ordinal of the context's device: the key */
+  tb_cu_context ctx; /* the context it was opened in */
+  tb_cu_deviceptr p; /* the allocation's base as that device addresses it */
+  int local;         /* this process's own allocation: never closed */
+};
+
 int tb__cuda_map_open(struct tb_client *c,
                       const Tensorbroker__V1__BufferInfo *bi,
                       struct tb__map **out) {
   struct tb__cuda_client *cc = NULL;
   struct tb__map *m;
-  tb_cu_deviceptr p = 0;
   char why[256] = "";
-  int rc, local = 0, ordinal;
+  int rc, ordinal;
 
   rc = cuda_client(c, &cc);
   if (rc < 0)
@@ -519,44 +544,77 @@ int tb__cuda_map_open(struct tb_client *c,
       bi->device == NULL || bi->device->uuid.len != TB__UUID_SIZE ||
       bi->size == 0 || bi->size > SIZE_MAX)
     return tb__set_error(c, TB_EPROTO, "CUDA buffer without handle or uuid");
-  rc = tb__cuda_device_by_uuid(bi->device->uuid.data, &ordinal, why,
-                               sizeof(why));
-  if (rc < 0)
-    return tb__set_error(c, rc, "%s", why);
-  rc = tb__cuda_open_mem(bi->cuda_ipc_handle.data, bi->device->uuid.data,
-                         (size_t)bi->size, &p, &local, why, sizeof(why));
+  rc = tb__cuda_find_uuid(bi->device->uuid.data, &ordinal, why, sizeof(why));
   if (rc < 0)
     return tb__set_error(c, rc, "%s", why);
   m = calloc(1, sizeof(*m));
-  if (m == NULL) {
-    if (!local)
-      tb__cuda_close_mem(p);
+  if (m == NULL)
     return TB_ENOMEM;
-  }
   m->buffer_id = bi->buffer_id;
   m->generation = bi->generation;
   m->kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
   m->writable = bi->writable != 0;
-  m->dev = p;
-  m->local = local;
   m->device = ordinal;
   memcpy(m->uuid, bi->device->uuid.data, TB__UUID_SIZE);
+  memcpy(m->handle, bi->cuda_ipc_handle.data, TB__CUDA_IPC_HANDLE_SIZE);
   m->size = (size_t)bi->size;
   *out = m;
   return 0;
 }
 
 void tb__cuda_map_close(struct tb__map *m) {
-  if (!m->local && m->dev != 0)
-    (void)tb__cuda_close_mem(m->dev);
+  struct tb__cuda_view *v, *tmp;
+
+  LL_FOREACH_SAFE(m->views, v, tmp) {
+    LL_DELETE(m->views, v);
+    if (!v->local)
+      (void)tb__cuda_close_mem_in(v->ctx, v->p);
+    free(v);
+  }
 }
 
-/* The consumer's done event for a device, registered while we hold the call
- * lock, so that deleters (which may not take it) find it ready. */
-static int done_event_ensure(struct tb_client *c, int device,
-                             const uint8_t *uuid) {
+/* The view of m for the current context's device, opened there on first
+ * use (cuIpcOpenMemHandle with lazy peer access: the current device may be
+ * another than the memory's). */
+static int view_here(struct tb_client *c, struct tb__map *m,
+                     struct tb__cuda_view **out) {
+  struct tb__cuda_view *v;
+  tb_cu_context ctx = NULL;
+  char why[256] = "";
+  int rc, dev;
+
+  rc = tb__cuda_current_device(&dev, &ctx, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  LL_FOREACH(m->views, v) {
+    if (v->device == dev) {
+      *out = v;
+      return 0;
+    }
+  }
+  v = calloc(1, sizeof(*v));
+  if (v == NULL)
+    return TB_ENOMEM;
+  rc = tb__cuda_open_mem_here(m->handle, m->device, m->size, &v->p, &v->local,
+                              why, sizeof(why));
+  if (rc < 0) {
+    free(v);
+    return tb__set_error(c, rc, "%s", why);
+  }
+  v->device = dev;
+  v->ctx = ctx;
+  LL_PREPEND(m->views, v);
+  *out = v;
+  return 0;
+}
+
+/* The consumer's done event for a device, created in a context of that
+ * device and registered while we hold the call lock, so that deleters
+ * (which may not take it) find it ready. */
+static int done_event_ensure(struct tb_client *c, int device) {
   struct tb__conn *k = c->conn;
-  uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
+  uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE], uuid[TB__UUID_SIZE];
+  struct tb__cuda_devctx dc;
   struct tb__cuda_ev *e;
   char why[256] = "";
   int rc, found = 0;
@@ -575,10 +633,19 @@ static int done_event_ensure(struct tb_client *c, int device,
     return TB_ENOMEM;
   if (found)
     return 0;
+  rc = tb__cuda_device_uuid(device, uuid, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
   e = calloc(1, sizeof(*e));
   if (e == NULL)
     return TB_ENOMEM;
+  rc = tb__cuda_device_enter(device, &dc, why, sizeof(why));
+  if (rc < 0) {
+    free(e);
+    return tb__set_error(c, rc, "%s", why);
+  }
   rc = own_event_create(&e->ev, handle, why, sizeof(why));
+  tb__cuda_device_leave(&dc);
   if (rc < 0) {
     free(e);
     return tb__set_error(c, rc, "%s", why);
@@ -596,44 +663,228 @@ static int done_event_ensure(struct tb_client *c, int device,
   return 0;
 }
 
-int tb__cuda_acquire_sync(struct tb_client *c, const struct tb__map *m,
-                          const Tensorbroker__V1__EventInfo *ready,
-                          void *stream, int *implicit) {
-  struct tb__cuda_client *cc = NULL;
-  struct tb__cuda_stream s;
+/* Make s wait for the version's ready event (none, or a no-sync s: 0). */
+static int wait_ready(struct tb_client *c, const struct tb__map *m,
+                      const Tensorbroker__V1__EventInfo *ready,
+                      const struct tb__cuda_stream *s) {
+  const uint8_t *uuid = m->uuid;
   char why[256] = "";
   int rc;
+
+  if (ready == NULL || ready->event_id == 0 || s->no_sync)
+    return 0;
+  if (ready->cuda_ipc_event_handle.len != TB__CUDA_IPC_HANDLE_SIZE)
+    return tb__set_error(c, TB_EPROTO, "ready event without a handle");
+  if (ready->device != NULL && ready->device->uuid.len == TB__UUID_SIZE)
+    uuid = ready->device->uuid.data;
+  rc = wait_event(c->conn, ready->event_id, ready->cuda_ipc_event_handle.data,
+                  uuid, s, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  return 0;
+}
+
+/* Record the done event of device on s, under the connection lock. */
+static int record_done(struct tb__conn *k, int device,
+                       const struct tb__cuda_stream *s, uint64_t *id) {
+  struct tb__cuda_ev *e, *found = NULL;
+  int rc = 0;
+
+  *id = 0;
+  pthread_mutex_lock(&k->lock);
+  if (k->cuda != NULL) {
+    LL_FOREACH(k->cuda->done, e) {
+      if (e->device == device)
+        found = e;
+    }
+  }
+  if (found != NULL) {
+    rc = tb__cuda_record(found->ev, s, NULL, 0);
+    if (rc == 0)
+      *id = found->event_id;
+  }
+  pthread_mutex_unlock(&k->lock);
+  return rc;
+}
+
+/* The default path (device -1), as before cross-GPU support: the memory's
+ * device is made current when no context is (a current context on another
+ * device is used as it is, through peer access), the mapping is the one
+ * of the current context's device. */
+static int acquire_default(struct tb_client *c, struct tb__map *m,
+                           const Tensorbroker__V1__EventInfo *ready,
+                           const struct tb__cuda_stream *s,
+                           struct tb__cuda_acq *out) {
+  struct tb__cuda_view *v = NULL;
+  char why[256] = "";
+  int rc, ordinal;
+
+  rc = tb__cuda_device_by_uuid(m->uuid, &ordinal, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  rc = view_here(c, m, &v);
+  if (rc < 0)
+    return rc;
+  rc = done_event_ensure(c, v->device);
+  if (rc < 0)
+    return rc;
+  rc = wait_ready(c, m, ready, s);
+  if (rc < 0)
+    return rc;
+  out->base = v->p;
+  out->done_device = v->device;
+  out->enter = 0;
+  return 0;
+}
+
+/* COPY_TO_DEVICE across devices; the consumer device's context is
+ * current. can: the consumer's device can reach the memory's by peer
+ * access (then the source is read through the consumer's own mapping,
+ * else through a mapping in the memory device's context). */
+static int acquire_copy(struct tb_client *c, struct tb__map *m,
+                        const Tensorbroker__V1__EventInfo *ready,
+                        const struct tb__cuda_stream *s, int device, int can,
+                        uint64_t lo, uint64_t hi, struct tb__cuda_acq *out) {
+  struct tb__cuda_stream cs = *s;
+  struct tb__cuda_view *v = NULL;
+  struct tb__cuda_devctx dc;
+  tb_cu_deviceptr dst = 0;
+  tb_cu_context dctx = NULL;
+  tb_cu_event copied = NULL;
+  uint64_t done = 0;
+  char why[256] = "";
+  int rc, pooled = 0;
+
+  if (can) {
+    rc = view_here(c, m, &v);
+  } else {
+    rc = tb__cuda_device_enter(m->device, &dc, why, sizeof(why));
+    if (rc < 0)
+      return tb__set_error(c, rc, "%s", why);
+    rc = view_here(c, m, &v);
+    tb__cuda_device_leave(&dc);
+  }
+  if (rc < 0)
+    return rc;
+  /* -1: nothing is waited for (the caller says the data is ready), the
+   * copy goes on the consumer device's legacy stream. */
+  if (cs.no_sync) {
+    cs.no_sync = 0;
+    cs.stream = TB_CU_STREAM_LEGACY;
+  } else {
+    rc = wait_ready(c, m, ready, s);
+    if (rc < 0)
+      return rc;
+  }
+  rc = tb__cuda_copy_peer(&cs, v->p + lo, v->ctx, (size_t)(hi - lo), &dst,
+                          &dctx, &pooled, &copied, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  /* The producer may reuse its memory once the copy has read it. */
+  rc = record_done(c->conn, device, &cs, &done);
+  if (rc < 0) {
+    (void)tb__cuda_free_copy(dst, dctx, pooled, &cs);
+    tb__cuda_event_destroy(copied);
+    return tb__set_error(c, rc, "cannot record the done event after the "
+                         "copy");
+  }
+  out->base = dst - lo;
+  out->copy = dst;
+  out->copy_ctx = dctx;
+  out->copy_pooled = pooled;
+  out->copy_event = copied;
+  out->done_event_id = done;
+  return 0;
+}
+
+int tb__cuda_acquire(struct tb_client *c, struct tb__map *m,
+                     const Tensorbroker__V1__EventInfo *ready, void *stream,
+                     int device, unsigned flags, uint64_t lo, uint64_t hi,
+                     struct tb__cuda_acq *out) {
+  struct tb__cuda_client *cc = NULL;
+  struct tb__cuda_acq a;
+  struct tb__cuda_stream s;
+  struct tb__cuda_devctx dc;
+  struct tb__cuda_view *v = NULL;
+  uint8_t cuuid[TB__UUID_SIZE];
+  char why[256] = "";
+  int rc, can = 1, plan = TB__XDEV_SAME, sdev;
 
   rc = cuda_client(c, &cc);
   if (rc < 0)
     return rc;
+  memset(&a, 0, sizeof(a));
   rc = tb__cuda_stream_resolve(c->conn->contract, stream, &s, why,
                                sizeof(why));
   if (rc < 0)
     return tb__set_error(c, rc, "%s", why);
-  rc = done_event_ensure(c, m->device, m->uuid);
+  a.implicit = s.implicit;
+  if (device < 0) {
+    rc = acquire_default(c, m, ready, &s, &a);
+    if (rc < 0)
+      return rc;
+    *out = a;
+    return 0;
+  }
+
+  rc = tb__cuda_device_uuid(device, cuuid, why, sizeof(why));
   if (rc < 0)
-    return rc;
-  if (ready != NULL && ready->event_id != 0 && !s.no_sync) {
-    const uint8_t *uuid = m->uuid;
-    if (ready->cuda_ipc_event_handle.len != TB__CUDA_IPC_HANDLE_SIZE)
-      return tb__set_error(c, TB_EPROTO, "ready event without a handle");
-    if (ready->device != NULL && ready->device->uuid.len == TB__UUID_SIZE)
-      uuid = ready->device->uuid.data;
-    rc = wait_event(c->conn, ready->event_id,
-                    ready->cuda_ipc_event_handle.data, uuid, &s, why,
-                    sizeof(why));
+    return tb__set_error(c, rc, "%s", why);
+  if (device != m->device) {
+    rc = tb__cuda_can_access_peer(device, m->device, &can, why, sizeof(why));
     if (rc < 0)
       return tb__set_error(c, rc, "%s", why);
   }
-  *implicit = s.implicit;
-  return 0;
+  rc = tb__cuda_xdev_plan(m->device, device, flags, can, m->uuid, cuuid,
+                          &plan, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  rc = tb__cuda_device_enter(device, &dc, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  if (!s.no_sync) {
+    rc = tb__cuda_stream_device(&s, &sdev, why, sizeof(why));
+    if (rc < 0) {
+      rc = tb__set_error(c, rc, "%s", why);
+      goto out_leave;
+    }
+    if (sdev != device) {
+      rc = tb__set_error(c, TB_ESTREAM,
+                         "the stream runs on device %d, not on the "
+                         "consumer's device %d (opts.device)",
+                         sdev, device);
+      goto out_leave;
+    }
+  }
+  rc = done_event_ensure(c, device);
+  if (rc < 0)
+    goto out_leave;
+  a.done_device = device;
+  a.enter = 1;
+  if (plan == TB__XDEV_COPY) {
+    rc = acquire_copy(c, m, ready, &s, device, can, lo, hi, &a);
+  } else {
+    /* SAME or PEER: the mapping of the consumer's device (for PEER opened
+     * with lazy peer access); the stream waits on the ready event, which
+     * may have been recorded on another device */
+    rc = view_here(c, m, &v);
+    if (rc == 0)
+      rc = wait_ready(c, m, ready, &s);
+    if (rc == 0)
+      a.base = v->p;
+  }
+  if (rc == 0)
+    *out = a;
+out_leave:
+  tb__cuda_device_leave(&dc);
+  return rc;
 }
 
-int tb__cuda_release_record_locked(struct tb__conn *k, int device,
+int tb__cuda_release_record_locked(struct tb__conn *k, int device, int enter,
                                    void *stream, uint64_t *done_event_id,
                                    int *implicit) {
   struct tb__cuda_stream s;
+  struct tb__cuda_devctx dc;
   struct tb__cuda_ev *e, *found = NULL;
   int rc;
 
@@ -653,11 +904,50 @@ int tb__cuda_release_record_locked(struct tb__conn *k, int device,
   /* One done event per device, re-recorded for every release: a producer
    * that waits on it after a later re-record waits for later work, which
    * is later than needed but never too early. */
+  if (enter) {
+    rc = tb__cuda_device_enter(device, &dc, NULL, 0);
+    if (rc < 0)
+      return rc;
+  }
   rc = tb__cuda_record(found->ev, &s, NULL, 0);
+  if (enter)
+    tb__cuda_device_leave(&dc);
   if (rc < 0)
     return rc;
   *done_event_id = found->event_id;
   return 0;
+}
+
+int tb__cuda_copy_free(struct tb__conn *k, const struct tb__cuda_acq *a,
+                       void *stream) {
+  struct tb__cuda_stream s;
+  int rc, frc;
+
+  rc = tb__cuda_stream_resolve(k->contract, stream, &s, NULL, 0);
+  frc = tb__cuda_free_copy(a->copy, (tb_cu_context)a->copy_ctx,
+                           a->copy_pooled, rc < 0 ? NULL : &s);
+  tb__cuda_event_destroy((tb_cu_event)a->copy_event);
+  return rc < 0 ? rc : frc;
+}
+
+int tb__cuda_copy_wait(struct tb__conn *k, const struct tb__cuda_acq *a,
+                       int device, void *stream) {
+  const struct tb_cuda *cu;
+  struct tb__cuda_stream s;
+  struct tb__cuda_devctx dc;
+  int rc;
+
+  if (tb__cuda_load(&cu) != 0)
+    return TB_ENOCUDA;
+  rc = tb__cuda_stream_resolve(k->contract, stream, &s, NULL, 0);
+  if (rc < 0 || s.no_sync)
+    return rc;
+  rc = tb__cuda_device_enter(device, &dc, NULL, 0);
+  if (rc < 0)
+    return rc;
+  rc = tb__cuda_wait(&s, (tb_cu_event)a->copy_event, NULL, 0);
+  tb__cuda_device_leave(&dc);
+  return rc;
 }
 
 /* ---- teardown ---- */
@@ -705,9 +995,10 @@ void tb__cuda_conn_free(struct tb__cuda_conn *cc) {
 
 int tb__cuda_lease_wait(struct tb__conn *k, uint64_t event_id,
                         const uint8_t *handle, const uint8_t *uuid,
-                        void *stream) {
+                        int device, int enter, void *stream) {
   const struct tb_cuda *cu;
   struct tb__cuda_stream s;
+  struct tb__cuda_devctx dc;
   char why[256] = "";
   int rc;
 
@@ -716,5 +1007,12 @@ int tb__cuda_lease_wait(struct tb__conn *k, uint64_t event_id,
   rc = tb__cuda_stream_resolve(k->contract, stream, &s, why, sizeof(why));
   if (rc < 0 || s.no_sync || event_id == 0)
     return rc;
-  return wait_event(k, event_id, handle, uuid, &s, why, sizeof(why));
+  if (!enter)
+    return wait_event(k, event_id, handle, uuid, &s, why, sizeof(why));
+  rc = tb__cuda_device_enter(device, &dc, why, sizeof(why));
+  if (rc < 0)
+    return rc;
+  rc = wait_event(k, event_id, handle, uuid, &s, why, sizeof(why));
+  tb__cuda_device_leave(&dc);
+  return rc;
 }

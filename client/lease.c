@@ -19,6 +19,10 @@ struct tb__lease {
   uint64_t version;
   uint32_t producer_pid;
   int implicit; /* the acquire relied on the contract's default stream */
+  uint64_t buffer_id;
+  int kind;
+  /* CUDA: the consumer device's done event, mapping or copy */
+  struct tb__cuda_acq cuda;
   /* CUDA: the producer's ready event, for tb_lease_wait (0: none) */
   uint64_t ready_event_id;
   uint8_t ready_handle[TB__CUDA_IPC_HANDLE_SIZE];
@@ -36,6 +40,30 @@ void tb_acquire_options_init(struct tb_acquire_options *opts) {
   opts->struct_size = sizeof(*opts);
   opts->mode = TB_ACQUIRE_LATEST;
   opts->timeout_ms = -1;
+  opts->device = -1;
+  opts->flags = 0;
+}
+
+/* Bytes of struct tb_acquire_options up to and including member f: what a
+ * caller's struct_size must cover for f to be read. */
+#define TB__AO_HAS(n, f)                                                     \
+  ((n) >= offsetof(struct tb_acquire_options, f) +                           \
+              sizeof(((struct tb_acquire_options *)0)->f))
+
+/* Send the one-way Release of a lease with a done event. Caller holds
+ * k->lock. */
+static int send_release_locked(struct tb__conn *k, uint64_t lease_id,
+                               uint64_t done, int implicit) {
+  Tensorbroker__V1__Release rel = TENSORBROKER__V1__RELEASE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+
+  rel.lease_id = lease_id;
+  rel.done_event_id = done;
+  rel.want_reply = 0;
+  rel.implicit_stream = implicit != 0;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
+  r.release = &rel;
+  return tb__conn_send_oneway_locked(k, &r);
 }
 
 /* End a lease: record the CUDA done event if one applies, send the one-way
@@ -46,30 +74,26 @@ static int lease_end(struct tb__lease *l, void *stream) {
   uint64_t done = 0;
   int implicit = l->implicit, rc = 0;
 
+  if (l->cuda.copy != 0) {
+    /* a copy: its lease ended when the copy was enqueued */
+    rc = tb__cuda_copy_free(k, &l->cuda, stream);
+    tb__conn_unref(k);
+    free(l);
+    return rc;
+  }
   pthread_mutex_lock(&k->lock);
   if (!k->closed && !k->dead) {
-    if (l->map->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
+    if (l->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
       int imp = 0;
-      rc = tb__cuda_release_record_locked(k, l->map->device, stream, &done,
-                                          &imp);
+      rc = tb__cuda_release_record_locked(k, l->cuda.done_device,
+                                          l->cuda.enter, stream, &done, &imp);
       if (rc < 0)
         done = 0; /* release without a done event; the caller gets rc */
       implicit |= imp;
     }
-    {
-      Tensorbroker__V1__Release rel = TENSORBROKER__V1__RELEASE__INIT;
-      tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-      int src;
-      rel.lease_id = l->lease_id;
-      rel.done_event_id = done;
-      rel.want_reply = 0;
-      rel.implicit_stream = implicit != 0;
-      r.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
-      r.release = &rel;
-      src = tb__conn_send_oneway_locked(k, &r);
-      if (rc == 0)
-        rc = src;
-    }
+    int src = send_release_locked(k, l->lease_id, done, implicit);
+    if (rc == 0)
+      rc = src;
   }
   tb__map_put_locked(k, l->map);
   pthread_mutex_unlock(&k->lock);
@@ -95,10 +119,14 @@ int tb_lease_wait(const DLManagedTensorVersioned *t, void *stream) {
   if (t == NULL || t->deleter != tb__lease_deleter)
     return TB_EINVAL;
   l = (const struct tb__lease *)t;
-  if (l->map->kind != TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)
+  if (l->kind != TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)
     return 0; /* host memory is ready when published */
+  if (l->cuda.copy != 0) /* the copy is what the stream must wait for */
+    return tb__cuda_copy_wait(l->conn, &l->cuda, l->m.dl_tensor.device.device_id,
+                              stream);
   return tb__cuda_lease_wait(l->conn, l->ready_event_id, l->ready_handle,
-                             l->ready_uuid, stream);
+                             l->ready_uuid, l->cuda.done_device,
+                             l->cuda.enter, stream);
 }
 
 int tb_lease_info(const DLManagedTensorVersioned *t,
@@ -114,8 +142,8 @@ int tb_lease_info(const DLManagedTensorVersioned *t,
   out->metadata = l->metadata;
   out->metadata_len = l->metadata_len;
   out->channel = l->channel;
-  out->buffer_id = l->map->buffer_id;
-  out->memory_kind = l->map->kind;
+  out->buffer_id = l->buffer_id;
+  out->memory_kind = l->kind;
   out->producer_pid = l->producer_pid;
   return 0;
 }
@@ -167,6 +195,7 @@ static void abandon_lease(struct tb_client *c, uint64_t lease_id) {
 static int build_tensor(struct tb_client *c,
                         const Tensorbroker__V1__AcquireReply *ar,
                         struct tb__map *map, int implicit,
+                        const struct tb__cuda_acq *cuda, int device,
                         struct tb__lease **out) {
   const Tensorbroker__V1__Layout *lay = ar->layout;
   size_t ndim = lay->n_shape, chlen = ar->channel ? strlen(ar->channel) : 0;
@@ -184,10 +213,19 @@ static int build_tensor(struct tb_client *c,
   l->m.manager_ctx = l;
   l->m.deleter = tb__lease_deleter;
   l->m.flags = lay->flags;
-  if (!map->writable)
+  if (!map->writable && (cuda == NULL || cuda->copy == 0))
     l->m.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   l->conn = c->conn;
   l->map = map;
+  l->buffer_id = map->buffer_id;
+  l->kind = map->kind;
+  if (cuda != NULL)
+    l->cuda = *cuda;
+  if (l->cuda.copy != 0) {
+    /* our own writable copy on the consumer's device */
+    l->m.flags &= ~(uint64_t)DLPACK_FLAG_BITMASK_READ_ONLY;
+    l->m.flags |= DLPACK_FLAG_BITMASK_IS_COPIED;
+  }
   l->lease_id = ar->lease_id;
   l->version = ar->version;
   l->producer_pid = ar->buffer->producer_pid;
@@ -207,9 +245,11 @@ static int build_tensor(struct tb_client *c,
   /* byte_offset is folded into data (byte_offset = 0): every DLPack
    * consumer reads data, not all of them honour byte_offset. */
   if (map->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
-    t->data = (void *)(uintptr_t)(map->dev + lay->byte_offset);
+    /* a peer mapping keeps the memory device's ordinal (where the data
+     * lives, as this process numbers it); a copy is on the consumer's */
+    t->data = (void *)(uintptr_t)(cuda->base + lay->byte_offset);
     t->device.device_type = kDLCUDA;
-    t->device.device_id = map->device;
+    t->device.device_id = cuda->copy != 0 ? device : map->device;
   } else {
     t->data = (uint8_t *)map->host + lay->byte_offset;
     t->device.device_type = kDLCPU;
@@ -262,7 +302,9 @@ int tb_acquire(tb_client *c, const char *channel,
   tb__server_message *m = NULL;
   struct tb__map *map = NULL;
   struct tb__lease *l = NULL;
+  struct tb__cuda_acq cuda;
   int fds[TB__MAX_FDS], nfds = 0, rc, implicit = 0;
+  uint64_t lo = 0, hi = 0;
   char why[160];
 
   if (c == NULL || out == NULL)
@@ -272,8 +314,15 @@ int tb_acquire(tb_client *c, const char *channel,
     size_t n = opts->struct_size < sizeof(o) ? opts->struct_size : sizeof(o);
     if (n < sizeof(size_t))
       return TB_EINVAL;
+    /* fields the caller's struct does not have keep their defaults (a
+     * field cut in the middle is not read either) */
     memcpy(&o, opts, n);
+    if (!TB__AO_HAS(n, device))
+      o.device = -1;
+    if (!TB__AO_HAS(n, flags))
+      o.flags = 0;
   }
+  memset(&cuda, 0, sizeof(cuda));
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   if (tb__name_check(channel, TB_NAME_MAX) < 0) {
@@ -282,6 +331,18 @@ int tb_acquire(tb_client *c, const char *channel,
   }
   if (o.mode < TB_ACQUIRE_LATEST || o.mode > TB_ACQUIRE_EXACT) {
     rc = tb__set_error(c, TB_EINVAL, "unknown acquire mode %d", o.mode);
+    goto out_unlock;
+  }
+  if (o.device < -1) {
+    rc = tb__set_error(c, TB_EINVAL,
+                       "acquire device %d: use -1 (the memory's device) or "
+                       "a device ordinal",
+                       o.device);
+    goto out_unlock;
+  }
+  if (o.flags & ~TB_ACQUIRE_COPY_TO_DEVICE) {
+    rc = tb__set_error(c, TB_EINVAL, "unknown acquire flags 0x%x",
+                       o.flags & ~TB_ACQUIRE_COPY_TO_DEVICE);
     goto out_unlock;
   }
   aq.channel = (char *)channel;
@@ -335,18 +396,63 @@ int tb_acquire(tb_client *c, const char *channel,
         goto out_abandon;
       tb__map_insert(c->conn, map);
     }
-    rc = tb__cuda_acquire_sync(c, map, ar->ready_event, o.stream, &implicit);
+    if (o.flags & TB_ACQUIRE_COPY_TO_DEVICE) {
+      const Tensorbroker__V1__Layout *lay = ar->layout;
+      uint64_t elem_bits = 0;
+      rc = tb__dtype_check(lay->dtype_code, lay->dtype_bits, lay->dtype_lanes,
+                           &elem_bits);
+      if (rc == 0)
+        rc = tb__layout_extent((int32_t)lay->n_shape, lay->shape,
+                               lay->n_strides == lay->n_shape ? lay->strides
+                                                              : NULL,
+                               elem_bits, lay->flags, lay->byte_offset, &lo,
+                               &hi, why, sizeof(why));
+      if (rc < 0) {
+        rc = tb__set_error(c, TB_EPROTO, "daemon sent a bad layout");
+        goto out_put_map;
+      }
+    }
+    rc = tb__cuda_acquire(c, map, ar->ready_event, o.stream, o.device,
+                          o.flags, lo, hi, &cuda);
     if (rc < 0)
       goto out_put_map;
+    implicit = cuda.implicit;
   } else {
     rc = tb__set_error(c, TB_ENOTSUP, "memory kind %d not supported",
                        (int)bi->kind);
     goto out_abandon;
   }
 
-  rc = build_tensor(c, ar, map, implicit, &l);
-  if (rc < 0)
+  rc = build_tensor(c, ar, map, implicit, &cuda, o.device, &l);
+  if (rc < 0) {
+    if (cuda.copy != 0) {
+      /* the copy was enqueued with its done event: end the lease with it */
+      (void)tb__cuda_copy_free(c->conn, &cuda, o.stream);
+      pthread_mutex_lock(&c->conn->lock);
+      (void)send_release_locked(c->conn, ar->lease_id, cuda.done_event_id,
+                                implicit);
+      tb__map_put_locked(c->conn, map);
+      pthread_mutex_unlock(&c->conn->lock);
+      goto out_free_reply;
+    }
     goto out_put_map;
+  }
+  if (cuda.copy != 0) {
+    /* Copied: the producer's memory is no longer read once the done event
+     * (recorded after the copy) completes, so the lease ends now. */
+    pthread_mutex_lock(&c->conn->lock);
+    rc = send_release_locked(c->conn, ar->lease_id, cuda.done_event_id,
+                             implicit);
+    tb__map_put_locked(c->conn, map);
+    pthread_mutex_unlock(&c->conn->lock);
+    l->map = NULL;
+    if (rc < 0) {
+      (void)tb__cuda_copy_free(c->conn, &cuda, o.stream);
+      free(l);
+      rc = tb__set_error(c, rc, "cannot end the lease after the copy");
+      goto out_free_reply;
+    }
+  }
   tb__conn_ref(c->conn);
   *out = &l->m;
   rc = 0;

@@ -110,11 +110,63 @@ static void availability(void **state) {
   assert_int_equal(tb__cuda_record(NULL, &s, NULL, 0), 0);
 }
 
+/* The cross-GPU decision with a faked cuDeviceCanAccessPeer result: the
+ * no-P2P error path cannot be produced on machines whose GPUs all reach
+ * each other, so it is tested here. */
+static void xdev_plan(void **state) {
+  static const uint8_t ua[16] = {0xaa, 0xaa, 0xaa, 0xaa, 1, 2, 3, 4,
+                                 5,    6,    7,    8,    9, 10, 11, 12};
+  static const uint8_t ub[16] = {0xbb, 0xbb, 0xbb, 0xbb, 1, 2, 3, 4,
+                                 5,    6,    7,    8,    9, 10, 11, 13};
+  char why[300];
+  int plan;
+  (void)state;
+
+  /* -1 and the same device: zero-copy there, with or without the flag */
+  for (unsigned f = 0; f <= TB_ACQUIRE_COPY_TO_DEVICE; f++) {
+    for (int can = 0; can <= 1; can++) {
+      plan = 99;
+      assert_int_equal(tb__cuda_xdev_plan(0, -1, f, can, ua, ub, &plan, why,
+                                          sizeof why), 0);
+      assert_int_equal(plan, TB__XDEV_SAME);
+      plan = 99;
+      assert_int_equal(tb__cuda_xdev_plan(1, 1, f, can, ua, ua, &plan, why,
+                                          sizeof why), 0);
+      assert_int_equal(plan, TB__XDEV_SAME);
+    }
+  }
+  /* another device: peer access when it can reach, copy when asked */
+  assert_int_equal(tb__cuda_xdev_plan(0, 1, 0, 1, ua, ub, &plan, why,
+                                      sizeof why), 0);
+  assert_int_equal(plan, TB__XDEV_PEER);
+  assert_int_equal(tb__cuda_xdev_plan(0, 1, TB_ACQUIRE_COPY_TO_DEVICE, 1, ua,
+                                      ub, &plan, why, sizeof why), 0);
+  assert_int_equal(plan, TB__XDEV_COPY);
+  assert_int_equal(tb__cuda_xdev_plan(0, 1, TB_ACQUIRE_COPY_TO_DEVICE, 0, ua,
+                                      ub, &plan, why, sizeof why), 0);
+  assert_int_equal(plan, TB__XDEV_COPY);
+  /* no peer access and no flag: an error naming both GPUs and the flag,
+   * never a silent copy; *plan untouched */
+  plan = 99;
+  why[0] = '\0';
+  assert_int_equal(tb__cuda_xdev_plan(0, 1, 0, 0, ua, ub, &plan, why,
+                                      sizeof why), TB_EDEVICE);
+  assert_int_equal(plan, 99);
+  assert_non_null(strstr(why, "GPU-bbbbbbbb-0102-0304-0506-0708090a0b0d "
+                              "(device 1) cannot reach "
+                              "GPU-aaaaaaaa-0102-0304-0506-0708090a0b0c"));
+  assert_non_null(strstr(why, "TB_ACQUIRE_COPY_TO_DEVICE"));
+  /* why may be NULL */
+  assert_int_equal(tb__cuda_xdev_plan(2, 0, 0, 0, ua, ub, &plan, NULL, 0),
+                   TB_EDEVICE);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(resolve_null),
       cmocka_unit_test(resolve_values),
       cmocka_unit_test(availability),
+      cmocka_unit_test(xdev_plan),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
