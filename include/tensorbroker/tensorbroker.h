@@ -257,11 +257,12 @@ struct tb_acquire_options {
 
 /* With opts->device naming another GPU than the one holding the tensor:
  * instead of mapping the producer's memory through peer access, copy the
- * tensor device-to-device onto opts->device (a new compact allocation,
- * DLPACK_FLAG_BITMASK_IS_COPIED, writable) and end the lease as soon as the
- * copy is enqueued. Ignored when the tensor already lives on opts->device
- * (or device is -1), and for host tensors: the flag asks for a copy only
- * across devices. docs/cuda.md, "Cross-GPU exchange". */
+ * bytes the tensor spans device-to-device into a new allocation on
+ * opts->device (same shape and strides, DLPACK_FLAG_BITMASK_IS_COPIED,
+ * writable) and end the lease as soon as the copy is enqueued (with a done
+ * event recorded after it). Ignored when the tensor already lives on
+ * opts->device (or device is -1), and for host tensors: the flag asks for a
+ * copy only across devices. docs/cuda.md, "Cross-GPU exchange". */
 #define TB_ACQUIRE_COPY_TO_DEVICE 0x1u
 
 TB_EXPORT void tb_acquire_options_init(struct tb_acquire_options *opts);
@@ -287,6 +288,16 @@ TB_EXPORT void tb_acquire_options_init(struct tb_acquire_options *opts);
  * producer's ready event; TB_ECAPTURE when that wait would invalidate a
  * graph capture, TB_ESTREAM for NULL under TB_CONTRACT_EXPLICIT,
  * TB_ENOCUDA without a driver. Host tensors ignore the stream.
+ *
+ * Another GPU (opts->device >= 0 and not the memory's device): the memory
+ * is mapped for opts->device by peer access and the DLTensor keeps the
+ * memory's ordinal (where the data lives, as this process numbers it);
+ * TB_EDEVICE when opts->device cannot reach it by peer access (never a
+ * silent copy). With TB_ACQUIRE_COPY_TO_DEVICE the tensor is copied onto
+ * opts->device instead. With opts->device set, the stream must run on that
+ * device (TB_ESTREAM otherwise), and the legacy and per-thread default
+ * streams mean that device's. TB_EDEVICE for a device this process does not
+ * see, TB_EINVAL for unknown flags. See docs/cuda.md, "Cross-GPU exchange".
  *
  * opts may be NULL. Errors: TB_ETIMEDOUT, TB_EAGAIN (timeout
  * 0 and nothing there), TB_ENOTFOUND (EXACT version gone, or no such channel
