@@ -522,6 +522,9 @@ void tbb_scenario_gpu_handoff(void) {
 struct zc_shared {
   double ms_acquired, ms_local, ms_copy;
   int have_copy;
+  /* cross-GPU: a consumer on GPU 1 reading GPU 0's tensor */
+  double ms_peer, ms_local1, ms_p2p_copy;
+  int have_peer, gpus;
 };
 
 struct zc_arg {
@@ -689,6 +692,96 @@ out:
   return ret;
 }
 
+/* Cross-GPU: the same read kernel on GPU 1 over GPU 0's tensor (acquired
+ * with opts.device = 1: a peer mapping), over a local GPU 1 tensor, and the
+ * peer-to-peer copy of the tensor onto GPU 1, all in one run. */
+static int zc_peer_consumer(void *p) {
+  struct zc_arg *a = p;
+  struct tbb_gpu g0, g1;
+  tb_client *c = NULL;
+  tb_cu_module mod;
+  tb_cu_function fn;
+  tb_cu_deviceptr local = 0, out = 0;
+  DLManagedTensorVersioned *t = NULL;
+  int ret = 2, rc, n = 0;
+  tb_cu_result r;
+  memset(&g1, 0, sizeof(g1));
+  if (tbb_gpu_init(&g0) < 0)
+    goto out;
+  if (g0.cu->cuDeviceGetCount(&n) != 0 || n < 2) {
+    a->sh->gpus = n;
+    ret = 0;
+    goto out;
+  }
+  a->sh->gpus = n;
+  g1 = g0;
+  g1.ctx = NULL;
+  g1.stream = NULL;
+  if ((r = g1.cu->cuDeviceGet(&g1.dev, 1)) ||
+      (r = g1.cu->cuDevicePrimaryCtxRetain(&g1.ctx, g1.dev)) ||
+      (r = g1.cu->cuCtxSetCurrent(g1.ctx)) ||
+      (r = g1.cu->cuStreamCreate(&g1.stream, 0x1 /* NON_BLOCKING */)) ||
+      (r = g1.cu->cuModuleLoadData(&mod, tb_bench_kernels_ptx)) ||
+      (r = g1.cu->cuModuleGetFunction(&fn, mod, "tb_bench_read")) ||
+      (r = g1.cu->cuMemAlloc(&out, 8)) ||
+      (r = g1.cu->cuMemAlloc(&local, ZC_BYTES)) ||
+      (r = g1.cu->cuMemsetD32Async(local, 0x01020304u, ZC_BYTES / 4,
+                                   g1.stream))) {
+    tbb_cu_fail(&g1, "cross-GPU consumer setup", r);
+    goto out;
+  }
+  if ((rc = tbb_connect(a->sock, "bench-zc-peer", TB_CONTRACT_SPEC, &c)) < 0)
+    goto out;
+  struct tb_acquire_options o;
+  tb_acquire_options_init(&o);
+  o.stream = g1.stream;
+  o.device = 1;
+  if ((rc = tb_acquire(c, "bench/zc", &o, &t)) < 0) {
+    fprintf(stderr, "cross-GPU consumer: acquire: %s\n", tb_strerror(rc));
+    goto out;
+  }
+  tb_cu_deviceptr src =
+      (tb_cu_deviceptr)(uintptr_t)t->dl_tensor.data + t->dl_tensor.byte_offset;
+  int reps = (int)tbb_scale(21, 11, 5);
+  time_read(&g1, fn, local, out, 3); /* warm the kernel */
+  a->sh->ms_peer = time_read(&g1, fn, src, out, reps);
+  a->sh->ms_local1 = time_read(&g1, fn, local, out, reps);
+  double best = 1e30;
+  for (int i = 0; i < 3; i++) {
+    uint64_t t0 = tbb_now_ns();
+    if ((r = g1.cu->cuMemcpyDtoDAsync(local, src, ZC_BYTES, g1.stream)) ||
+        (r = g1.cu->cuStreamSynchronize(g1.stream))) {
+      tbb_cu_fail(&g1, "peer copy", r);
+      goto out;
+    }
+    double ms = (double)(tbb_now_ns() - t0) / 1e6;
+    if (ms < best)
+      best = ms;
+  }
+  a->sh->ms_p2p_copy = best;
+  a->sh->have_peer = 1;
+  ret = 0;
+out:
+  if (t)
+    tb_release(t, g1.stream ? (void *)g1.stream : NULL);
+  tb_client_disconnect(c);
+  if (g1.ctx) {
+    g1.cu->cuCtxSetCurrent(g1.ctx);
+    if (g1.stream)
+      g1.cu->cuStreamSynchronize(g1.stream);
+    if (local)
+      g1.cu->cuMemFree(local);
+    if (out)
+      g1.cu->cuMemFree(out);
+    tbb_gpu_fini(&g1);
+  }
+  if (g0.cu) {
+    g0.cu->cuCtxSetCurrent(g0.ctx);
+    tbb_gpu_fini(&g0);
+  }
+  return ret;
+}
+
 void tbb_scenario_zero_copy(void) {
   tbb_section("5", "zero copy, 1 GiB CUDA tensor",
               "read kernel (PTX from bench/kernels.cu via cuModuleLoadData, "
@@ -720,6 +813,7 @@ void tbb_scenario_zero_copy(void) {
   tbb_read_byte(ready[0], &b);
   close(ready[0]);
   int ok = b == 'p' && tbb_reap(tbb_spawn(zc_consumer, &a)) == 0;
+  int peer_ok = ok && tbb_reap(tbb_spawn(zc_peer_consumer, &a)) == 0;
   tbb_gate_open(&gate);
   if (tbb_reap(pp) != 0)
     ok = 0;
@@ -741,6 +835,20 @@ void tbb_scenario_zero_copy(void) {
     tbb_row_values("copy via pinned host, then read", 3, keys, v3);
   } else {
     tbb_note("copy path skipped: driver lacks cuMemAllocHost/cuMemcpy*Async");
+  }
+  if (sh->have_peer) {
+    double v4[] = {sh->ms_peer, gib / (sh->ms_peer / 1e3),
+                   sh->ms_local1 / sh->ms_peer};
+    double v5[] = {sh->ms_local1, gib / (sh->ms_local1 / 1e3), 1.0};
+    double v6[] = {sh->ms_p2p_copy, gib / (sh->ms_p2p_copy / 1e3),
+                   sh->ms_local1 / sh->ms_p2p_copy};
+    tbb_row_values("GPU 1 reads GPU 0 tensor (peer mapping)", 3, keys, v4);
+    tbb_row_values("GPU 1 reads local tensor", 3, keys, v5);
+    tbb_row_values("peer-to-peer copy GPU 0 -> GPU 1", 3, keys, v6);
+  } else if (!peer_ok) {
+    tbb_failed("cross-GPU read");
+  } else {
+    tbb_note("cross-GPU rows skipped: needs 2 GPUs (%d visible)", sh->gpus);
   }
 out:
   tbb_shared_free(sh, sizeof(*sh));
