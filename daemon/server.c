@@ -18,8 +18,9 @@
 #include "log.h"
 #include "tb_proto.h"
 
-/* Datagrams read per readable event, so one busy client cannot starve
- * the others. */
+/* Connections accepted per readable event of the listening socket. */
+#define ACCEPT_BUDGET 32
+/* Datagrams read from a hung-up session per call, before looking again. */
 #define READ_BUDGET 32
 /* Connections allowed beyond --max-sessions that have not said Hello. */
 #define EXTRA_CONNS 64
@@ -229,13 +230,13 @@ static void on_timer(uv_timer_t *t) {
   after(srv);
 }
 
-/* Read and handle up to READ_BUDGET datagrams. Returns 1 when the budget
- * ran out with more perhaps waiting, else 0. */
-static int conn_read(struct tbd_conn *c) {
+/* Read and handle up to budget datagrams. Returns 1 when the budget ran
+ * out with more perhaps waiting, else 0. */
+static int conn_read(struct tbd_conn *c, int budget) {
   struct tbd_server *srv = c->srv;
   int fds[TB__MAX_FDS];
 
-  for (int i = 0; i < READ_BUDGET && !c->doomed; i++) {
+  for (int i = 0; i < budget && !c->doomed; i++) {
     tb__request *req;
     int nfds = 0, rc;
     long n = tb__wire_recv(c->fd, srv->rxbuf, srv->lim.max_message, fds,
@@ -279,7 +280,8 @@ static int conn_read(struct tbd_conn *c) {
  * loop iteration has run, while hang-ups are handled at once. So when a
  * client disconnects and then another client asks something, the daemon
  * has ended the first session before it answers the second, even if both
- * events come out of the same epoll_wait in the other order. */
+ * events come out of the same epoll_wait in the other order. (tbctl right
+ * after a client died, tests that disconnect one client and ask another.) */
 static void on_conn_poll(uv_poll_t *h, int status, int events) {
   struct tbd_conn *c = h->data;
   struct tbd_server *srv = c->srv;
@@ -296,7 +298,7 @@ static void on_conn_poll(uv_poll_t *h, int status, int events) {
     }
     if ((events & UV_DISCONNECT) && !c->doomed) {
       /* what it sent before hanging up still counts, then end of stream */
-      while (!c->doomed && conn_read(c))
+      while (!c->doomed && conn_read(c, READ_BUDGET))
         ;
     } else if ((events & UV_READABLE) && !c->doomed && !c->pending) {
       c->pending = 1;
@@ -314,9 +316,12 @@ static void on_check(uv_check_t *h) {
     struct tbd_conn *c = srv->pending;
     srv->pending = c->pnext;
     c->pending = 0;
-    /* doomed ones are freed only in the closing phase, after this one */
+    /* One datagram per session and iteration: a synchronous client's next
+     * request then goes through epoll_wait again, together with any
+     * hang-up that happened before it was sent. (Doomed sessions are freed
+     * only in the closing phase, after this one.) */
     if (!c->doomed)
-      conn_read(c);
+      conn_read(c, 1);
   }
   after(srv);
 }
@@ -378,7 +383,7 @@ static void on_listen_poll(uv_poll_t *h, int status, int events) {
     tbd_error("listening socket: %s", uv_strerror(status));
     return;
   }
-  for (int i = 0; i < READ_BUDGET; i++) {
+  for (int i = 0; i < ACCEPT_BUDGET; i++) {
     int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
     if (fd >= 0) {

@@ -3,6 +3,7 @@
  * a client that never reads, a memfd handed to a consumer, shutdown.
  * Readiness comes from --ready-fd and every wait is on a real event
  * (poll on a socket, waitpid), never a sleep. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -30,6 +31,7 @@ typedef Tensorbroker__V1__ServerMessage msg_t;
 
 static char dir[256], sock[300];
 static uint64_t next_id = 1;
+static pid_t live_pid; /* killed by teardown if a test failed midway */
 
 /* Start the daemon with extra arguments; waits for READY. Returns its pid,
  * or -(exit status) when it exited before becoming ready. */
@@ -63,8 +65,10 @@ static pid_t daemon_start(const char *const *extra) {
   close(p[1]);
   got = read(p[0], buf, sizeof(buf) - 1);
   close(p[0]);
-  if (got == 6 && strcmp(buf, "READY\n") == 0)
+  if (got == 6 && strcmp(buf, "READY\n") == 0) {
+    live_pid = pid;
     return pid;
+  }
   assert_int_equal(waitpid(pid, &status, 0), pid);
   assert_true(WIFEXITED(status));
   return -WEXITSTATUS(status);
@@ -75,6 +79,7 @@ static int daemon_stop(pid_t pid, int sig) {
 
   assert_int_equal(kill(pid, sig), 0);
   assert_int_equal(waitpid(pid, &status, 0), pid);
+  live_pid = 0;
   assert_true(WIFEXITED(status));
   return WEXITSTATUS(status);
 }
@@ -166,6 +171,22 @@ static void expect_eproto_and_close(int fd) {
   close(fd);
 }
 
+/* Descriptors the daemon holds open. */
+static int daemon_fds(pid_t pid) {
+  char path[64];
+  DIR *d;
+  struct dirent *e;
+  int n = 0;
+
+  snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+  d = opendir(path);
+  assert_non_null(d);
+  while ((e = readdir(d)) != NULL)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
 static Tensorbroker__V1__StatusReply *status(int fd, msg_t **keep) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__Status st = TENSORBROKER__V1__STATUS__INIT;
@@ -252,6 +273,11 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
+  if (live_pid > 0) {
+    kill(live_pid, SIGKILL);
+    waitpid(live_pid, NULL, 0);
+    live_pid = 0;
+  }
   unlink(sock);
   rmdir(dir);
   return 0;
@@ -297,13 +323,14 @@ static void test_protocol_errors_close(void **state) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__Status st = TENSORBROKER__V1__STATUS__INIT;
   Tensorbroker__V1__StatusReply *sr;
-  int fd, mfd, good;
+  int fd, mfd, good, fds_before;
   msg_t *m;
 
   (void)state;
   assert_true(pid > 0);
   good = connect_sock();
   assert_int_equal(hello(good), 0);
+  fds_before = daemon_fds(pid);
   /* garbage bytes */
   fd = connect_sock();
   assert_int_equal(send(fd, "\xff\xff\xff\xff garbage", 13, 0), 13);
@@ -333,6 +360,11 @@ static void test_protocol_errors_close(void **state) {
   assert_int_equal(sr->sessions, 1);
   tb__server_message_free(m);
   close(fd);
+  /* two round trips: a closed connection's descriptor is released at the
+   * end of the loop iteration that handled it */
+  tb__server_message_free((status(good, &m), m));
+  tb__server_message_free((status(good, &m), m));
+  assert_int_equal(daemon_fds(pid), fds_before); /* nothing leaked */
   close(good);
   assert_int_equal(daemon_stop(pid, SIGTERM), 0);
 }
@@ -410,6 +442,7 @@ static void test_shutdown_notice(void **state) {
   fd = connect_sock();
   assert_int_equal(hello(fd), 0);
   assert_int_equal(kill(pid, SIGTERM), 0);
+  live_pid = 0; /* waited for below */
   m = recv_msg(fd, NULL);
   assert_non_null(m);
   assert_int_equal(m->body_case, TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE);
