@@ -2,11 +2,20 @@
  * each frame's checksum against the one the producer sent as metadata, and
  * reports counts and publish-to-acquire latency.
  *
+ * With --cuda it reads CUDA frames (producer --cuda) on its own stream on
+ * GPU 0: tb_acquire() makes that stream wait for the producer's ready
+ * event, cuMemcpyDtoHAsync on the same stream copies the frame back, the
+ * host waits for the stream, checks the checksum, and tb_release(t, stream)
+ * hands the producer a done event recorded on it. CUDA is reached through
+ * cuda_loader.c (dlopen of libcuda.so.1).
+ *
  *   consumer [--socket PATH] [--channel NAME] [--timeout MS] [--ready-fd N]
+ *            [--cuda] [--cuda-check]
  *
  * It stops after the producer's last frame, when the channel closes, or
  * when no frame came for --timeout milliseconds. Exit status 0 when every
- * received frame verified and at least one came, 1 otherwise. */
+ * received frame verified and at least one came, 1 otherwise, 2 bad usage,
+ * 3 no CUDA driver/GPU (--cuda, --cuda-check). */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -17,7 +26,11 @@
 
 #include <tensorbroker/tensorbroker.h>
 
+#include "cuda_loader.h"
 #include "frame.h"
+
+/* Exit status for "no CUDA driver/GPU", so scripts can tell it apart. */
+#define EXIT_NO_CUDA 3
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -29,7 +42,64 @@ static void usage(FILE *f) {
           "  -t, --timeout MS     give up after MS without a frame\n"
           "                       (default 10000)\n"
           "      --ready-fd N     write \"READY\\n\" to fd N once connected\n"
-          "  -h, --help           this text\n");
+          "      --cuda           read CUDA frames (producer --cuda) on this\n"
+          "                       consumer's own stream on GPU 0, copying each\n"
+          "                       back to the host to verify it\n"
+          "      --cuda-check     exit 0 if --cuda can work here, else say why\n"
+          "                       and exit 3\n"
+          "  -h, --help           this text\n"
+          "\n"
+          "Exit status: 0 every frame verified, 1 failure, 2 bad usage, 3 no\n"
+          "CUDA driver/GPU (--cuda, --cuda-check).\n");
+}
+
+/* --cuda and --cuda-check: both libtensorbroker and this program's loader
+ * must reach the driver and GPU 0. Returns 0 with *cu open, or prints why
+ * and returns EXIT_NO_CUDA. */
+static int cuda_start(struct cudl *cu) {
+  char why[512];
+  int rc = tb_cuda_available();
+
+  if (cudl_open(cu, 0, why, sizeof(why)) < 0) {
+    fprintf(stderr, "consumer: no CUDA driver/GPU: %s\n", why);
+    return EXIT_NO_CUDA;
+  }
+  if (rc < 0) {
+    fprintf(stderr, "consumer: no CUDA driver/GPU: libtensorbroker cannot "
+            "use the driver (tb_cuda_available: %s)\n", tb_strerror(rc));
+    cudl_close(cu);
+    return EXIT_NO_CUDA;
+  }
+  return 0;
+}
+
+/* --cuda: copy a frame's bytes from the device into host (grown as needed)
+ * on stream, after what the stream already waits for, and wait for the
+ * copy. Returns the host copy, or NULL after printing why. */
+static const void *cuda_fetch(const struct cudl *cu, cudl_stream stream,
+                              const DLTensor *t, size_t bytes, void **host,
+                              size_t *cap) {
+  cudl_result r;
+
+  if (bytes > *cap) {
+    void *p = realloc(*host, bytes);
+    if (p == NULL) {
+      fprintf(stderr, "consumer: out of memory\n");
+      return NULL;
+    }
+    *host = p;
+    *cap = bytes;
+  }
+  r = cu->memcpy_dtoh_async(*host, (cudl_deviceptr)(uintptr_t)t->data, bytes,
+                            stream);
+  if (r == CUDL_SUCCESS)
+    r = cu->stream_synchronize(stream);
+  if (r != CUDL_SUCCESS) {
+    fprintf(stderr, "consumer: copying the frame back: %s (%d)\n",
+            cudl_error_name(cu, r), r);
+    return NULL;
+  }
+  return *host;
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -43,6 +113,8 @@ int main(int argc, char **argv) {
       {"channel", required_argument, NULL, 'c'},
       {"timeout", required_argument, NULL, 't'},
       {"ready-fd", required_argument, NULL, 'R'},
+      {"cuda", no_argument, NULL, 'G'},
+      {"cuda-check", no_argument, NULL, 'K'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *channel = "demo/frames";
@@ -53,6 +125,11 @@ int main(int argc, char **argv) {
   uint64_t received = 0, bad = 0, skipped = 0, last = 0, expected = 0;
   uint64_t *lat = NULL;
   size_t nlat = 0, caplat = 0;
+  int use_cuda = 0, cuda_check = 0, failed = 0;
+  struct cudl cu = {0};
+  cudl_stream stream = NULL;
+  void *host = NULL; /* --cuda: each frame copied back here */
+  size_t host_cap = 0;
   char *end;
 
   tb_connect_options_init(&co);
@@ -75,6 +152,8 @@ int main(int argc, char **argv) {
         return 2;
       }
       break;
+    case 'G': use_cuda = 1; break;
+    case 'K': cuda_check = 1; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -82,6 +161,23 @@ int main(int argc, char **argv) {
   if (optind != argc) {
     usage(stderr);
     return 2;
+  }
+
+  if (cuda_check || use_cuda) { /* before connecting: no daemon needed */
+    rc = cuda_start(&cu);
+    if (rc != 0)
+      return rc;
+    if (cuda_check) {
+      printf("consumer: CUDA available (GPU 0)\n");
+      cudl_close(&cu);
+      return 0;
+    }
+    cudl_result r = cu.stream_create(&stream, CUDL_STREAM_NON_BLOCKING);
+    if (r != CUDL_SUCCESS) {
+      fprintf(stderr, "consumer: cuStreamCreate: %s (%d)\n",
+              cudl_error_name(&cu, r), r);
+      return 1;
+    }
   }
 
   rc = tb_client_connect(&co, &c);
@@ -108,6 +204,8 @@ int main(int argc, char **argv) {
     ao.mode = TB_ACQUIRE_NEXT;
     ao.version = last;
     ao.timeout_ms = (int)timeout_ms;
+    if (use_cuda)
+      ao.stream = stream; /* made to wait for the producer's ready event */
     rc = tb_acquire(c, channel, &ao, &m);
     if (rc == TB_ECLOSED)
       break; /* the producer left and we have seen everything it kept */
@@ -126,12 +224,33 @@ int main(int argc, char **argv) {
     size_t bytes = (size_t)(t->dtype.bits / 8) * t->dtype.lanes;
     for (int i = 0; i < t->ndim; i++)
       bytes *= (size_t)t->shape[i];
+    /* The tensor is a read-only view of the producer's buffer: host
+     * memory mapped here, or (--cuda) device memory read by copying it
+     * back on our stream. */
+    const void *data = t->data;
+    DLDeviceType want = use_cuda ? kDLCUDA : kDLCPU;
+    if (t->device.device_type != want) {
+      fprintf(stderr, "consumer: version %" PRIu64 " is a %s tensor; run "
+              "%s --cuda\n", info.version,
+              t->device.device_type == kDLCUDA ? "CUDA" : "host",
+              use_cuda ? "the producer without" : "both with");
+      data = NULL;
+    } else if (use_cuda) {
+      data = cuda_fetch(&cu, stream, t, bytes, &host, &host_cap);
+    }
+    if (data == NULL) {
+      failed = 1;
+      if (use_cuda)
+        tb_release(m, stream);
+      else
+        m->deleter(m);
+      break;
+    }
     if (info.metadata_len != sizeof(meta)) {
       bad++;
     } else {
       memcpy(&meta, info.metadata, sizeof(meta));
-      /* The tensor is a read-only view of the producer's buffer. */
-      if (frame_checksum(t->data, bytes) != meta.checksum)
+      if (frame_checksum(data, bytes) != meta.checksum)
         bad++;
       if (meta.frame_id > expected)
         skipped += meta.frame_id - expected;
@@ -146,7 +265,18 @@ int main(int argc, char **argv) {
     }
     received++;
     last = info.version;
-    m->deleter(m); /* ends the lease: the producer may reuse the buffer */
+    if (use_cuda) {
+      /* Ends the lease with a done event recorded on our stream, after the
+       * copy: the producer's stream waits for it before rewriting. */
+      rc = tb_release(m, stream);
+      if (rc < 0) {
+        fprintf(stderr, "consumer: release: %s\n", tb_strerror(rc));
+        failed = 1;
+        break;
+      }
+    } else {
+      m->deleter(m); /* ends the lease: the producer may reuse the buffer */
+    }
     if (nlat > 0 && expected == meta.frames)
       break; /* the producer's last frame */
   }
@@ -168,5 +298,10 @@ int main(int argc, char **argv) {
   }
   free(lat);
   tb_client_disconnect(c);
-  return received > 0 && bad == 0 ? 0 : 1;
+  if (use_cuda) {
+    cu.stream_destroy(stream);
+    cudl_close(&cu);
+    free(host);
+  }
+  return received > 0 && bad == 0 && !failed ? 0 : 1;
 }
