@@ -230,10 +230,10 @@ int main(int argc, char **argv) {
     const void *data = t->data;
     DLDeviceType want = use_cuda ? kDLCUDA : kDLCPU;
     if (t->device.device_type != want) {
-      fprintf(stderr, "consumer: version %" PRIu64 " is a %s tensor; run "
-              "%s --cuda\n", info.version,
-              t->device.device_type == kDLCUDA ? "CUDA" : "host",
-              use_cuda ? "the producer without" : "both with");
+      fprintf(stderr, "consumer: version %" PRIu64 " is a %s tensor; give "
+              "the producer and the consumer the same --cuda setting\n",
+              info.version,
+              t->device.device_type == kDLCUDA ? "CUDA" : "host");
       data = NULL;
     } else if (use_cuda) {
       data = cuda_fetch(&cu, stream, t, bytes, &host, &host_cap);
