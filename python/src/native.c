@@ -1465,8 +1465,7 @@ PyMODINIT_FUNC PyInit__native(void) {
       PyModule_AddObjectRef(m, "Client", ClientType) < 0 ||
       PyModule_AddObjectRef(m, "Buffer", BufferType) < 0 ||
       PyModule_AddObjectRef(m, "Lease", LeaseType) < 0 ||
-      PyModule_AddStringConstant(m, "library_version", tb_version()) < 0 ||
-      PyModule_AddIntConstant(m, "HAVE_LEASE_WAIT", 1) < 0)
+      PyModule_AddStringConstant(m, "library_version", tb_version()) < 0)
     goto fail;
 #define ADD_ERR(name, value, text)                                             \
   if (PyModule_AddIntConstant(m, "TB_" #name, value) < 0)                      \

@@ -15,20 +15,7 @@ import tensorbroker as tb
 def main():
     sock, lib, channel = sys.argv[1], sys.argv[2], sys.argv[3]
     c = tb.Client(socket=sock, name="gpu-peer-" + lib)
-    if tb._native.HAVE_LEASE_WAIT:
-        lease = c.acquire(channel, timeout=60)   # wait applied in __dlpack__
-    else:
-        # Without tb_lease_wait() the wait must happen at acquire time, on
-        # the stream the consumer library will read on.
-        if lib in ("torch", "hold"):
-            import torch
-            stream = torch.cuda.current_stream()
-        elif lib == "cupy":
-            import cupy
-            stream = cupy.cuda.get_current_stream()
-        else:
-            stream = None                        # the contract's (legacy) stream
-        lease = c.acquire(channel, timeout=60, stream=stream)
+    lease = c.acquire(channel, timeout=60)   # the wait is applied in __dlpack__
     if lib == "torch":
         import torch
         x = torch.from_dlpack(lease)

@@ -48,22 +48,13 @@ def captured_read(sock, contract, wait):
         return got, 7.0
 
 
-def need_lease_wait():
-    if not tb._native.HAVE_LEASE_WAIT:
-        raise AssertionError(
-            "libtensorbroker lacks tb_lease_wait(t, stream): Lease.__dlpack__(stream=s) "
-            "cannot make the consumer's stream wait (see docs/python.md)")
-
-
 def test_capture_replay_spec_contract():
-    need_lease_wait()
     with daemon() as sock:
         got, want = captured_read(sock, "spec", wait=True)
         assert got == (want, want), got
 
 
 def test_capture_replay_no_sync_contract():
-    need_lease_wait()
     with daemon() as sock:
         got, want = captured_read(sock, "no_sync", wait=True)
         assert got == (want, want), got
@@ -85,7 +76,6 @@ def test_implicit_legacy_wait_beside_a_nonblocking_capture():
     # capture, which must stay valid. (A *blocking* capturing stream makes the
     # same call TB_ECAPTURE instead: tests/gpu/test_graph_capture.c, on the
     # driver API, covers that case.)
-    need_lease_wait()
     with daemon() as sock, Peer(sock, script=PRODUCER) as prod, \
             tb.Client(socket=sock, stream_contract="spec") as c:
         v = prod.call(op="go", value=3, spin_ms=0)["version"]

@@ -90,8 +90,7 @@ def test_same_process_lease_to_torch():
     with daemon() as sock, tb.Client(socket=sock) as p, tb.Client(socket=sock) as c:
         x, expected = torch_source()
         p.publish("gpu/self", x, stream=torch.cuda.current_stream())
-        kw = {} if tb._native.HAVE_LEASE_WAIT else {"stream": torch.cuda.current_stream()}
-        with c.acquire("gpu/self", **kw) as lease:
+        with c.acquire("gpu/self") as lease:
             assert lease.__dlpack_device__() == (2, x.device.index)
             y = torch.from_dlpack(lease)
             assert abs(float(y.double().sum().item()) - expected) < 1e-3
