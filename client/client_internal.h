@@ -93,6 +93,8 @@ struct tb_client {
   uint64_t next_request_id;
   uint64_t session_id;
   int timeout_ms;
+  int rcvtimeo_ms; /* SO_RCVTIMEO now set on the socket; 0: none (forever),
+                      -1: unknown (setsockopt failed: use poll) */
   uint32_t max_message;
   uint32_t max_ndim;
   uint32_t max_metadata;

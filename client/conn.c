@@ -248,20 +248,47 @@ static int mark_dead(struct tb_client *c, const char *why) {
                        why);
 }
 
-/* Wait for one datagram until deadline (UINT64_MAX: forever), read and
- * decode it. Notices are handled here; a reply is returned in *out with its
- * fds. Returns 1 with *out set (a reply), 2 for a handled notice, 0 on
- * timeout, or an error. */
-static int recv_one(struct tb_client *c, uint64_t deadline,
-                    tb__server_message **out, int *fds, int *nfds) {
-  struct pollfd p = {.fd = c->conn->fd, .events = POLLIN};
-  tb__server_message *m;
-  long n;
-  int rc, got = 0;
+/* Make a blocking recv on the socket return by deadline (UINT64_MAX:
+ * never), changing SO_RCVTIMEO only when needed: a timeout shorter than
+ * what is left just wakes us early (the caller goes round), one a little
+ * longer is kept (at most ~3 % late), so a run of calls with the same
+ * timeout costs no setsockopt. Returns the recv flags to use (0 or
+ * MSG_DONTWAIT when the deadline has passed), or -1 when SO_RCVTIMEO could
+ * not be set (wait with poll instead). */
+static int arm_recv_timeout(struct tb_client *c, uint64_t deadline) {
+  uint64_t now, left;
+  struct timeval tv;
 
-  if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
-    return tb__set_error(c, TB_EDISCONNECTED,
-                         "connection to the daemon lost earlier");
+  if (c->rcvtimeo_ms < 0)
+    return -1;
+  if (deadline == UINT64_MAX)
+    return 0; /* any timeout set only means an early wake-up */
+  now = tb__now_ms();
+  if (now >= deadline)
+    return MSG_DONTWAIT;
+  left = deadline - now;
+  if (left > INT32_MAX / 2)
+    left = INT32_MAX / 2;
+  if (c->rcvtimeo_ms != 0 &&
+      (uint64_t)c->rcvtimeo_ms <= left + 1 + left / 32)
+    return 0;
+  tv.tv_sec = (time_t)(left / 1000);
+  tv.tv_usec = (suseconds_t)(left % 1000) * 1000;
+  if (setsockopt(c->conn->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0) {
+    c->rcvtimeo_ms = -1;
+    return -1;
+  }
+  c->rcvtimeo_ms = (int)left;
+  return 0;
+}
+
+/* poll() until the socket is readable or deadline passes: the fallback
+ * when SO_RCVTIMEO is not available. Returns 1 readable, 0 timeout, or an
+ * error. */
+static int poll_readable(struct tb_client *c, uint64_t deadline) {
+  struct pollfd p = {.fd = c->conn->fd, .events = POLLIN};
+  int rc;
+
   for (;;) {
     int wait;
     if (deadline == UINT64_MAX) {
@@ -277,14 +304,47 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
       continue;
     if (rc < 0)
       return tb__set_error(c, TB_ESYS, "poll: %s", strerror(errno));
-    if (rc == 0)
-      return 0;
-    break;
+    return rc > 0;
   }
-  n = tb__wire_recv(c->conn->fd, c->rbuf, TB__RECV_CAP, fds, &got,
-                    MSG_DONTWAIT);
-  if (n == -EAGAIN || n == -EWOULDBLOCK)
-    return 2; /* spurious wake-up: the caller goes round */
+}
+
+/* Wait for one datagram until deadline (UINT64_MAX: forever), read and
+ * decode it. Notices are handled here; a reply is returned in *out with its
+ * fds. Returns 1 with *out set (a reply), 2 for a handled notice or a wake-
+ * up with nothing read (the caller goes round), 0 on timeout, or an error.
+ * The wait is the recvmsg itself (blocking, bounded by SO_RCVTIMEO): one
+ * system call per datagram. */
+static int recv_one(struct tb_client *c, uint64_t deadline,
+                    tb__server_message **out, int *fds, int *nfds) {
+  tb__server_message *m;
+  long n;
+  int rc, got = 0, flags;
+
+  if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
+    return tb__set_error(c, TB_EDISCONNECTED,
+                         "connection to the daemon lost earlier");
+  flags = arm_recv_timeout(c, deadline);
+  if (flags == 0) {
+    n = tb__wire_recv(c->conn->fd, c->rbuf, TB__RECV_CAP, fds, &got, 0);
+    if (n == -EAGAIN || n == -EWOULDBLOCK) {
+      /* SO_RCVTIMEO woke us early, or someone made the socket
+       * non-blocking: wait with poll this time */
+      if (deadline != UINT64_MAX && tb__now_ms() >= deadline)
+        return 0;
+      flags = -1;
+    }
+  }
+  if (flags != 0) {
+    if (flags < 0) {
+      rc = poll_readable(c, deadline);
+      if (rc <= 0)
+        return rc;
+    }
+    n = tb__wire_recv(c->conn->fd, c->rbuf, TB__RECV_CAP, fds, &got,
+                      MSG_DONTWAIT);
+    if (n == -EAGAIN || n == -EWOULDBLOCK)
+      return deadline != UINT64_MAX && tb__now_ms() >= deadline ? 0 : 2;
+  }
   if (n == 0)
     return mark_dead(c, "the daemon closed the connection");
   if (n == -EMSGSIZE)
