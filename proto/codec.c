@@ -1,22 +1,116 @@
 /* Protobuf-c messages to and from bytes. Knows nothing about sockets. */
 #include "tb_proto.h"
 
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include <tensorbroker/errors.h>
 
-int tb__request_decode(const uint8_t *buf, size_t len, tb__request **out) {
+/* ---- arena ---- */
+
+struct tb__arena_block {
+  struct tb__arena_block *next;
+  size_t cap, used;
+  max_align_t data[];
+};
+
+#define ARENA_ALIGN (sizeof(max_align_t))
+
+static void *arena_alloc(void *ud, size_t size) {
+  struct tb__arena *a = ud;
+  struct tb__arena_block *b = a->more;
+  size_t n = (size + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1);
+  void *p;
+
+  if (n < size)
+    return NULL;
+  if (n <= a->cap - a->used) {
+    p = a->base + a->used;
+    a->used += n;
+    return p;
+  }
+  if (b == NULL || n > b->cap - b->used) {
+    size_t cap = b != NULL ? b->cap * 2 : a->cap * 2;
+    if (cap < n)
+      cap = n;
+    if (cap > SIZE_MAX - sizeof(*b))
+      return NULL;
+    b = malloc(sizeof(*b) + cap);
+    if (b == NULL)
+      return NULL;
+    b->next = a->more;
+    b->cap = cap;
+    b->used = 0;
+    a->more = b;
+  }
+  p = (uint8_t *)b->data + b->used;
+  b->used += n;
+  return p;
+}
+
+static void arena_free(void *ud, void *p) {
+  (void)ud; /* everything goes at the next reset */
+  (void)p;
+}
+
+int tb__arena_init(struct tb__arena *a, size_t cap) {
+  memset(a, 0, sizeof(*a));
+  cap = (cap + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1);
+  a->base = malloc(cap);
+  if (a->base == NULL)
+    return TB_ENOMEM;
+  a->cap = cap;
+  a->pb.alloc = arena_alloc;
+  a->pb.free = arena_free;
+  a->pb.allocator_data = a;
+  return 0;
+}
+
+void tb__arena_reset(struct tb__arena *a) {
+  while (a->more != NULL) {
+    struct tb__arena_block *b = a->more;
+    a->more = b->next;
+    free(b);
+  }
+  a->used = 0;
+}
+
+void tb__arena_fini(struct tb__arena *a) {
+  if (a == NULL || a->base == NULL)
+    return;
+  tb__arena_reset(a);
+  free(a->base);
+  a->base = NULL;
+}
+
+/* ---- decoding ---- */
+
+static int request_unpack(ProtobufCAllocator *pa, const uint8_t *buf,
+                          size_t len, tb__request **out) {
   tb__request *m;
 
   if (buf == NULL || len == 0 || len > TB__MAX_MESSAGE_HARD)
     return TB_EPROTO;
-  m = tensorbroker__v1__request__unpack(NULL, len, buf);
+  m = tensorbroker__v1__request__unpack(pa, len, buf);
   if (m == NULL)
     return TB_EPROTO;
   if (m->body_case == TENSORBROKER__V1__REQUEST__BODY__NOT_SET) {
-    tensorbroker__v1__request__free_unpacked(m, NULL);
+    tensorbroker__v1__request__free_unpacked(m, pa);
     return TB_EPROTO;
   }
   *out = m;
   return 0;
+}
+
+int tb__request_decode(const uint8_t *buf, size_t len, tb__request **out) {
+  return request_unpack(NULL, buf, len, out);
+}
+
+int tb__request_decode_in(struct tb__arena *a, const uint8_t *buf,
+                          size_t len, tb__request **out) {
+  tb__arena_reset(a);
+  return request_unpack(&a->pb, buf, len, out);
 }
 
 void tb__request_free(tb__request *m) {
@@ -24,13 +118,13 @@ void tb__request_free(tb__request *m) {
     tensorbroker__v1__request__free_unpacked(m, NULL);
 }
 
-int tb__server_message_decode(const uint8_t *buf, size_t len,
-                              tb__server_message **out) {
+static int server_message_unpack(ProtobufCAllocator *pa, const uint8_t *buf,
+                                 size_t len, tb__server_message **out) {
   tb__server_message *m;
 
   if (buf == NULL || len == 0 || len > TB__MAX_MESSAGE_HARD)
     return TB_EPROTO;
-  m = tensorbroker__v1__server_message__unpack(NULL, len, buf);
+  m = tensorbroker__v1__server_message__unpack(pa, len, buf);
   if (m == NULL)
     return TB_EPROTO;
   if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY__NOT_SET ||
@@ -39,11 +133,22 @@ int tb__server_message_decode(const uint8_t *buf, size_t len,
       (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE &&
        (m->notice == NULL ||
         m->notice->body_case == TENSORBROKER__V1__NOTICE__BODY__NOT_SET))) {
-    tensorbroker__v1__server_message__free_unpacked(m, NULL);
+    tensorbroker__v1__server_message__free_unpacked(m, pa);
     return TB_EPROTO;
   }
   *out = m;
   return 0;
+}
+
+int tb__server_message_decode(const uint8_t *buf, size_t len,
+                              tb__server_message **out) {
+  return server_message_unpack(NULL, buf, len, out);
+}
+
+int tb__server_message_decode_in(struct tb__arena *a, const uint8_t *buf,
+                                 size_t len, tb__server_message **out) {
+  tb__arena_reset(a);
+  return server_message_unpack(&a->pb, buf, len, out);
 }
 
 void tb__server_message_free(tb__server_message *m) {
@@ -51,19 +156,129 @@ void tb__server_message_free(tb__server_message *m) {
     tensorbroker__v1__server_message__free_unpacked(m, NULL);
 }
 
-long tb__request_encode(const tb__request *m, uint8_t *buf, size_t cap) {
-  size_t n = tensorbroker__v1__request__get_packed_size(m);
 
-  if (n > cap)
-    return TB_ELIMIT;
-  return (long)tensorbroker__v1__request__pack(m, buf);
+static size_t varint_size(uint64_t v) {
+  size_t n = 1;
+
+  while (v >= 0x80) {
+    v >>= 7;
+    n++;
+  }
+  return n;
 }
 
+static size_t put_varint(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+
+  while (v >= 0x80) {
+    p[n++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = (uint8_t)v;
+  return n;
+}
+
+/* The header of a length-delimited field: tag then length. */
+static size_t put_len_field(uint8_t *p, uint32_t field, size_t len) {
+  size_t n = put_varint(p, ((uint64_t)field << 3) | 2u);
+  return n + put_varint(p + n, len);
+}
+
+static size_t len_field_size(uint32_t field, size_t len) {
+  return varint_size((uint64_t)field << 3) + varint_size(len) + len;
+}
+
+/* The message a oneof case points at, or NULL. */
+static const ProtobufCMessage *oneof_body(const ProtobufCMessage *m,
+                                          uint32_t field) {
+  const ProtobufCFieldDescriptor *f =
+      protobuf_c_message_descriptor_get_field(m->descriptor, field);
+
+  if (f == NULL || f->type != PROTOBUF_C_TYPE_MESSAGE)
+    return NULL;
+  return *(const ProtobufCMessage *const *)((const char *)m + f->offset);
+}
+
+/* protobuf-c sizes a nested message once for each message around it (pack
+ * asks every submessage for its size before packing it), so a reply three
+ * levels down was sized three times, plus once for the cap check. Here the
+ * two outer levels (ServerMessage, then Reply or Notice) are written by
+ * hand around their oneof body, which protobuf-c sizes once and packs. The
+ * bytes are the same as protobuf-c's: fields in field-number order, the
+ * oneof body (highest numbers) last. */
 long tb__server_message_encode(const tb__server_message *m, uint8_t *buf,
                                size_t cap) {
-  size_t n = tensorbroker__v1__server_message__get_packed_size(m);
+  const ProtobufCMessage *mid = NULL, *body = NULL;
+  uint32_t mid_field = (uint32_t)m->body_case, body_field = 0;
+  size_t head, body_len, mid_len, n;
+  union {
+    Tensorbroker__V1__Reply reply;
+    Tensorbroker__V1__Notice notice;
+  } h; /* the middle message without its body: the fields before it */
+  ProtobufCMessage *hm = NULL;
 
+  if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY &&
+      m->reply != NULL) {
+    mid = &m->reply->base;
+    body_field = (uint32_t)m->reply->body_case;
+    h.reply = *m->reply;
+    h.reply.body_case = TENSORBROKER__V1__REPLY__BODY__NOT_SET;
+    hm = &h.reply.base;
+  } else if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE &&
+             m->notice != NULL) {
+    mid = &m->notice->base;
+    body_field = (uint32_t)m->notice->body_case;
+    h.notice = *m->notice;
+    h.notice.body_case = TENSORBROKER__V1__NOTICE__BODY__NOT_SET;
+    hm = &h.notice.base;
+  }
+  if (mid != NULL && body_field != 0)
+    body = oneof_body(mid, body_field);
+  if (body == NULL || mid->n_unknown_fields != 0 ||
+      m->base.n_unknown_fields != 0) {
+    n = tensorbroker__v1__server_message__get_packed_size(m);
+    if (n > cap)
+      return TB_ELIMIT;
+    return (long)tensorbroker__v1__server_message__pack(m, buf);
+  }
+  head = protobuf_c_message_get_packed_size(hm);
+  body_len = protobuf_c_message_get_packed_size(body);
+  mid_len = head + len_field_size(body_field, body_len);
+  n = len_field_size(mid_field, mid_len);
   if (n > cap)
     return TB_ELIMIT;
-  return (long)tensorbroker__v1__server_message__pack(m, buf);
+  n = put_len_field(buf, mid_field, mid_len);
+  n += protobuf_c_message_pack(hm, buf + n);
+  n += put_len_field(buf + n, body_field, body_len);
+  n += protobuf_c_message_pack(body, buf + n);
+  return (long)n;
+}
+
+/* Same idea for a request: Request's own fields, then its body sized once
+ * (protobuf-c would size it twice and walk Request's fields twice). */
+long tb__request_encode(const tb__request *m, uint8_t *buf, size_t cap) {
+  const ProtobufCMessage *body = NULL;
+  tb__request head;
+  size_t hlen, body_len, n;
+
+  if (m->body_case != TENSORBROKER__V1__REQUEST__BODY__NOT_SET &&
+      m->base.n_unknown_fields == 0)
+    body = oneof_body(&m->base, (uint32_t)m->body_case);
+  if (body == NULL) {
+    n = tensorbroker__v1__request__get_packed_size(m);
+    if (n > cap)
+      return TB_ELIMIT;
+    return (long)tensorbroker__v1__request__pack(m, buf);
+  }
+  head = *m;
+  head.body_case = TENSORBROKER__V1__REQUEST__BODY__NOT_SET;
+  hlen = tensorbroker__v1__request__get_packed_size(&head);
+  body_len = protobuf_c_message_get_packed_size(body);
+  n = hlen + len_field_size((uint32_t)m->body_case, body_len);
+  if (n > cap)
+    return TB_ELIMIT;
+  n = tensorbroker__v1__request__pack(&head, buf);
+  n += put_len_field(buf + n, (uint32_t)m->body_case, body_len);
+  n += protobuf_c_message_pack(body, buf + n);
+  return (long)n;
 }

@@ -45,6 +45,32 @@ int tb__server_message_decode(const uint8_t *buf, size_t len,
                               tb__server_message **out);
 void tb__server_message_free(tb__server_message *m);
 
+/* Decoding into an arena: a bump allocator for protobuf-c. A decode takes
+ * its memory from one block (further blocks are malloc'ed if a message
+ * needs more) and tb__arena_reset gives it all back at once, without the
+ * walk over the message that free_unpacked does. A message decoded in an
+ * arena lives until the arena's next decode, reset or fini; it is never
+ * passed to tb__*_free. */
+struct tb__arena_block;
+struct tb__arena {
+  ProtobufCAllocator pb; /* handed to protobuf-c */
+  uint8_t *base;         /* the first block, cap bytes */
+  size_t cap, used;
+  struct tb__arena_block *more; /* overflow blocks */
+};
+
+/* Allocate the first block (cap bytes). Returns 0 or TB_ENOMEM. */
+int tb__arena_init(struct tb__arena *a, size_t cap);
+/* Give back everything allocated since the last reset. */
+void tb__arena_reset(struct tb__arena *a);
+void tb__arena_fini(struct tb__arena *a);
+/* As tb__request_decode and tb__server_message_decode, into a (reset
+ * first). */
+int tb__request_decode_in(struct tb__arena *a, const uint8_t *buf,
+                          size_t len, tb__request **out);
+int tb__server_message_decode_in(struct tb__arena *a, const uint8_t *buf,
+                                 size_t len, tb__server_message **out);
+
 /* Encode into buf of cap bytes. Returns the length, or TB_ELIMIT when the
  * encoding would exceed cap. */
 long tb__request_encode(const tb__request *m, uint8_t *buf, size_t cap);
