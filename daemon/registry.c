@@ -528,11 +528,20 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
   v = tbd_calloc(1, sizeof(*v));
   if (v == NULL)
     goto out_nomem;
-  v->layout_len = tensorbroker__v1__layout__get_packed_size(layout);
-  v->layout = tbd_malloc(v->layout_len);
-  if (v->layout == NULL)
-    goto out_free_version;
-  tensorbroker__v1__layout__pack(layout, v->layout);
+  {
+    /* Packed once, with its length prefix: every AcquireReply carries these
+     * bytes as they are (lease_grant). */
+    size_t len = tensorbroker__v1__layout__get_packed_size(layout), pre = 1;
+    for (size_t x = len; x >= 0x80; x >>= 7)
+      pre++;
+    v->layout_len = pre + len;
+    v->layout = tbd_malloc(v->layout_len);
+    if (v->layout == NULL)
+      goto out_free_version;
+    for (size_t i = 0, x = len; i < pre; i++, x >>= 7)
+      v->layout[i] = (uint8_t)((x & 0x7f) | (i + 1 < pre ? 0x80 : 0));
+    tensorbroker__v1__layout__pack(layout, v->layout + pre);
+  }
   v->meta_len = meta_len;
   v->meta = tbd_memdup(meta, meta_len);
   if (v->meta == NULL)
@@ -650,7 +659,7 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__Device bdev = TENSORBROKER__V1__DEVICE__INIT;
   Tensorbroker__V1__EventInfo ei;
   Tensorbroker__V1__Device edev;
-  Tensorbroker__V1__Layout *layout;
+  ProtobufCMessageUnknownField layout;
   struct tbd_buffer *b = v->buf;
   struct tbd_lease *l;
   struct tbd_sent *sent, *newsent = NULL;
@@ -667,20 +676,16 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
       goto out_free_lease;
     newsent->buffer_id = b->id;
   }
-  layout = tensorbroker__v1__layout__unpack(&tbd_pb_allocator, v->layout_len,
-                                            v->layout);
-  if (layout == NULL)
-    goto out_free_sent;
   tbd_hash_oom = 0;
   HASH_ADD(hh, r->leases, id, sizeof(l->id), l);
   if (tbd_hash_oom)
-    goto out_free_layout;
+    goto out_free_sent;
   tbd_hash_oom = 0;
   if (newsent != NULL)
     HASH_ADD(hh, s->sent, buffer_id, sizeof(newsent->buffer_id), newsent);
   if (tbd_hash_oom) {
     HASH_DEL(r->leases, l);
-    goto out_free_layout;
+    goto out_free_sent;
   }
   if (newsent != NULL)
     sent = newsent;
@@ -705,7 +710,15 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   rep.acquire = &ar;
   ar.lease_id = l->id;
   ar.version = v->number;
-  ar.layout = layout;
+  /* The layout goes out as the bytes packed at publish, as an "unknown"
+   * field that protobuf-c copies verbatim (tag, then the length-prefixed
+   * value): no unpack and re-pack per acquire. Receivers see field 3. */
+  layout.tag = 3; /* AcquireReply.layout */
+  layout.wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
+  layout.len = v->layout_len;
+  layout.data = v->layout;
+  ar.base.n_unknown_fields = 1;
+  ar.base.unknown_fields = &layout;
   ar.buffer = &bi;
   ar.metadata.data = v->meta;
   ar.metadata.len = v->meta_len;
@@ -729,11 +742,8 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
     ar.ready_event = &ei;
   }
   tbd__send_reply(r, s, &rep, attach ? &b->fd : NULL, attach ? 1 : 0);
-  tensorbroker__v1__layout__free_unpacked(layout, &tbd_pb_allocator);
   return 0;
 
-out_free_layout:
-  tensorbroker__v1__layout__free_unpacked(layout, &tbd_pb_allocator);
 out_free_sent:
   tbd_free(newsent);
 out_free_lease:

@@ -54,8 +54,9 @@ struct tbd_version {
   uint64_t number;
   struct tbd_buffer *buf;
   uint64_t publisher_id;     /* session id; it may have gone */
-  uint8_t *layout;           /* packed Layout: a deep copy for free */
-  size_t layout_len;
+  uint8_t *layout;           /* packed Layout behind its varint length, as
+                                the value of AcquireReply.layout is sent */
+  size_t layout_len;         /* prefix included */
   uint8_t *meta;
   size_t meta_len;
   bool has_ready;

@@ -261,7 +261,8 @@ static int conn_read(struct tbd_conn *c, int budget) {
       conn_doom(c);
       return 0;
     }
-    if (tb__request_decode(srv->rxbuf, (size_t)n, &req) < 0) {
+    if (tb__request_decode_in(&srv->arena, srv->rxbuf, (size_t)n, &req) < 0) {
+      tb__arena_reset(&srv->arena);
       for (int k = 0; k < nfds; k++)
         close(fds[k]);
       tbd_session_protocol_error(srv->reg, c->s, 0, "undecodable datagram");
@@ -269,7 +270,7 @@ static int conn_read(struct tbd_conn *c, int budget) {
       return 0;
     }
     rc = tbd_session_request(srv->reg, c->s, req, fds, nfds);
-    tb__request_free(req);
+    tb__arena_reset(&srv->arena); /* frees req */
     if (rc < 0)
       conn_doom(c);
   }
@@ -423,7 +424,8 @@ int tbd_server_init(struct tbd_server *srv, uv_loop_t *loop,
   srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   srv->rxbuf = malloc(lim->max_message);
   srv->txbuf = malloc(TB__MAX_MESSAGE_HARD);
-  if (srv->rxbuf == NULL || srv->txbuf == NULL) {
+  if (srv->rxbuf == NULL || srv->txbuf == NULL ||
+      tb__arena_init(&srv->arena, 16384) < 0) {
     rc = TB_ENOMEM;
     goto out_free;
   }
@@ -454,6 +456,7 @@ out_free:
   free(srv->rxbuf);
   free(srv->txbuf);
   srv->rxbuf = srv->txbuf = NULL;
+  tb__arena_fini(&srv->arena);
   if (srv->reserve_fd >= 0)
     close(srv->reserve_fd);
   return rc;
@@ -494,6 +497,7 @@ void tbd_server_free(struct tbd_server *srv) {
   free(srv->rxbuf);
   free(srv->txbuf);
   srv->rxbuf = srv->txbuf = NULL;
+  tb__arena_fini(&srv->arena);
   if (srv->reserve_fd >= 0)
     close(srv->reserve_fd);
   srv->reserve_fd = -1;

@@ -23,6 +23,7 @@ struct tbd_server {
   uv_check_t check;          /* reads the sessions marked readable */
   uint8_t *rxbuf;            /* lim.max_message bytes */
   uint8_t *txbuf;            /* TB__MAX_MESSAGE_HARD bytes */
+  struct tb__arena arena;    /* the request being handled is decoded here */
   struct tbd_conn *conns;
   struct tbd_conn *doomed;
   struct tbd_conn *pending;  /* readable, to be read in the check phase */
