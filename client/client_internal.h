@@ -31,6 +31,8 @@
 #define TB__LAST_ERROR_MAX 512
 #define TB__DEFAULT_TIMEOUT_MS 30000
 #define TB__RECV_CAP TB__MAX_MESSAGE_HARD
+#define TB__ARENAS 3        /* decoded messages alive at once without malloc */
+#define TB__ARENA_SIZE 4096 /* first block of each */
 
 struct tb__map;
 struct tb__cuda_client;
@@ -100,6 +102,11 @@ struct tb_client {
   uint32_t max_metadata;
   uint8_t *rbuf; /* TB__RECV_CAP bytes */
   uint8_t *sbuf; /* TB__RECV_CAP bytes */
+  /* Replies are decoded into one of these (a call made while a reply is
+   * still in use, e.g. registering an event during an acquire, takes the
+   * next); msg[i] is the message alive in arena[i], NULL when free. */
+  struct tb__arena arena[TB__ARENAS];
+  tb__server_message *arena_msg[TB__ARENAS];
 
   struct tb_notice *notices; /* ring */
   size_t nq_head, nq_len, nq_cap;
@@ -124,12 +131,15 @@ void tb__clear_error(struct tb_client *c);
 /* Send r (its request_id is assigned here) with nfds descriptors, and wait
  * up to extra_ms (<0: forever) plus the client's timeout for its reply,
  * queueing notices read meanwhile. On success *out owns the decoded message
- * (free with tb__server_message_free) and any descriptors attached to the
+ * (free with tb__msg_free) and any descriptors attached to the
  * reply are in fds and *nfds (caller closes them). A reply with a negative
  * status is returned as that status, with its message kept as last error. */
 int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
              int n_send_fds, long extra_ms, tb__server_message **out,
              int *fds, int *nfds);
+
+/* Free a message that tb__call returned. */
+void tb__msg_free(struct tb_client *c, tb__server_message *m);
 
 /* Read and dispatch datagrams for up to timeout_ms (<0 forever), stopping
  * after the first one. Returns 1 if one was handled, 0 on timeout, or an

@@ -248,6 +248,37 @@ static int mark_dead(struct tb_client *c, const char *why) {
                        why);
 }
 
+/* Decode the datagram in c->rbuf into a free arena (or with malloc when
+ * all are in use). */
+static int msg_decode(struct tb_client *c, size_t n, tb__server_message **out) {
+  for (int i = 0; i < TB__ARENAS; i++) {
+    int rc;
+    if (c->arena_msg[i] != NULL || c->arena[i].base == NULL)
+      continue;
+    rc = tb__server_message_decode_in(&c->arena[i], c->rbuf, n, out);
+    if (rc < 0) {
+      tb__arena_reset(&c->arena[i]);
+      return rc;
+    }
+    c->arena_msg[i] = *out;
+    return 0;
+  }
+  return tb__server_message_decode(c->rbuf, n, out);
+}
+
+void tb__msg_free(struct tb_client *c, tb__server_message *m) {
+  if (m == NULL)
+    return;
+  for (int i = 0; i < TB__ARENAS; i++) {
+    if (c->arena_msg[i] == m) {
+      c->arena_msg[i] = NULL;
+      tb__arena_reset(&c->arena[i]);
+      return;
+    }
+  }
+  tb__server_message_free(m);
+}
+
 /* Make a blocking recv on the socket return by deadline (UINT64_MAX:
  * never), changing SO_RCVTIMEO only when needed: a timeout shorter than
  * what is left just wakes us early (the caller goes round), one a little
@@ -351,7 +382,7 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
     return mark_dead(c, "oversized message from the daemon");
   if (n < 0)
     return mark_dead(c, strerror((int)-n));
-  rc = tb__server_message_decode(c->rbuf, (size_t)n, &m);
+  rc = msg_decode(c, (size_t)n, &m);
   if (rc < 0) {
     close_fds(fds, got);
     return mark_dead(c, "undecodable message from the daemon");
@@ -359,7 +390,7 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
   if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE) {
     close_fds(fds, got); /* notices carry no descriptors */
     handle_notice(c, m->notice);
-    tb__server_message_free(m);
+    tb__msg_free(c, m);
     return 2;
   }
   *out = m;
@@ -383,7 +414,7 @@ int tb__pump(struct tb_client *c, int timeout_ms) {
     else
       handle_stale_reply(c, m->reply);
     close_fds(fds, nfds);
-    tb__server_message_free(m);
+    tb__msg_free(c, m);
   }
   return rc < 0 ? rc : rc > 0;
 }
@@ -431,7 +462,7 @@ int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
        * connection next); any other id: a stale reply */
       handle_stale_reply(c, m->reply);
       close_fds(fds, got);
-      tb__server_message_free(m);
+      tb__msg_free(c, m);
       continue;
     }
     if (m->reply->status != 0) {
@@ -443,7 +474,7 @@ int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
                         ? m->reply->message
                         : tb_strerror(st));
       close_fds(fds, got);
-      tb__server_message_free(m);
+      tb__msg_free(c, m);
       return st;
     }
     *out = m;
@@ -461,7 +492,7 @@ static int call_simple(struct tb_client *c, tb__request *r) {
   if (rc < 0)
     return rc;
   close_fds(fds, nfds);
-  tb__server_message_free(m);
+  tb__msg_free(c, m);
   return 0;
 }
 
@@ -525,14 +556,14 @@ static int hello(struct tb_client *c, const char *name, int contract) {
   close_fds(fds, nfds);
   if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_HELLO ||
       m->reply->hello == NULL) {
-    tb__server_message_free(m);
+    tb__msg_free(c, m);
     return tb__set_error(c, TB_EPROTO, "Hello answered without HelloReply");
   }
   if (m->reply->hello->protocol_version != TB_PROTOCOL_VERSION) {
     rc = tb__set_error(c, TB_EVERSION, "daemon speaks protocol %u, we speak %u",
                        (unsigned)m->reply->hello->protocol_version,
                        (unsigned)TB_PROTOCOL_VERSION);
-    tb__server_message_free(m);
+    tb__msg_free(c, m);
     return rc;
   }
   c->session_id = m->reply->hello->session_id;
@@ -543,7 +574,7 @@ static int hello(struct tb_client *c, const char *name, int contract) {
     c->max_ndim = m->reply->hello->max_ndim;
   if (m->reply->hello->max_metadata > 0)
     c->max_metadata = m->reply->hello->max_metadata;
-  tb__server_message_free(m);
+  tb__msg_free(c, m);
   return 0;
 }
 
@@ -610,6 +641,8 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
     rc = TB_ENOMEM;
     goto out_free_conn;
   }
+  for (int i = 0; i < TB__ARENAS; i++)
+    (void)tb__arena_init(&c->arena[i], TB__ARENA_SIZE); /* else malloc */
   pthread_mutex_init(&k->lock, NULL);
   pthread_mutex_init(&c->call_lock, NULL);
   k->refs = 1;
@@ -635,6 +668,8 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
 out_free_conn:
   free(c->rbuf);
   free(c->sbuf);
+  for (int i = 0; i < TB__ARENAS; i++)
+    tb__arena_fini(&c->arena[i]);
   free(k);
 out_free_client:
   free(c);
@@ -667,6 +702,8 @@ void tb_client_disconnect(tb_client *c) {
   free(c->notices);
   free(c->rbuf);
   free(c->sbuf);
+  for (int i = 0; i < TB__ARENAS; i++)
+    tb__arena_fini(&c->arena[i]);
   free(c);
 }
 

@@ -174,11 +174,11 @@ static int register_event(struct tb_client *c, const uint8_t *handle,
   if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_EVENT_REGISTER ||
       m->reply->event_register == NULL ||
       m->reply->event_register->event_id == 0) {
-    tb__server_message_free(m);
+    tb__msg_free(c, m);
     return tb__set_error(c, TB_EPROTO, "EventRegister answered without an id");
   }
   *id = m->reply->event_register->event_id;
-  tb__server_message_free(m);
+  tb__msg_free(c, m);
   return 0;
 }
 
@@ -209,11 +209,11 @@ static int register_alloc(struct tb_client *c, const struct tb__cuda_alloc *a,
   if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_BUFFER_REGISTER ||
       m->reply->buffer_register == NULL ||
       m->reply->buffer_register->buffer_id == 0) {
-    tb__server_message_free(m);
+    tb__msg_free(c, m);
     return tb__set_error(c, TB_EPROTO, "BufferRegister answered without an id");
   }
   *id = m->reply->buffer_register->buffer_id;
-  tb__server_message_free(m);
+  tb__msg_free(c, m);
   return 0;
 }
 
@@ -230,7 +230,7 @@ static void unregister_buffer(struct tb_client *c, uint64_t id) {
   if (tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds) == 0) {
     for (int i = 0; i < nfds; i++)
       close(fds[i]);
-    tb__server_message_free(m);
+    tb__msg_free(c, m);
   }
 }
 

@@ -33,11 +33,11 @@ static int register_memfd(struct tb_client *c, int fd, size_t size,
   if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_BUFFER_REGISTER ||
       m->reply->buffer_register == NULL ||
       m->reply->buffer_register->buffer_id == 0) {
-    tb__server_message_free(m);
+    tb__msg_free(c, m);
     return tb__set_error(c, TB_EPROTO, "BufferRegister answered without an id");
   }
   *id = m->reply->buffer_register->buffer_id;
-  tb__server_message_free(m);
+  tb__msg_free(c, m);
   return 0;
 }
 
@@ -132,7 +132,7 @@ int tb_buffer_destroy(tb_buffer *b) {
   if (rc == 0) {
     for (int i = 0; i < nfds; i++)
       close(fds[i]);
-    tb__server_message_free(m);
+    tb__msg_free(c, m);
   }
   DL_DELETE(c->buffers, b);
   munmap(b->data, b->size);

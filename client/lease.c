@@ -467,7 +467,7 @@ out_abandon:
 out_free_reply:
   for (int i = 0; i < nfds; i++)
     close(fds[i]);
-  tb__server_message_free(m);
+  tb__msg_free(c, m);
 out_unlock:
   pthread_mutex_unlock(&c->call_lock);
   return rc;

@@ -23,7 +23,7 @@ static int ask(struct tb_client *c, tb__request *r, int want,
   for (int i = 0; i < nfds; i++)
     close(fds[i]);
   if ((int)(*out)->reply->body_case != want) {
-    tb__server_message_free(*out);
+    tb__msg_free(c, *out);
     return tb__set_error(c, TB_EPROTO, "reply of the wrong kind");
   }
   return 0;
@@ -70,7 +70,7 @@ int tb_list_channels(tb_client *c, struct tb_channel_info **out,
   *out = a;
   *count = n;
 out_free:
-  tb__server_message_free(m);
+  tb__msg_free(c, m);
 out_unlock:
   pthread_mutex_unlock(&c->call_lock);
   return rc;
@@ -119,7 +119,7 @@ int tb_list_sessions(tb_client *c, struct tb_session_info **out,
   *out = a;
   *count = n;
 out_free:
-  tb__server_message_free(m);
+  tb__msg_free(c, m);
 out_unlock:
   pthread_mutex_unlock(&c->call_lock);
   return rc;
@@ -160,7 +160,7 @@ int tb_daemon_status(tb_client *c, struct tb_status *out) {
   out->sessions_dropped = sr->sessions_dropped;
   copy_str(out->socket_path, sizeof(out->socket_path), sr->socket_path);
 out_free:
-  tb__server_message_free(m);
+  tb__msg_free(c, m);
 out_unlock:
   pthread_mutex_unlock(&c->call_lock);
   return rc;

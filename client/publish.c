@@ -162,11 +162,11 @@ static int send_publish(struct tb_client *c, const char *channel,
     close(fds[i]);
   if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_PUBLISH ||
       m->reply->publish == NULL || m->reply->publish->version == 0) {
-    tb__server_message_free(m);
+    tb__msg_free(c, m);
     return tb__set_error(c, TB_EPROTO, "Publish answered without a version");
   }
   *version = m->reply->publish->version;
-  tb__server_message_free(m);
+  tb__msg_free(c, m);
   return 0;
 }
 
@@ -405,7 +405,7 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
       tb__freed_add(c, &vf);
       (void)tb__freed_take(c, channel, version, &f);
     }
-    tb__server_message_free(m);
+    tb__msg_free(c, m);
   }
   rc = 0;
   /* Host versions carry no done events and never touch CUDA. */
