@@ -476,12 +476,68 @@ static void tb_uuid_text(const uint8_t u[16], char *buf, size_t len) {
            u[11], u[12], u[13], u[14], u[15]);
 }
 
+/* The visible devices' UUIDs by ordinal, enumerated once per process: the
+ * set of devices and their order are fixed when the driver initialises
+ * (CUDA_VISIBLE_DEVICES is read then), so looking a UUID up needs no
+ * driver call after the first time. An enumeration in which any device
+ * failed to answer is not kept (the next lookup enumerates again). */
+#define TB_UUID_CACHE_MAX 64
+static pthread_mutex_t tb_uuid_lock = PTHREAD_MUTEX_INITIALIZER;
+static int tb_uuid_count = -1; /* -1: not enumerated yet */
+static uint8_t tb_uuid_tab[TB_UUID_CACHE_MAX][16];
+
+/* *found: the ordinal of the device with this UUID, or -1; *count: how
+ * many devices this process sees. Returns 0 or a driver error. */
+static int tb_uuid_find(const struct tb_cuda *cu, const uint8_t uuid[16],
+                        int *found, int *count, char *why, size_t whylen) {
+  uint8_t tab[TB_UUID_CACHE_MAX][16];
+  tb_cu_device dev;
+  tb_cu_uuid u;
+  tb_cu_result r;
+  int n = 0, complete = 1;
+
+  *found = -1;
+  pthread_mutex_lock(&tb_uuid_lock);
+  n = tb_uuid_count;
+  for (int i = 0; i < n; i++) {
+    if (memcmp(tb_uuid_tab[i], uuid, 16) == 0) {
+      *found = i;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&tb_uuid_lock);
+  if (n >= 0) {
+    *count = n;
+    return 0;
+  }
+  r = cu->cuDeviceGetCount(&n);
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "cuDeviceGetCount", r);
+  for (int i = 0; i < n; i++) {
+    if (cu->cuDeviceGet(&dev, i) != 0 || cu->cuDeviceGetUuid(&u, dev) != 0) {
+      complete = 0;
+      continue;
+    }
+    if (*found < 0 && memcmp(u.bytes, uuid, 16) == 0)
+      *found = i;
+    if (i < TB_UUID_CACHE_MAX)
+      memcpy(tab[i], u.bytes, 16);
+  }
+  if (complete && n <= TB_UUID_CACHE_MAX) {
+    pthread_mutex_lock(&tb_uuid_lock);
+    memcpy(tb_uuid_tab, tab, (size_t)n * 16);
+    tb_uuid_count = n;
+    pthread_mutex_unlock(&tb_uuid_lock);
+  }
+  *count = n;
+  return 0;
+}
+
 int tb__cuda_device_by_uuid(const uint8_t uuid[16], int *ordinal, char *why,
                             size_t whylen) {
   const struct tb_cuda *cu;
   tb_cu_context cur = NULL, ctx;
   tb_cu_device dev, cur_dev;
-  tb_cu_uuid u;
   tb_cu_result r;
   char text[48];
   int n = 0, found = -1, rc;
@@ -489,15 +545,9 @@ int tb__cuda_device_by_uuid(const uint8_t uuid[16], int *ordinal, char *why,
   rc = tb_cu_get(&cu, why, whylen);
   if (rc != 0)
     return rc;
-  r = cu->cuDeviceGetCount(&n);
-  if (r != 0)
-    return tb_cu_fail(why, whylen, "cuDeviceGetCount", r);
-  for (int i = 0; i < n && found < 0; i++) {
-    if (cu->cuDeviceGet(&dev, i) != 0 || cu->cuDeviceGetUuid(&u, dev) != 0)
-      continue;
-    if (memcmp(u.bytes, uuid, 16) == 0)
-      found = i;
-  }
+  rc = tb_uuid_find(cu, uuid, &found, &n, why, whylen);
+  if (rc != 0)
+    return rc;
   if (found < 0) {
     tb_uuid_text(uuid, text, sizeof text);
     tb_why(why, whylen,
@@ -781,6 +831,13 @@ int tb__cuda_device_uuid(int ordinal, uint8_t uuid[16], char *why,
   rc = tb_cu_get(&cu, why, whylen);
   if (rc != 0)
     return rc;
+  pthread_mutex_lock(&tb_uuid_lock);
+  n = tb_uuid_count;
+  if (ordinal >= 0 && ordinal < n)
+    memcpy(uuid, tb_uuid_tab[ordinal], 16);
+  pthread_mutex_unlock(&tb_uuid_lock);
+  if (ordinal >= 0 && ordinal < n)
+    return 0;
   r = cu->cuDeviceGetCount(&n);
   if (r != 0)
     return tb_cu_fail(why, whylen, "cuDeviceGetCount", r);
