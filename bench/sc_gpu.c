@@ -11,6 +11,7 @@
 #include "kernels_ptx.h"
 
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,7 +100,8 @@ struct h_arg {
   struct tbb_gate *gate;
   struct gpu_shared *sh;
   size_t bytes;
-  int cold;
+  int cold;         /* 0 warm; 1 new client; 2 new buffer, connected client */
+  int go_rd, go_wr; /* cold 2: producer -> consumer, "published" */
 };
 
 /* raw producer: handles once, then record + message, wait for the ack. */
@@ -221,9 +223,12 @@ static int tb_gpu_producer(void *p) {
   struct h_arg *a = p;
   struct tbb_gpu g;
   tb_client *c = NULL;
-  tb_cu_deviceptr d = 0;
+  tb_cu_deviceptr d = 0, *bufs = NULL;
+  tb_cu_stream *streams = NULL;
+  long nbufs = 0;
   tb_cu_result r;
   int rc, ret = 2;
+  close(a->go_rd); /* the consumer's end */
   if (tbb_gpu_init(&g) < 0)
     goto out;
   if ((r = g.cu->cuMemAlloc(&d, a->bytes)) ||
@@ -245,7 +250,46 @@ static int tb_gpu_producer(void *p) {
   po.metadata_len = sizeof(uint64_t);
   uint64_t ts = tbb_now_ns();
   po.metadata = &ts;
-  if (a->cold) {
+  if (a->cold == 2) {
+    /* Every round a new allocation published from a new stream: the
+     * consumer, connected all along, opens a new memory handle and a new
+     * ready event (the library makes one event per producer stream).
+     * Buffers stay allocated until the consumer has exited (freeing an
+     * exported allocation that another process has open is undefined). */
+    long n = a->sh->warm + a->sh->iters;
+    bufs = calloc((size_t)n, sizeof(*bufs));
+    streams = calloc((size_t)n, sizeof(*streams));
+    if (bufs == NULL || streams == NULL)
+      goto out;
+    tbb_write_byte(a->ready_wr, 'p');
+    for (long i = 0; i < n; i++) {
+      char b;
+      if ((r = g.cu->cuStreamCreate(&streams[i], 0x1 /* NON_BLOCKING */))) {
+        tbb_cu_fail(&g, "tb producer stream", r);
+        goto out;
+      }
+      nbufs = i + 1;
+      if ((r = g.cu->cuMemAlloc(&bufs[i], a->bytes)) ||
+          (r = g.cu->cuMemsetD32Async(bufs[i], 1, a->bytes / 4,
+                                      streams[i]))) {
+        tbb_cu_fail(&g, "tb producer alloc", r);
+        goto out;
+      }
+      t.data = (void *)(uintptr_t)bufs[i];
+      po.stream = streams[i];
+      rc = tb_publish(c, "bench/gpu/coldbuf", &t, &po, NULL);
+      if (rc < 0) {
+        fprintf(stderr, "gpu producer: publish: %s\n", tb_strerror(rc));
+        goto out;
+      }
+      if (tbb_write_byte(a->go_wr, 'g') < 0 || tbb_read_byte(a->sv, &b) < 0)
+        goto out;
+      struct tb_notice nt;
+      while (tb_client_poll_notice(c, &nt, 0) == 0)
+        ;
+    }
+    tbb_gate_wait(a->gate); /* until the consumer has exited */
+  } else if (a->cold) {
     rc = tb_publish(c, "bench/gpu/cold", &t, &po, NULL);
     if (rc < 0) {
       fprintf(stderr, "gpu producer: publish: %s\n", tb_strerror(rc));
@@ -284,8 +328,16 @@ out:
     g.cu->cuStreamSynchronize(g.stream);
     if (d)
       g.cu->cuMemFree(d);
+    for (long i = 0; i < nbufs; i++) {
+      g.cu->cuStreamSynchronize(streams[i]);
+      if (bufs[i])
+        g.cu->cuMemFree(bufs[i]);
+      g.cu->cuStreamDestroy(streams[i]);
+    }
     tbb_gpu_fini(&g);
   }
+  free(bufs);
+  free(streams);
   return ret;
 }
 
@@ -300,7 +352,41 @@ static int tb_gpu_consumer(void *p) {
   tb_acquire_options_init(&o);
   o.stream = g.stream;
   o.timeout_ms = 30000;
-  if (a->cold) {
+  close(a->go_wr); /* the producer's end: its exit ends our read */
+  if (a->cold == 2) {
+    /* one client; each round a buffer it has never seen */
+    struct tb_cuda_counters k0 = {0}, k1;
+    o.mode = TB_ACQUIRE_LATEST;
+    rc = tbb_connect(a->sock, "bench-gpu-coldbuf", TB_CONTRACT_SPEC, &c);
+    if (rc < 0)
+      goto out;
+    for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
+      DLManagedTensorVersioned *t;
+      char b;
+      if (i == a->sh->warm)
+        tb__cuda_counters(&k0);
+      if (tbb_read_byte(a->go_rd, &b) < 0)
+        goto out;
+      uint64_t t0 = tbb_now_ns();
+      rc = tb_acquire(c, "bench/gpu/coldbuf", &o, &t);
+      uint64_t t1 = tbb_now_ns();
+      if (rc < 0) {
+        fprintf(stderr, "gpu consumer: new-buffer acquire: %s\n",
+                tb_strerror(rc));
+        goto out;
+      }
+      g.cu->cuStreamSynchronize(g.stream);
+      tb_release(t, g.stream);
+      g.cu->cuStreamSynchronize(g.stream);
+      if (tbb_write_byte(a->sv, 'a') < 0)
+        goto out;
+      if (i >= a->sh->warm)
+        a->sh->rt[i - a->sh->warm] = t1 - t0;
+    }
+    tb__cuda_counters(&k1);
+    a->sh->opens_mem = k1.ipc_open_mem - k0.ipc_open_mem;
+    a->sh->opens_event = k1.ipc_open_event - k0.ipc_open_event;
+  } else if (a->cold) {
     o.mode = TB_ACQUIRE_LATEST;
     struct tb_cuda_counters k0, k1;
     tb__cuda_counters(&k0);
@@ -366,12 +452,14 @@ out:
 
 static int run_tb_pair(const struct tbb_daemon *d, struct gpu_shared *sh,
                        size_t bytes, int cold) {
-  int ack[2], ready[2];
+  int ack[2], ready[2], go[2];
   struct tbb_gate gate;
-  if (tbb_pipe(ack) < 0 || tbb_pipe(ready) < 0 || tbb_gate_init(&gate) < 0)
+  if (tbb_pipe(ack) < 0 || tbb_pipe(ready) < 0 || tbb_pipe(go) < 0 ||
+      tbb_gate_init(&gate) < 0)
     return -1;
   struct h_arg pa = {.sock = d->sock, .sv = ack[0], .ready_wr = ready[1],
-                     .gate = &gate, .sh = sh, .bytes = bytes, .cold = cold};
+                     .gate = &gate, .sh = sh, .bytes = bytes, .cold = cold,
+                     .go_rd = go[0], .go_wr = go[1]};
   pid_t pp = tbb_spawn(tb_gpu_producer, &pa);
   close(ready[1]);
   char b = 'x';
@@ -384,6 +472,10 @@ static int run_tb_pair(const struct tbb_daemon *d, struct gpu_shared *sh,
     pid_t pc = tbb_spawn(tb_gpu_consumer, &ca);
     close(ack[1]);
     ack[1] = -1;
+    /* only the children hold the go pipe: one's exit ends the other's read */
+    close(go[0]);
+    close(go[1]);
+    go[0] = go[1] = -1;
     if (cold) {
       ok = tbb_reap(pc) == 0;
       tbb_gate_open(&gate);
@@ -394,7 +486,13 @@ static int run_tb_pair(const struct tbb_daemon *d, struct gpu_shared *sh,
   close(ack[0]);
   if (ack[1] >= 0)
     close(ack[1]);
+  if (go[0] >= 0)
+    close(go[0]);
+  if (go[1] >= 0)
+    close(go[1]);
   tbb_gate_open(&gate);
+  if (!ok)
+    kill(pp, SIGKILL); /* it may wait for an ack that will not come */
   if (tbb_reap(pp) != 0)
     ok = 0;
   tbb_gate_close(&gate);
@@ -456,7 +554,9 @@ void tbb_scenario_gpu_handoff(void) {
               "the producer. raw: same through a socketpair with handles "
               "exchanged once and cuEventRecord/cuStreamWaitEvent. cold: a "
               "new client's first acquire of a 64 MiB buffer vs "
-              "cuIpcOpenMemHandle + cuIpcOpenEventHandle. unpinned");
+              "cuIpcOpenMemHandle + cuIpcOpenEventHandle, and a connected "
+              "client's first acquire of a new buffer published from a new "
+              "stream. unpinned");
   if (tbb_opt.host_only || !tbb_gpu_present()) {
     tbb_skip("no GPU");
     return;
@@ -504,14 +604,27 @@ void tbb_scenario_gpu_handoff(void) {
   else
     tbb_failed("raw cold open");
   if (run_tb_pair(&d, sh, COLD_BYTES, 1) == 0) {
-    tbb_row_latency("tb cold acquire (new client, first open)", sh->rt, n,
+    tbb_row_latency("tb cold acquire, new client", sh->rt, n,
                     "raw cuIpcOpenMemHandle+cuIpcOpenEventHandle");
-    tbb_note("cold acquires made %lu cuIpcOpenMemHandle and %lu "
+    tbb_note("new-client cold acquires made %lu cuIpcOpenMemHandle and %lu "
              "cuIpcOpenEventHandle calls over %ld acquires (1 each = "
-             "really cold)",
+             "really cold); each also creates and registers the client's "
+             "done event (one more round trip to the daemon)",
              sh->opens_mem, sh->opens_event, sh->warm + sh->iters);
   } else {
-    tbb_failed("tb cold acquire");
+    tbb_failed("tb cold acquire, new client");
+  }
+  if (run_tb_pair(&d, sh, COLD_BYTES, 2) == 0) {
+    tbb_row_latency("tb cold acquire, new buffer+event, connected client",
+                    sh->rt, n, "raw cuIpcOpenMemHandle+cuIpcOpenEventHandle");
+    tbb_note("the per-buffer cost of a long-running consumer: each round "
+             "the producer publishes a new allocation from a new stream; "
+             "the timed acquires made %lu cuIpcOpenMemHandle and %lu "
+             "cuIpcOpenEventHandle calls over %ld acquires (1 each "
+             "expected)",
+             sh->opens_mem, sh->opens_event, sh->iters);
+  } else {
+    tbb_failed("tb cold acquire, new buffer+event");
   }
   tbb_daemon_stop(&d);
   tbb_shared_free(sh, sizeof(*sh));
