@@ -280,6 +280,7 @@ static void buffer_maybe_free(struct tbd_registry *r, struct tbd_buffer *b) {
     close(b->fd);
   HASH_DEL(r->buffers, b);
   r->nbuffers--;
+  tbd_free(b->info);
   tbd_free(b);
 }
 
@@ -649,17 +650,58 @@ static struct tbd_version *find_match(struct tbd_channel *ch, int mode,
   }
 }
 
+/* The BufferInfo of b as every AcquireReply sends it, packed once: all of
+ * it is fixed at registration except fd_attached, which lease_grant
+ * appends when true. 0 or TB_ENOMEM. */
+static int buffer_info_pack(struct tbd_buffer *b) {
+  Tensorbroker__V1__BufferInfo bi = TENSORBROKER__V1__BUFFER_INFO__INIT;
+  Tensorbroker__V1__Device bdev = TENSORBROKER__V1__DEVICE__INIT;
+
+  if (b->info != NULL)
+    return 0;
+  bi.buffer_id = b->id;
+  bi.generation = b->generation;
+  bi.kind = b->kind;
+  bi.size = b->size;
+  bi.device = &bdev;
+  bdev.type = b->dev_type;
+  bdev.id = b->dev_id;
+  bdev.uuid.data = b->uuid;
+  bdev.uuid.len = b->uuid_len;
+  bi.cuda_ipc_handle.data = b->handle;
+  bi.cuda_ipc_handle.len = b->handle_len;
+  bi.writable = b->writable;
+  bi.producer_pid = b->owner_pid;
+  b->info_len = tensorbroker__v1__buffer_info__get_packed_size(&bi);
+  b->info = tbd_malloc(b->info_len);
+  if (b->info == NULL)
+    return TB_ENOMEM;
+  tensorbroker__v1__buffer_info__pack(&bi, b->info);
+  return 0;
+}
+
+static size_t put_varint(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+
+  while (v >= 0x80) {
+    p[n++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = (uint8_t)v;
+  return n;
+}
+
 /* Create a lease on v for s and emit the AcquireReply. Nothing changes on
  * failure (TB_ENOMEM). */
 static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
                        uint64_t request_id, struct tbd_version *v) {
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
   Tensorbroker__V1__AcquireReply ar = TENSORBROKER__V1__ACQUIRE_REPLY__INIT;
-  Tensorbroker__V1__BufferInfo bi = TENSORBROKER__V1__BUFFER_INFO__INIT;
-  Tensorbroker__V1__Device bdev = TENSORBROKER__V1__DEVICE__INIT;
   Tensorbroker__V1__EventInfo ei;
   Tensorbroker__V1__Device edev;
-  ProtobufCMessageUnknownField layout;
+  ProtobufCMessageUnknownField pre[2];
+  uint8_t bistack[256], *bibuf = bistack; /* a BufferInfo is < 170 bytes */
+  size_t bilen;
   struct tbd_buffer *b = v->buf;
   struct tbd_lease *l;
   struct tbd_sent *sent, *newsent = NULL;
@@ -676,16 +718,24 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
       goto out_free_lease;
     newsent->buffer_id = b->id;
   }
+  if (buffer_info_pack(b) < 0)
+    goto out_free_sent;
+  /* the BufferInfo value: length, the packed bytes, fd_attached if true */
+  if (b->info_len + 16 > sizeof(bistack)) {
+    bibuf = tbd_malloc(b->info_len + 16);
+    if (bibuf == NULL)
+      goto out_free_sent;
+  }
   tbd_hash_oom = 0;
   HASH_ADD(hh, r->leases, id, sizeof(l->id), l);
   if (tbd_hash_oom)
-    goto out_free_sent;
+    goto out_free_bibuf;
   tbd_hash_oom = 0;
   if (newsent != NULL)
     HASH_ADD(hh, s->sent, buffer_id, sizeof(newsent->buffer_id), newsent);
   if (tbd_hash_oom) {
     HASH_DEL(r->leases, l);
-    goto out_free_sent;
+    goto out_free_bibuf;
   }
   if (newsent != NULL)
     sent = newsent;
@@ -710,40 +760,42 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   rep.acquire = &ar;
   ar.lease_id = l->id;
   ar.version = v->number;
-  /* The layout goes out as the bytes packed at publish, as an "unknown"
-   * field that protobuf-c copies verbatim (tag, then the length-prefixed
-   * value): no unpack and re-pack per acquire. Receivers see field 3. */
-  layout.tag = 3; /* AcquireReply.layout */
-  layout.wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
-  layout.len = v->layout_len;
-  layout.data = v->layout;
-  ar.base.n_unknown_fields = 1;
-  ar.base.unknown_fields = &layout;
-  ar.buffer = &bi;
+  /* The layout (packed at publish) and the buffer (packed at its first
+   * acquire) go out as "unknown" fields, which protobuf-c copies verbatim
+   * (tag, then the length-prefixed value): no unpack, re-pack or re-size
+   * per acquire. Receivers see fields 3 and 4 as usual. */
+  pre[0].tag = 3; /* AcquireReply.layout */
+  pre[0].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
+  pre[0].len = v->layout_len;
+  pre[0].data = v->layout;
+  bilen = put_varint(bibuf, b->info_len + (attach ? 2 : 0));
+  memcpy(bibuf + bilen, b->info, b->info_len);
+  bilen += b->info_len;
+  if (attach) { /* BufferInfo.fd_attached = 8, varint true */
+    bibuf[bilen++] = 8u << 3;
+    bibuf[bilen++] = 1;
+  }
+  pre[1].tag = 4; /* AcquireReply.buffer */
+  pre[1].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
+  pre[1].len = bilen;
+  pre[1].data = bibuf;
+  ar.base.n_unknown_fields = 2;
+  ar.base.unknown_fields = pre;
   ar.metadata.data = v->meta;
   ar.metadata.len = v->meta_len;
   ar.channel = v->ch->name;
-  bi.buffer_id = b->id;
-  bi.generation = b->generation;
-  bi.kind = b->kind;
-  bi.size = b->size;
-  bi.device = &bdev;
-  bdev.type = b->dev_type;
-  bdev.id = b->dev_id;
-  bdev.uuid.data = b->uuid;
-  bdev.uuid.len = b->uuid_len;
-  bi.cuda_ipc_handle.data = b->handle;
-  bi.cuda_ipc_handle.len = b->handle_len;
-  bi.writable = b->writable;
-  bi.fd_attached = attach;
-  bi.producer_pid = b->owner_pid;
   if (v->has_ready) {
     tbd__evinfo_to_pb(&v->ready, &ei, &edev);
     ar.ready_event = &ei;
   }
   tbd__send_reply(r, s, &rep, attach ? &b->fd : NULL, attach ? 1 : 0);
+  if (bibuf != bistack)
+    tbd_free(bibuf);
   return 0;
 
+out_free_bibuf:
+  if (bibuf != bistack)
+    tbd_free(bibuf);
 out_free_sent:
   tbd_free(newsent);
 out_free_lease:

@@ -35,6 +35,9 @@ struct tbd_buffer {
   size_t handle_len;
   bool writable;
   bool retired;              /* no new publish; freed with its last version */
+  uint8_t *info;             /* its BufferInfo packed with fd_attached false
+                                (built at the first acquire), or NULL */
+  size_t info_len;
   uint32_t nversions;        /* live versions that refer to it */
   UT_hash_handle hh;         /* registry->buffers, by id */
   struct tbd_buffer *snext, *sprev; /* owner->buffers */

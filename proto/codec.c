@@ -199,6 +199,36 @@ static const ProtobufCMessage *oneof_body(const ProtobufCMessage *m,
   return *(const ProtobufCMessage *const *)((const char *)m + f->offset);
 }
 
+/* Reply's fields before its body (request_id = 1, status = 2, message =
+ * 3), as protobuf-c writes them for proto3: zero values and empty strings
+ * left out, a negative int32 as a ten-byte varint. Writes to out unless
+ * NULL; returns the length. */
+static size_t reply_head(const Tensorbroker__V1__Reply *r, uint8_t *out) {
+  uint8_t tmp[24];
+  size_t n = 0, k = 0, len;
+
+  if (r->request_id != 0) {
+    tmp[k++] = 1u << 3;
+    k += put_varint(tmp + k, r->request_id);
+  }
+  if (r->status != 0) {
+    tmp[k++] = 2u << 3;
+    k += put_varint(tmp + k, (uint64_t)(int64_t)r->status);
+  }
+  if (out != NULL)
+    memcpy(out, tmp, k);
+  n = k;
+  if (r->message != NULL && r->message[0] != '\0') {
+    len = strlen(r->message);
+    if (out != NULL) {
+      k = put_len_field(out + n, 3, len);
+      memcpy(out + n + k, r->message, len);
+    }
+    n += len_field_size(3, len);
+  }
+  return n;
+}
+
 /* protobuf-c sizes a nested message once for each message around it (pack
  * asks every submessage for its size before packing it), so a reply three
  * levels down was sized three times, plus once for the cap check. Here the
@@ -216,6 +246,7 @@ long tb__server_message_encode(const tb__server_message *m, uint8_t *buf,
     Tensorbroker__V1__Notice notice;
   } h; /* the middle message without its body: the fields before it */
   ProtobufCMessage *hm = NULL;
+  int is_reply = 0;
 
   if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY &&
       m->reply != NULL) {
@@ -224,6 +255,7 @@ long tb__server_message_encode(const tb__server_message *m, uint8_t *buf,
     h.reply = *m->reply;
     h.reply.body_case = TENSORBROKER__V1__REPLY__BODY__NOT_SET;
     hm = &h.reply.base;
+    is_reply = 1;
   } else if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE &&
              m->notice != NULL) {
     mid = &m->notice->base;
@@ -241,14 +273,20 @@ long tb__server_message_encode(const tb__server_message *m, uint8_t *buf,
       return TB_ELIMIT;
     return (long)tensorbroker__v1__server_message__pack(m, buf);
   }
-  head = protobuf_c_message_get_packed_size(hm);
+  if (is_reply)
+    head = reply_head(&h.reply, NULL); /* protobuf-c would walk 12 fields */
+  else
+    head = protobuf_c_message_get_packed_size(hm);
   body_len = protobuf_c_message_get_packed_size(body);
   mid_len = head + len_field_size(body_field, body_len);
   n = len_field_size(mid_field, mid_len);
   if (n > cap)
     return TB_ELIMIT;
   n = put_len_field(buf, mid_field, mid_len);
-  n += protobuf_c_message_pack(hm, buf + n);
+  if (is_reply)
+    n += reply_head(&h.reply, buf + n);
+  else
+    n += protobuf_c_message_pack(hm, buf + n);
   n += put_len_field(buf + n, body_field, body_len);
   n += protobuf_c_message_pack(body, buf + n);
   return (long)n;
@@ -258,7 +296,7 @@ long tb__server_message_encode(const tb__server_message *m, uint8_t *buf,
  * (protobuf-c would size it twice and walk Request's fields twice). */
 long tb__request_encode(const tb__request *m, uint8_t *buf, size_t cap) {
   const ProtobufCMessage *body = NULL;
-  tb__request head;
+  uint8_t head[16];
   size_t hlen, body_len, n;
 
   if (m->body_case != TENSORBROKER__V1__REQUEST__BODY__NOT_SET &&
@@ -270,14 +308,19 @@ long tb__request_encode(const tb__request *m, uint8_t *buf, size_t cap) {
       return TB_ELIMIT;
     return (long)tensorbroker__v1__request__pack(m, buf);
   }
-  head = *m;
-  head.body_case = TENSORBROKER__V1__REQUEST__BODY__NOT_SET;
-  hlen = tensorbroker__v1__request__get_packed_size(&head);
+  /* Request's only field besides the body: request_id = 1 (left out when
+   * 0, as protobuf-c does for proto3) */
+  hlen = 0;
+  if (m->request_id != 0) {
+    head[hlen++] = 1u << 3;
+    hlen += put_varint(head + hlen, m->request_id);
+  }
   body_len = protobuf_c_message_get_packed_size(body);
   n = hlen + len_field_size((uint32_t)m->body_case, body_len);
   if (n > cap)
     return TB_ELIMIT;
-  n = tensorbroker__v1__request__pack(&head, buf);
+  memcpy(buf, head, hlen);
+  n = hlen;
   n += put_len_field(buf + n, (uint32_t)m->body_case, body_len);
   n += protobuf_c_message_pack(body, buf + n);
   return (long)n;
