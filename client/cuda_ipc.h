@@ -59,15 +59,6 @@ void tb__cuda_unexport_mem(tb_cu_deviceptr base);
 int tb__cuda_device_by_uuid(const uint8_t uuid[16], int *ordinal, char *why,
                             size_t whylen);
 
-/* Map another process's allocation: *out is its base in this process.
- * Allocations exported by this same process come back as their own base
- * (*local = 1) and must not be closed. Checks that the mapping covers size
- * bytes. */
-int tb__cuda_open_mem(const uint8_t handle[64], const uint8_t uuid[16],
-                      size_t size, tb_cu_deviceptr *out, int *local,
-                      char *why, size_t whylen);
-int tb__cuda_close_mem(tb_cu_deviceptr p);
-
 /* Create an interprocess event (INTERPROCESS | DISABLE_TIMING) on the
  * current context and get its handle. */
 int tb__cuda_event_create(tb_cu_event *out, uint8_t handle[64], char *why,

@@ -98,10 +98,10 @@ static void availability(void **state) {
   assert_int_equal(tb__cuda_locate(&dummy, sizeof dummy, &a, buf, sizeof buf),
                    TB_ENOCUDA);
   assert_string_equal(buf, why);
-  uint8_t h[64] = {0}, u[16] = {0};
+  uint8_t h[64] = {0};
   tb_cu_deviceptr p = 0;
   int local = 0;
-  assert_int_equal(tb__cuda_open_mem(h, u, 16, &p, &local, NULL, 0),
+  assert_int_equal(tb__cuda_open_mem_here(h, 0, 16, &p, &local, NULL, 0),
                    TB_ENOCUDA);
   struct tb__cuda_stream s = {TB_CU_STREAM_LEGACY, 0, 0};
   assert_int_equal(tb__cuda_wait(&s, NULL, NULL, 0), TB_ENOCUDA);
