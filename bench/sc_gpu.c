@@ -91,7 +91,24 @@ struct gpu_shared {
   uint64_t rt[200000];     /* producer-side round trips */
   uint64_t oneway[200000]; /* consumer-side publish → data ready */
   unsigned long opens_mem, opens_event; /* consumer's cold-open counters */
+  /* consumer's driver time over the counted acquires (tb__cuda_counters) */
+  unsigned long waits, counted;
+  unsigned long long ns_open_mem, ns_open_event, ns_wait;
+  unsigned long skipped_waits; /* raw, producer idle: rounds without a wait */
 };
+
+/* The consumer's counters over [k0, k1] for n acquires. */
+static void note_counters(struct gpu_shared *sh,
+                          const struct tb_cuda_counters *k0,
+                          const struct tb_cuda_counters *k1, long n) {
+  sh->opens_mem = k1->ipc_open_mem - k0->ipc_open_mem;
+  sh->opens_event = k1->ipc_open_event - k0->ipc_open_event;
+  sh->waits = k1->stream_wait - k0->stream_wait;
+  sh->ns_open_mem = k1->ipc_open_mem_ns - k0->ipc_open_mem_ns;
+  sh->ns_open_event = k1->ipc_open_event_ns - k0->ipc_open_event_ns;
+  sh->ns_wait = k1->stream_wait_ns - k0->stream_wait_ns;
+  sh->counted = (unsigned long)n;
+}
 
 struct h_arg {
   const char *sock;
@@ -100,9 +117,13 @@ struct h_arg {
   struct tbb_gate *gate;
   struct gpu_shared *sh;
   size_t bytes;
-  int cold;         /* 0 warm; 1 new client; 2 new buffer, connected client */
+  int cold;         /* 0 warm; 1 new client (raw: the same handles opened
+                       again); 2 new buffer (raw: new handles each round) */
   int idle;         /* warm: the producer's write is finished before timing
-                       starts, as in the torch.multiprocessing baseline */
+                       starts, as in the torch.multiprocessing baseline;
+                       raw 2: the producer checks its stream is idle
+                       (cuStreamQuery) and the consumer then skips the
+                       event wait, as tensorbroker does */
   int go_rd, go_wr; /* cold 2: producer -> consumer, "published" */
 };
 
@@ -130,7 +151,46 @@ static int raw_producer(void *p) {
   if (send_all(a->sv, &h, sizeof(h)) < 0)
     return 4;
   char msg[64] = {0};
-  if (a->cold) { /* the consumer opens and closes; wait for its "done" */
+  if (a->cold == 2) {
+    /* each round a new allocation and a new event, exported, opened once */
+    long n = a->sh->warm + a->sh->iters;
+    tb_cu_deviceptr *bufs = calloc((size_t)n, sizeof(*bufs));
+    tb_cu_event *evs = calloc((size_t)n, sizeof(*evs));
+    long made = 0;
+    int bad = bufs == NULL || evs == NULL;
+    for (long i = 0; i < n && !bad; i++) {
+      if ((r = g.cu->cuMemAlloc(&bufs[i], a->bytes)) ||
+          (r = g.cu->cuEventCreate(&evs[i], TB_CU_EVENT_INTERPROCESS |
+                                                TB_CU_EVENT_DISABLE_TIMING))) {
+        tbb_cu_fail(&g, "raw producer new buffer", r);
+        bad = 1;
+        break;
+      }
+      made = i + 1;
+      if ((r = g.cu->cuMemsetD32Async(bufs[i], 1, a->bytes / 4, g.stream)) ||
+          (r = g.cu->cuEventRecord(evs[i], g.stream)) ||
+          (r = g.cu->cuIpcGetMemHandle(&h.m, bufs[i])) ||
+          (r = g.cu->cuIpcGetEventHandle(&h.e, evs[i]))) {
+        tbb_cu_fail(&g, "raw producer export", r);
+        bad = 1;
+        break;
+      }
+      if (send_all(a->sv, &h, sizeof(h)) < 0 ||
+          recv_some(a->sv, msg, sizeof(msg)) < 0)
+        bad = 1;
+    }
+    if (!bad) /* the consumer has closed everything */
+      recv_some(a->sv, msg, sizeof(msg));
+    g.cu->cuStreamSynchronize(g.stream);
+    for (long i = 0; i < made; i++) {
+      g.cu->cuEventDestroy(evs[i]);
+      g.cu->cuMemFree(bufs[i]);
+    }
+    free(bufs);
+    free(evs);
+    if (bad)
+      return 5;
+  } else if (a->cold) { /* the consumer opens and closes; wait for its "done" */
     recv_some(a->sv, msg, sizeof(msg));
   } else {
     for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
@@ -140,7 +200,10 @@ static int raw_producer(void *p) {
         g.cu->cuStreamSynchronize(g.stream);
         t0 = tbb_now_ns();
       }
-      g.cu->cuEventRecord(ev, g.stream);
+      /* msg[8]: 1 = the stream was idle, nothing to wait for */
+      msg[8] = a->idle == 2 && g.cu->cuStreamQuery(g.stream) == 0;
+      if (!msg[8])
+        g.cu->cuEventRecord(ev, g.stream);
       memcpy(msg, &t0, sizeof(t0));
       if (send_all(a->sv, msg, sizeof(msg)) < 0 ||
           recv_some(a->sv, msg, sizeof(msg)) < 0)
@@ -171,6 +234,44 @@ static int raw_consumer(void *p) {
   tb_cu_deviceptr d;
   tb_cu_event ev;
   char msg[64] = {0};
+  if (a->cold == 2) {
+    long n = a->sh->warm + a->sh->iters, got = 0;
+    tb_cu_deviceptr *ds = calloc((size_t)n, sizeof(*ds));
+    tb_cu_event *es = calloc((size_t)n, sizeof(*es));
+    int ret = ds == NULL || es == NULL ? 4 : 0;
+    for (long i = 0; i < n && ret == 0; i++) {
+      if (recv(a->sv, &h, sizeof(h), 0) != (ssize_t)sizeof(h)) {
+        ret = 3;
+        break;
+      }
+      uint64_t t0 = tbb_now_ns();
+      if ((r = g.cu->cuIpcOpenMemHandle(&ds[i], h.m,
+                                        TB_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))) {
+        ret = tbb_cu_fail(&g, "raw cold open (new handles)", r) ? 4 : 4;
+        break;
+      }
+      if ((r = g.cu->cuIpcOpenEventHandle(&es[i], h.e))) {
+        g.cu->cuIpcCloseMemHandle(ds[i]);
+        ret = tbb_cu_fail(&g, "raw cold open (new handles)", r) ? 4 : 4;
+        break;
+      }
+      uint64_t t1 = tbb_now_ns();
+      got = i + 1;
+      if (i >= a->sh->warm)
+        a->sh->rt[i - a->sh->warm] = t1 - t0;
+      if (send_all(a->sv, msg, sizeof(msg)) < 0)
+        ret = 5;
+    }
+    for (long i = 0; i < got; i++) {
+      g.cu->cuIpcCloseMemHandle(ds[i]);
+      g.cu->cuEventDestroy(es[i]);
+    }
+    free(ds);
+    free(es);
+    send_all(a->sv, msg, sizeof(msg)); /* closed: the producer may free */
+    tbb_gpu_fini(&g);
+    return ret;
+  }
   if (a->cold) {
     for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
       uint64_t t0 = tbb_now_ns();
@@ -190,10 +291,14 @@ static int raw_consumer(void *p) {
                                       TB_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) ||
         (r = g.cu->cuIpcOpenEventHandle(&ev, h.e)))
       return tbb_cu_fail(&g, "raw open", r) ? 4 : 4;
+    a->sh->skipped_waits = 0;
     for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
       if (recv_some(a->sv, msg, sizeof(msg)) < 0)
         return 5;
-      g.cu->cuStreamWaitEvent(g.stream, ev, 0);
+      if (msg[8])
+        a->sh->skipped_waits++;
+      else
+        g.cu->cuStreamWaitEvent(g.stream, ev, 0);
       g.cu->cuStreamSynchronize(g.stream);
       uint64_t t0;
       memcpy(&t0, msg, sizeof(t0));
@@ -396,8 +501,7 @@ static int tb_gpu_consumer(void *p) {
         a->sh->rt[i - a->sh->warm] = t1 - t0;
     }
     tb__cuda_counters(&k1);
-    a->sh->opens_mem = k1.ipc_open_mem - k0.ipc_open_mem;
-    a->sh->opens_event = k1.ipc_open_event - k0.ipc_open_event;
+    note_counters(a->sh, &k0, &k1, a->sh->iters);
   } else if (a->cold) {
     o.mode = TB_ACQUIRE_LATEST;
     struct tb_cuda_counters k0, k1;
@@ -423,17 +527,19 @@ static int tb_gpu_consumer(void *p) {
         a->sh->rt[i - a->sh->warm] = t1 - t0;
     }
     tb__cuda_counters(&k1);
-    a->sh->opens_mem = k1.ipc_open_mem - k0.ipc_open_mem;
-    a->sh->opens_event = k1.ipc_open_event - k0.ipc_open_event;
+    note_counters(a->sh, &k0, &k1, a->sh->warm + a->sh->iters);
   } else {
     rc = tbb_connect(a->sock, "bench-gpu-warm", TB_CONTRACT_SPEC, &c);
     if (rc < 0)
       goto out;
     o.mode = TB_ACQUIRE_NEXT;
     uint64_t last = 0;
+    struct tb_cuda_counters k0 = {0}, k1;
     for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
       DLManagedTensorVersioned *t;
       struct tb_lease_info li;
+      if (i == a->sh->warm)
+        tb__cuda_counters(&k0);
       o.version = last;
       rc = tb_acquire(c, "bench/gpu/warm", &o, &t);
       if (rc < 0) {
@@ -453,6 +559,8 @@ static int tb_gpu_consumer(void *p) {
       if (rc < 0 || tbb_write_byte(a->sv, 'a') < 0)
         goto out;
     }
+    tb__cuda_counters(&k1);
+    note_counters(a->sh, &k0, &k1, a->sh->iters);
   }
   ret = 0;
 out:
@@ -558,17 +666,35 @@ static size_t run_torch(uint64_t *out, size_t cap, long iters) {
   return n;
 }
 
+/* Where a cold acquire's time went, from the consumer's counters. */
+static void cold_breakdown(const struct gpu_shared *sh, const char *what) {
+  double n = sh->counted ? (double)sh->counted : 1, mean = 0;
+  for (long i = 0; i < sh->iters; i++)
+    mean += (double)sh->rt[i];
+  mean /= sh->iters > 0 ? (double)sh->iters : 1;
+  double om = (double)sh->ns_open_mem / n, oe = (double)sh->ns_open_event / n,
+         w = (double)sh->ns_wait / n;
+  tbb_note("%s, mean per acquire: %.1f us in all; cuIpcOpenMemHandle %.1f, "
+           "cuIpcOpenEventHandle %.1f, cuStreamWaitEvent %.1f (%lu calls); "
+           "the rest (daemon round trips, library, other driver calls) %.1f",
+           what, mean / 1e3, om / 1e3, oe / 1e3, w / 1e3, sh->waits,
+           (mean - om - oe - w) / 1e3);
+}
+
 void tbb_scenario_gpu_handoff(void) {
   tbb_section("4", "GPU hand-off, 4 MiB CUDA tensor",
               "warm: producer memsets 64 B + publishes on its stream, the "
               "consumer acquires NEXT with its stream (waits on the IPC "
               "event), synchronises it, releases, acks; round trip timed by "
               "the producer. raw: same through a socketpair with handles "
-              "exchanged once and cuEventRecord/cuStreamWaitEvent. cold: a "
-              "new client's first acquire of a 64 MiB buffer vs "
-              "cuIpcOpenMemHandle + cuIpcOpenEventHandle, and a connected "
+              "exchanged once and cuEventRecord/cuStreamWaitEvent. "
+              "'producer idle': the producer synchronises before timing, as "
+              "the torch baseline does. cold: a new client's first acquire "
+              "of a 64 MiB buffer vs cuIpcOpenMemHandle + "
+              "cuIpcOpenEventHandle of the same handles, and a connected "
               "client's first acquire of a new buffer published from a new "
-              "stream. unpinned");
+              "stream vs opening a new buffer's and event's handles. "
+              "unpinned");
   if (tbb_opt.host_only || !tbb_gpu_present()) {
     tbb_skip("no GPU");
     return;
@@ -600,6 +726,9 @@ void tbb_scenario_gpu_handoff(void) {
                     "raw CUDA IPC ping-pong (round trip)");
     tbb_row_latency("tb warm one-way (publish -> data ready)", sh->oneway, n,
                     "raw CUDA IPC one-way (record -> data ready)");
+    tbb_note("producer's write in flight at publish: the consumer's stream "
+             "waited on the ready event in %lu of %lu acquires",
+             sh->waits, sh->counted);
   } else {
     tbb_failed("tb warm hand-off");
   }
@@ -611,10 +740,25 @@ void tbb_scenario_gpu_handoff(void) {
     tbb_row_latency("raw CUDA IPC ping-pong, producer idle", sh->rt, n, NULL);
   else
     tbb_failed("raw CUDA IPC ping-pong, producer idle");
+  if (run_raw_pair(sh, HANDOFF_BYTES, 0, 2) == 0) {
+    tbb_row_latency("raw CUDA IPC, producer idle, idle stream not waited on",
+                    sh->rt, n, NULL);
+    tbb_note("raw program that checks cuStreamQuery before recording and "
+             "skips the consumer's cuStreamWaitEvent when the stream was "
+             "idle (what tensorbroker does, docs/cuda.md): %lu of %ld rounds "
+             "skipped the wait",
+             sh->skipped_waits, sh->warm + sh->iters);
+  } else {
+    tbb_failed("raw CUDA IPC, producer idle, idle stream not waited on");
+  }
   if (run_tb_pair(&d, sh, HANDOFF_BYTES, 0, 1) == 0) {
     tbb_row_latency("tb warm hand-off, producer idle", sh->rt, n,
                     tn ? "torch.multiprocessing queue ping-pong"
                        : "raw CUDA IPC ping-pong, producer idle");
+    tbb_note("producer idle: the consumer's stream waited on the ready "
+             "event in %lu of %lu acquires (a version whose work had "
+             "finished at publish needs no wait outside a graph capture)",
+             sh->waits, sh->counted);
     if (tn)
       tbb_note("'producer idle' rows follow the torch baseline's protocol "
                "(producer synchronised before timing; consumer waits, syncs, "
@@ -631,26 +775,35 @@ void tbb_scenario_gpu_handoff(void) {
                     NULL);
   else
     tbb_failed("raw cold open");
+  if (run_raw_pair(sh, COLD_BYTES, 2, 0) == 0)
+    tbb_row_latency("raw open of new handles (new buffer+event each round)",
+                    sh->rt, n, NULL);
+  else
+    tbb_failed("raw cold open of new handles");
   if (run_tb_pair(&d, sh, COLD_BYTES, 1, 0) == 0) {
     tbb_row_latency("tb cold acquire, new client", sh->rt, n,
                     "raw cuIpcOpenMemHandle+cuIpcOpenEventHandle");
     tbb_note("new-client cold acquires made %lu cuIpcOpenMemHandle and %lu "
              "cuIpcOpenEventHandle calls over %ld acquires (1 each = "
-             "really cold); each also creates and registers the client's "
+             "really cold; the same handles each time, as in the raw row "
+             "above); each also creates and registers the client's "
              "done event (one more round trip to the daemon)",
              sh->opens_mem, sh->opens_event, sh->warm + sh->iters);
+    cold_breakdown(sh, "new client");
   } else {
     tbb_failed("tb cold acquire, new client");
   }
   if (run_tb_pair(&d, sh, COLD_BYTES, 2, 0) == 0) {
     tbb_row_latency("tb cold acquire, new buffer+event, connected client",
-                    sh->rt, n, "raw cuIpcOpenMemHandle+cuIpcOpenEventHandle");
+                    sh->rt, n,
+                    "raw open of new handles (new buffer+event each round)");
     tbb_note("the per-buffer cost of a long-running consumer: each round "
              "the producer publishes a new allocation from a new stream; "
              "the timed acquires made %lu cuIpcOpenMemHandle and %lu "
              "cuIpcOpenEventHandle calls over %ld acquires (1 each "
              "expected)",
              sh->opens_mem, sh->opens_event, sh->iters);
+    cold_breakdown(sh, "new buffer");
   } else {
     tbb_failed("tb cold acquire, new buffer+event");
   }

@@ -211,16 +211,18 @@ void tb__lease_deleter(DLManagedTensorVersioned *self);
 /* ---- cuda_transport.c: everything that touches CUDA ---- */
 
 /* Producer: fill the buffer id, layout byte offset and ready event of a
- * kDLCUDA publish; see cuda_transport.c. */
+ * kDLCUDA publish, and whether the work the event marks had already
+ * finished (Publish.ready_complete); see cuda_transport.c. */
 int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
                              void *stream, uint64_t *buffer_id,
                              uint64_t *byte_offset, uint64_t *ready_event_id,
+                             int *ready_complete,
                              Tensorbroker__V1__Device *dev, uint8_t *uuid);
 /* tb_lease_wait: make stream (resolved under k's contract) wait for a
  * lease's ready event. Takes only k->lock; any thread. */
 int tb__cuda_lease_wait(struct tb__conn *k, uint64_t event_id,
                         const uint8_t *handle, const uint8_t *uuid,
-                        int device, int enter, void *stream);
+                        int complete, int device, int enter, void *stream);
 /* Producer: make stream wait on the consumers' done events. */
 int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
                        void *stream);

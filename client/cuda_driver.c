@@ -8,8 +8,10 @@
  * cuGetProcAddress_v2 is absent or refuses a symbol we fall back to dlsym
  * with the versioned name cuda.h would have bound at compile time.
  *
- * A few members go through counting trampolines, so tests can show that a
- * cache hit made no driver call. */
+ * A few members go through counting (and, for the costly ones, timing)
+ * trampolines, so tests can show that a cache hit made no driver call and
+ * tb-bench can say where a cold acquire's time went. A trampoline costs two
+ * clock reads (~50 ns) on calls that take microseconds. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -17,6 +19,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <tensorbroker/tensorbroker.h>
 
@@ -108,6 +111,7 @@ static const struct tb_cuda_sym tb_cuda_syms[] = {
     SYM1(cuModuleUnload),
     SYM1(cuDeviceGetName),
     SYM1(cuStreamQuery),
+    SYM1(cuStreamGetFlags),
     SYM1(cuCtxEnablePeerAccess),
     SYM1(cuMemcpyPeerAsync),
     SYM1(cuMemAllocAsync),
@@ -121,13 +125,25 @@ static struct tb_cuda tb_cuda_real; /* what the driver gave us */
 static struct tb_cuda tb_cuda_tab;  /* what callers get: real + trampolines */
 
 static atomic_ulong tb_cnt_open_mem, tb_cnt_close_mem, tb_cnt_open_event,
-    tb_cnt_get_mem, tb_cnt_event_create;
+    tb_cnt_get_mem, tb_cnt_event_create, tb_cnt_stream_wait,
+    tb_cnt_event_record;
+static atomic_ullong tb_ns_open_mem, tb_ns_open_event, tb_ns_stream_wait;
+
+static unsigned long long tb_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (unsigned long long)ts.tv_sec * 1000000000ull +
+         (unsigned long long)ts.tv_nsec;
+}
 
 static tb_cu_result tb_tr_ipc_open_mem(tb_cu_deviceptr *p,
                                        tb_cu_ipc_mem_handle h,
                                        unsigned flags) {
+  unsigned long long t0 = tb_now_ns();
+  tb_cu_result r = tb_cuda_real.cuIpcOpenMemHandle(p, h, flags);
+  atomic_fetch_add(&tb_ns_open_mem, tb_now_ns() - t0);
   atomic_fetch_add(&tb_cnt_open_mem, 1);
-  return tb_cuda_real.cuIpcOpenMemHandle(p, h, flags);
+  return r;
 }
 
 static tb_cu_result tb_tr_ipc_close_mem(tb_cu_deviceptr p) {
@@ -137,8 +153,25 @@ static tb_cu_result tb_tr_ipc_close_mem(tb_cu_deviceptr p) {
 
 static tb_cu_result tb_tr_ipc_open_event(tb_cu_event *e,
                                          tb_cu_ipc_event_handle h) {
+  unsigned long long t0 = tb_now_ns();
+  tb_cu_result r = tb_cuda_real.cuIpcOpenEventHandle(e, h);
+  atomic_fetch_add(&tb_ns_open_event, tb_now_ns() - t0);
   atomic_fetch_add(&tb_cnt_open_event, 1);
-  return tb_cuda_real.cuIpcOpenEventHandle(e, h);
+  return r;
+}
+
+static tb_cu_result tb_tr_stream_wait(tb_cu_stream s, tb_cu_event e,
+                                      unsigned flags) {
+  unsigned long long t0 = tb_now_ns();
+  tb_cu_result r = tb_cuda_real.cuStreamWaitEvent(s, e, flags);
+  atomic_fetch_add(&tb_ns_stream_wait, tb_now_ns() - t0);
+  atomic_fetch_add(&tb_cnt_stream_wait, 1);
+  return r;
+}
+
+static tb_cu_result tb_tr_event_record(tb_cu_event e, tb_cu_stream s) {
+  atomic_fetch_add(&tb_cnt_event_record, 1);
+  return tb_cuda_real.cuEventRecord(e, s);
 }
 
 static tb_cu_result tb_tr_ipc_get_mem(tb_cu_ipc_mem_handle *h,
@@ -225,6 +258,8 @@ static void tb_cuda_load_once(void) {
   tb_cuda_tab.cuIpcOpenEventHandle = tb_tr_ipc_open_event;
   tb_cuda_tab.cuIpcGetMemHandle = tb_tr_ipc_get_mem;
   tb_cuda_tab.cuEventCreate = tb_tr_event_create;
+  tb_cuda_tab.cuStreamWaitEvent = tb_tr_stream_wait;
+  tb_cuda_tab.cuEventRecord = tb_tr_event_record;
   tb_cuda_reason[0] = '\0';
   tb_cuda_rc = 0;
 }
@@ -259,6 +294,11 @@ void tb__cuda_counters(struct tb_cuda_counters *out) {
   c.ipc_open_event = atomic_load(&tb_cnt_open_event);
   c.ipc_get_mem = atomic_load(&tb_cnt_get_mem);
   c.event_create = atomic_load(&tb_cnt_event_create);
+  c.stream_wait = atomic_load(&tb_cnt_stream_wait);
+  c.event_record = atomic_load(&tb_cnt_event_record);
+  c.ipc_open_mem_ns = atomic_load(&tb_ns_open_mem);
+  c.ipc_open_event_ns = atomic_load(&tb_ns_open_event);
+  c.stream_wait_ns = atomic_load(&tb_ns_stream_wait);
   *out = c;
 }
 

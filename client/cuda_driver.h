@@ -145,6 +145,7 @@ struct tb_cuda {
   tb_cu_result (*cuModuleUnload)(tb_cu_module m);
   tb_cu_result (*cuDeviceGetName)(char *name, int len, tb_cu_device d);
   tb_cu_result (*cuStreamQuery)(tb_cu_stream s);
+  tb_cu_result (*cuStreamGetFlags)(tb_cu_stream s, unsigned *flags);
   /* Cross-GPU exchange (issue 6). */
   tb_cu_result (*cuCtxEnablePeerAccess)(tb_cu_context peer, unsigned flags);
   tb_cu_result (*cuMemcpyPeerAsync)(tb_cu_deviceptr dst, tb_cu_context dctx,
@@ -169,14 +170,22 @@ const char *tb__cuda_why(void);
 /* Name of a CUresult, e.g. "CUDA_ERROR_INVALID_VALUE" (never NULL). */
 const char *tb__cuda_err_name(tb_cu_result r);
 
-/* Test hook: count of calls made through selected members, so tests can show
- * that a cache hit made no cuIpcOpenMemHandle call. */
+/* Test and benchmark hook: calls made through selected members, so tests can
+ * show that a cache hit made no cuIpcOpenMemHandle call or that a finished
+ * version made no cuStreamWaitEvent, and tb-bench can say where a cold
+ * acquire's time went (the _ns members: total time inside those calls,
+ * CLOCK_MONOTONIC). */
 struct tb_cuda_counters {
   unsigned long ipc_open_mem;
   unsigned long ipc_close_mem;
   unsigned long ipc_open_event;
   unsigned long ipc_get_mem;
   unsigned long event_create;
+  unsigned long stream_wait;
+  unsigned long event_record;
+  unsigned long long ipc_open_mem_ns;
+  unsigned long long ipc_open_event_ns;
+  unsigned long long stream_wait_ns;
 };
 void tb__cuda_counters(struct tb_cuda_counters *out);
 

@@ -194,14 +194,31 @@ static int tb_capture_state(const struct tb_cuda *cu, tb_cu_stream s,
   return st == TB_CU_STREAM_CAPTURE_STATUS_ACTIVE;
 }
 
+/* Has every operation enqueued on s finished? Only asked of streams
+ * created non-blocking: those take no implicit dependency on the legacy
+ * stream, so an event recorded on them now would mark exactly this work.
+ * The legacy and per-thread streams, and blocking streams, are left to the
+ * event's own query after the record. */
+static int tb_stream_idle(const struct tb_cuda *cu, tb_cu_stream s) {
+  unsigned flags = 0;
+  if (s == TB_CU_STREAM_LEGACY || s == TB_CU_STREAM_PER_THREAD || s == NULL)
+    return 0;
+  if (cu->cuStreamGetFlags(s, &flags) != 0 ||
+      !(flags & TB_CU_STREAM_NON_BLOCKING))
+    return 0;
+  return cu->cuStreamQuery(s) == TB_CUDA_SUCCESS;
+}
+
 int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
-                    char *why, size_t whylen) {
+                    int *complete, char *why, size_t whylen) {
   const struct tb_cuda *cu;
   struct tb_ctx_saved saved;
   tb_cu_context ctx;
   tb_cu_result r;
-  int rc;
+  int rc, idle = 0, mode;
 
+  if (complete != NULL)
+    *complete = 0;
   if (s->no_sync)
     return 0;
   rc = tb_cu_get(&cu, why, whylen);
@@ -222,10 +239,22 @@ int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
      * interprocess event each time it runs. */
     r = cu->cuEventRecordWithFlags(ev, s->stream, TB_CU_EVENT_RECORD_EXTERNAL);
     rc = r == 0 ? 0 : tb_cu_fail(why, whylen, "cuEventRecordWithFlags", r);
-  } else {
-    r = cu->cuEventRecord(ev, s->stream);
-    rc = r == 0 ? 0 : tb_cu_fail(why, whylen, "cuEventRecord", r);
+    goto out_leave;
   }
+  /* Still recorded when idle: the event then always marks the stream's
+   * latest publish, which a graph captured by a consumer waits for. The
+   * queries run in relaxed capture mode: under another capture in global
+   * mode (this thread's on another stream, or another thread's) they are
+   * "potentially unsafe" calls and would invalidate it; they touch neither
+   * the capturing stream nor its events. */
+  mode = complete != NULL ? tb_relaxed_enter(cu) : -1;
+  if (complete != NULL)
+    idle = tb_stream_idle(cu, s->stream);
+  r = cu->cuEventRecord(ev, s->stream);
+  rc = r == 0 ? 0 : tb_cu_fail(why, whylen, "cuEventRecord", r);
+  if (rc == 0 && complete != NULL)
+    *complete = idle || cu->cuEventQuery(ev) == TB_CUDA_SUCCESS;
+  tb_relaxed_leave(cu, mode);
 out_leave:
   tb_ctx_leave(cu, &saved);
   return rc;
@@ -1028,13 +1057,15 @@ int tb__cuda_stream_device(const struct tb__cuda_stream *s, int *ordinal,
   return 0;
 }
 
-int tb__cuda_capturing(const struct tb__cuda_stream *s, char *why,
-                       size_t whylen) {
+int tb__cuda_capturing(const struct tb__cuda_stream *s, const char *what,
+                       char *why, size_t whylen) {
   const struct tb_cuda *cu;
   struct tb_ctx_saved saved;
   tb_cu_context ctx;
   int rc;
 
+  if (s->no_sync)
+    return 0;
   rc = tb_cu_get(&cu, why, whylen);
   if (rc != 0)
     return rc;
@@ -1044,7 +1075,7 @@ int tb__cuda_capturing(const struct tb__cuda_stream *s, char *why,
   rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
   if (rc != 0)
     return rc;
-  rc = tb_capture_state(cu, s->stream, "copying the tensor", why, whylen);
+  rc = tb_capture_state(cu, s->stream, what, why, whylen);
   tb_ctx_leave(cu, &saved);
   return rc;
 }
@@ -1064,7 +1095,7 @@ int tb__cuda_copy_peer(const struct tb__cuda_stream *s, tb_cu_deviceptr src,
   rc = tb_cu_get(&cu, why, whylen);
   if (rc != 0)
     return rc;
-  rc = tb__cuda_capturing(s, why, whylen);
+  rc = tb__cuda_capturing(s, "copying the tensor", why, whylen);
   if (rc < 0)
     return rc;
   if (rc == 1) {
@@ -1145,7 +1176,7 @@ int tb__cuda_free_copy(tb_cu_deviceptr p, tb_cu_context ctx, int pooled,
     return TB_ECUDA;
   if (use == NULL || use->no_sync)
     use = &legacy;
-  cap = pooled ? tb__cuda_capturing(use, NULL, 0) : 0;
+  cap = pooled ? tb__cuda_capturing(use, "copying the tensor", NULL, 0) : 0;
   if (pooled && cap == 0) {
     r = cu->cuMemFreeAsync(p, use->stream);
   } else {

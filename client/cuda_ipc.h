@@ -68,9 +68,15 @@ int tb__cuda_event_open(const uint8_t handle[64], tb_cu_event *out, char *why,
 void tb__cuda_event_destroy(tb_cu_event e);
 
 /* Record ev on s (capture-aware: inside a capture the record becomes an
- * external event-record node). */
+ * external event-record node). complete (may be NULL): set to 1 when the
+ * work the record marks had already finished, so that nobody needs to wait
+ * for it: s is a non-blocking stream and cuStreamQuery(s) succeeded before
+ * the record, or cuEventQuery(ev) succeeded right after it. Both are exact
+ * (an event recorded on an idle non-blocking stream completes at once; for
+ * other streams the event's own query answers). 0 when capturing, when
+ * work is in flight, or when the query cannot tell. */
 int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
-                    char *why, size_t whylen);
+                    int *complete, char *why, size_t whylen);
 
 /* Make s wait for ev. Not capturing: cuStreamWaitEvent(s, ev, 0).
  * Capturing: cuStreamWaitEvent(s, ev, CU_EVENT_WAIT_EXTERNAL), which the
@@ -157,10 +163,12 @@ int tb__cuda_close_mem_in(tb_cu_context ctx, tb_cu_deviceptr p);
 int tb__cuda_stream_device(const struct tb__cuda_stream *s, int *ordinal,
                            char *why, size_t whylen);
 
-/* Whether s captures: 0 no, 1 yes; TB_ECAPTURE when touching s would
- * invalidate a capture (the legacy stream while this thread captures). */
-int tb__cuda_capturing(const struct tb__cuda_stream *s, char *why,
-                       size_t whylen);
+/* Whether s captures: 0 no (no_sync streams: 0), 1 yes; TB_ECAPTURE when
+ * touching s would invalidate a capture (the legacy stream while this
+ * thread captures) or it is already invalidated; what: the operation, for
+ * that message. */
+int tb__cuda_capturing(const struct tb__cuda_stream *s, const char *what,
+                       char *why, size_t whylen);
 
 /* Copy n bytes from src (mapped in context sctx) to a new allocation on
  * the current context's device, on stream s (a resolved stream, not

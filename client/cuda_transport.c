@@ -346,6 +346,7 @@ static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
 int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
                              void *stream, uint64_t *buffer_id,
                              uint64_t *byte_offset, uint64_t *ready_event_id,
+                             int *ready_complete,
                              Tensorbroker__V1__Device *dev, uint8_t *uuid) {
   struct tb__cuda_client *cc = NULL;
   struct tb__cuda_stream s;
@@ -357,6 +358,7 @@ int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
   char why[256] = "";
   int rc;
 
+  *ready_complete = 0;
   rc = cuda_client(c, &cc);
   if (rc < 0)
     return rc;
@@ -388,7 +390,7 @@ int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
     rc = ready_event_get(c, cc, reg->device, reg->uuid, s.stream, &e);
     if (rc < 0)
       return rc;
-    rc = tb__cuda_record(e->ev, &s, why, sizeof(why));
+    rc = tb__cuda_record(e->ev, &s, ready_complete, why, sizeof(why));
     if (rc < 0)
       return tb__set_error(c, rc, "%s", why);
   }
@@ -474,14 +476,24 @@ out_leave:
   return rc;
 }
 
-/* Open the event and make s wait for it, under the connection lock. */
+/* Open the event and make s wait for it, under the connection lock.
+ * complete: the work the event marks had finished when it was published
+ * (Publish.ready_complete); then only a capturing s waits, so that the graph
+ * waits, when it runs, for the producer's latest publish from that stream
+ * (the event's latest record); otherwise the event is not even opened. */
 static int wait_event(struct tb__conn *k, uint64_t event_id,
                       const uint8_t *handle, const uint8_t *uuid,
-                      const struct tb__cuda_stream *s, char *why,
-                      size_t whylen) {
+                      int complete, const struct tb__cuda_stream *s,
+                      char *why, size_t whylen) {
   tb_cu_event ev;
   int rc;
 
+  if (complete) {
+    rc = tb__cuda_capturing(s, "waiting for the producer's event", why,
+                            whylen);
+    if (rc <= 0)
+      return rc;
+  }
   pthread_mutex_lock(&k->lock);
   rc = open_event_locked(k, event_id, handle, uuid, &ev, why, whylen);
   if (rc == 0)
@@ -508,7 +520,7 @@ int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
     return 0; /* -1: the caller orders the reuse itself */
   for (size_t i = 0; i < f->n_done; i++) {
     rc = wait_event(c->conn, f->done[i].event_id, f->done[i].handle,
-                    f->done[i].uuid, &s, why, sizeof(why));
+                    f->done[i].uuid, 0, &s, why, sizeof(why));
     if (rc < 0)
       return tb__set_error(c, rc, "%s", why);
   }
@@ -678,7 +690,7 @@ static int wait_ready(struct tb_client *c, const struct tb__map *m,
   if (ready->device != NULL && ready->device->uuid.len == TB__UUID_SIZE)
     uuid = ready->device->uuid.data;
   rc = wait_event(c->conn, ready->event_id, ready->cuda_ipc_event_handle.data,
-                  uuid, s, why, sizeof(why));
+                  uuid, ready->complete, s, why, sizeof(why));
   if (rc < 0)
     return tb__set_error(c, rc, "%s", why);
   return 0;
@@ -699,8 +711,9 @@ static int record_done(struct tb__conn *k, int device,
     }
   }
   if (found != NULL) {
-    rc = tb__cuda_record(found->ev, s, NULL, 0);
-    if (rc == 0)
+    int complete = 0;
+    rc = tb__cuda_record(found->ev, s, &complete, NULL, 0);
+    if (rc == 0 && !complete)
       *id = found->event_id;
   }
   pthread_mutex_unlock(&k->lock);
@@ -886,7 +899,7 @@ int tb__cuda_release_record_locked(struct tb__conn *k, int device, int enter,
   struct tb__cuda_stream s;
   struct tb__cuda_devctx dc;
   struct tb__cuda_ev *e, *found = NULL;
-  int rc;
+  int rc, complete = 0;
 
   rc = tb__cuda_stream_resolve(k->contract, stream, &s, NULL, 0);
   if (rc < 0)
@@ -903,18 +916,21 @@ int tb__cuda_release_record_locked(struct tb__conn *k, int device, int enter,
     return 0;
   /* One done event per device, re-recorded for every release: a producer
    * that waits on it after a later re-record waits for later work, which
-   * is later than needed but never too early. */
+   * is later than needed but never too early. When the consumer's work
+   * had already finished (its stream idle) the release carries no done
+   * event: the producer has nothing to wait for. */
   if (enter) {
     rc = tb__cuda_device_enter(device, &dc, NULL, 0);
     if (rc < 0)
       return rc;
   }
-  rc = tb__cuda_record(found->ev, &s, NULL, 0);
+  rc = tb__cuda_record(found->ev, &s, &complete, NULL, 0);
   if (enter)
     tb__cuda_device_leave(&dc);
   if (rc < 0)
     return rc;
-  *done_event_id = found->event_id;
+  if (!complete)
+    *done_event_id = found->event_id;
   return 0;
 }
 
@@ -995,7 +1011,7 @@ void tb__cuda_conn_free(struct tb__cuda_conn *cc) {
 
 int tb__cuda_lease_wait(struct tb__conn *k, uint64_t event_id,
                         const uint8_t *handle, const uint8_t *uuid,
-                        int device, int enter, void *stream) {
+                        int complete, int device, int enter, void *stream) {
   const struct tb_cuda *cu;
   struct tb__cuda_stream s;
   struct tb__cuda_devctx dc;
@@ -1008,11 +1024,12 @@ int tb__cuda_lease_wait(struct tb__conn *k, uint64_t event_id,
   if (rc < 0 || s.no_sync || event_id == 0)
     return rc;
   if (!enter)
-    return wait_event(k, event_id, handle, uuid, &s, why, sizeof(why));
+    return wait_event(k, event_id, handle, uuid, complete, &s, why,
+                      sizeof(why));
   rc = tb__cuda_device_enter(device, &dc, why, sizeof(why));
   if (rc < 0)
     return rc;
-  rc = wait_event(k, event_id, handle, uuid, &s, why, sizeof(why));
+  rc = wait_event(k, event_id, handle, uuid, complete, &s, why, sizeof(why));
   tb__cuda_device_leave(&dc);
   return rc;
 }

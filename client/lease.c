@@ -25,6 +25,7 @@ struct tb__lease {
   struct tb__cuda_acq cuda;
   /* CUDA: the producer's ready event, for tb_lease_wait (0: none) */
   uint64_t ready_event_id;
+  int ready_complete; /* finished at publish: only a capture waits */
   uint8_t ready_handle[TB__CUDA_IPC_HANDLE_SIZE];
   uint8_t ready_uuid[TB__UUID_SIZE];
   void *metadata;
@@ -125,8 +126,8 @@ int tb_lease_wait(const DLManagedTensorVersioned *t, void *stream) {
     return tb__cuda_copy_wait(l->conn, &l->cuda, l->m.dl_tensor.device.device_id,
                               stream);
   return tb__cuda_lease_wait(l->conn, l->ready_event_id, l->ready_handle,
-                             l->ready_uuid, l->cuda.done_device,
-                             l->cuda.enter, stream);
+                             l->ready_uuid, l->ready_complete,
+                             l->cuda.done_device, l->cuda.enter, stream);
 }
 
 int tb_lease_info(const DLManagedTensorVersioned *t,
@@ -234,6 +235,7 @@ static int build_tensor(struct tb_client *c,
       ar->ready_event->cuda_ipc_event_handle.len == TB__CUDA_IPC_HANDLE_SIZE) {
     const Tensorbroker__V1__EventInfo *re = ar->ready_event;
     l->ready_event_id = re->event_id;
+    l->ready_complete = re->complete != 0;
     memcpy(l->ready_handle, re->cuda_ipc_event_handle.data,
            TB__CUDA_IPC_HANDLE_SIZE);
     if (re->device != NULL && re->device->uuid.len == TB__UUID_SIZE)

@@ -126,8 +126,8 @@ static int tensor_check(struct tb_client *c, const DLTensor *t,
 static int send_publish(struct tb_client *c, const char *channel,
                         const DLTensor *t, const struct tb_publish_options *o,
                         uint64_t buffer_id, uint64_t byte_offset,
-                        uint64_t ready_event_id, Tensorbroker__V1__Device *dev,
-                        uint64_t *version) {
+                        uint64_t ready_event_id, int ready_complete,
+                        Tensorbroker__V1__Device *dev, uint64_t *version) {
   Tensorbroker__V1__Publish pb = TENSORBROKER__V1__PUBLISH__INIT;
   Tensorbroker__V1__Layout lay = TENSORBROKER__V1__LAYOUT__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
@@ -150,6 +150,7 @@ static int send_publish(struct tb_client *c, const char *channel,
   pb.buffer_id = buffer_id;
   pb.layout = &lay;
   pb.ready_event_id = ready_event_id;
+  pb.ready_complete = ready_event_id != 0 && ready_complete;
   pb.metadata.data = (uint8_t *)o->metadata;
   pb.metadata.len = o->metadata_len;
   pb.history_depth = o->history_depth;
@@ -221,7 +222,7 @@ static int publish_host_locked(struct tb_client *c, const char *channel,
                          (unsigned long long)hi, b->size);
   dev.type = kDLCPU;
   return send_publish(c, channel, t, o, b->id, start - (uintptr_t)b->data, 0,
-                      &dev, version);
+                      0, &dev, version);
 }
 
 int tb_publish(tb_client *c, const char *channel, const DLTensor *t,
@@ -245,16 +246,17 @@ int tb_publish(tb_client *c, const char *channel, const DLTensor *t,
     Tensorbroker__V1__Device dev = TENSORBROKER__V1__DEVICE__INIT;
     uint8_t uuid[TB__UUID_SIZE];
     uint64_t elem_bits, buffer_id = 0, offset = 0, ev = 0;
+    int complete = 0;
 
     rc = tensor_check(c, t, &elem_bits);
     if (rc < 0)
       goto out_unlock;
     rc = tb__cuda_publish_prepare(c, t, o.stream, &buffer_id, &offset, &ev,
-                                  &dev, uuid);
+                                  &complete, &dev, uuid);
     if (rc < 0)
       goto out_unlock;
-    rc = send_publish(c, channel, t, &o, buffer_id, offset, ev, &dev,
-                      &version);
+    rc = send_publish(c, channel, t, &o, buffer_id, offset, ev, complete,
+                      &dev, &version);
   } else {
     rc = tb__set_error(c, TB_EDEVICE, "device type %d not supported",
                        (int)t->device.device_type);

@@ -358,9 +358,9 @@ static int on_publish(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, rc, "ready event %llu is not "
                              "registered by this session",
                              (unsigned long long)m->ready_event_id);
-  rc = tbd__publish(r, s, m->channel, b, m->layout, ready, m->metadata.data,
-                    m->metadata.len, m->history_depth, &version, why,
-                    sizeof(why));
+  rc = tbd__publish(r, s, m->channel, b, m->layout, ready, m->ready_complete,
+                    m->metadata.data, m->metadata.len, m->history_depth,
+                    &version, why, sizeof(why));
   if (rc < 0)
     return tbd__reply_status(r, s, id, rc, "%s", why);
   rep.request_id = id;

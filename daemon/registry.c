@@ -157,6 +157,7 @@ void tbd__evinfo_to_pb(const struct tbd_evinfo *e,
   dev->uuid.len = e->uuid_len;
   pb->device = dev;
   pb->owner_pid = e->pid;
+  pb->complete = e->complete;
 }
 
 /* ---- lookups ---- */
@@ -503,9 +504,9 @@ static struct tbd_version *find_match(struct tbd_channel *ch, int mode,
 int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
                  const char *channel, struct tbd_buffer *b,
                  const Tensorbroker__V1__Layout *layout,
-                 const struct tbd_event *ready, const uint8_t *meta,
-                 size_t meta_len, uint32_t depth, uint64_t *version,
-                 char *why, size_t whylen) {
+                 const struct tbd_event *ready, bool ready_complete,
+                 const uint8_t *meta, size_t meta_len, uint32_t depth,
+                 uint64_t *version, char *why, size_t whylen) {
   struct tbd_channel *ch = tbd__channel_find(r, channel), *newch = NULL;
   struct tbd_version *v;
   Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
@@ -579,6 +580,7 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
   if (ready != NULL) {
     v->has_ready = true;
     v->ready = ready->info;
+    v->ready.complete = ready_complete;
   }
   DL_APPEND(ch->versions, v);
   ch->nversions++;

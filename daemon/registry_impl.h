@@ -18,6 +18,7 @@ struct tbd_evinfo {
   uint8_t uuid[TB__UUID_SIZE];
   size_t uuid_len;
   uint32_t pid;
+  bool complete; /* a version's ready event: finished at publish */
 };
 
 struct tbd_buffer {
@@ -225,9 +226,9 @@ void tbd__event_remove(struct tbd_registry *r, struct tbd_event *e);
 int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
                  const char *channel, struct tbd_buffer *b,
                  const Tensorbroker__V1__Layout *layout,
-                 const struct tbd_event *ready, const uint8_t *meta,
-                 size_t meta_len, uint32_t depth, uint64_t *version,
-                 char *why, size_t whylen);
+                 const struct tbd_event *ready, bool ready_complete,
+                 const uint8_t *meta, size_t meta_len, uint32_t depth,
+                 uint64_t *version, char *why, size_t whylen);
 /* Answer an Acquire now, park it, or fail: the reply is always emitted
  * (or the wait parked). Returns the status sent (0 when parked). */
 int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,

@@ -303,6 +303,7 @@ struct pub {
   size_t ndim;
   int dev_type;
   uint64_t event;
+  bool complete;
 };
 
 static int publish_ex(struct tbd_registry *r, struct tbd_session *s,
@@ -330,6 +331,7 @@ static int publish_ex(struct tbd_registry *r, struct tbd_session *s,
   p.metadata.data = meta;
   p.metadata.len = o ? o->meta_len : 3;
   p.ready_event_id = o ? o->event : 0;
+  p.ready_complete = o ? o->complete : false;
   l.device = &d;
   d.type = o && o->dev_type ? o->dev_type : kDLCPU;
   l.dtype_code = kDLFloat;
@@ -357,6 +359,8 @@ struct acq {
   uint64_t lease, version;
   bool fd_attached;
   int fd;
+  uint64_t ready_event;  /* 0: the reply had none */
+  bool ready_complete;
 };
 
 /* Returns the status, or PARKED; for a parked request, *req_id says
@@ -385,6 +389,8 @@ static int acquire_ex(struct tbd_registry *r, struct tbd_session *s,
     out->lease = ar->lease_id;
     out->version = ar->version;
     out->fd_attached = ar->buffer->fd_attached;
+    out->ready_event = ar->ready_event ? ar->ready_event->event_id : 0;
+    out->ready_complete = ar->ready_event && ar->ready_event->complete;
     assert_int_equal(ar->buffer->fd_attached, c->fd >= 0);
     assert_string_equal(ar->channel, ch);
     assert_int_equal(ar->layout->shape[0], 16);
@@ -602,6 +608,51 @@ static void test_done_events_collected(void **state) {
   assert_int_equal(m->m->notice->version_free->done_events[1]->event_id, e2);
   assert_int_equal(m->m->notice->version_free->done_events[1]->owner_pid, 12);
   cap_free(m);
+  reg_free(r);
+}
+
+/* Publish.ready_complete reaches every acquirer of that version, and only
+ * of that version; a consumer's done event never claims it. */
+static void test_ready_complete(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint64_t b = buffer(r, p), e = event(r, p), ce = event(r, c);
+  struct pub busy = {.depth = 4, .meta_len = 3, .event = e};
+  struct pub done = {.depth = 4, .meta_len = 3, .event = e, .complete = true};
+  struct pub none = {.depth = 4, .meta_len = 3, .complete = true};
+  struct acq a1, a2, a3;
+  struct cap *m;
+
+  (void)state;
+  assert_tb_ok(publish_ex(r, p, "x", b, &busy, NULL));
+  assert_tb_ok(publish_ex(r, p, "x", b, &done, NULL));
+  assert_tb_ok(publish_ex(r, p, "x", b, &none, NULL));
+  a1 = acquire(r, c, "x", EXACT, 1);
+  a2 = acquire(r, c, "x", EXACT, 2);
+  a3 = acquire(r, c, "x", EXACT, 3);
+  assert_int_equal(a1.ready_event, e);
+  assert_false(a1.ready_complete);
+  assert_int_equal(a2.ready_event, e);
+  assert_true(a2.ready_complete);
+  assert_int_equal(a3.ready_event, 0); /* no event: nothing to flag */
+  assert_false(a3.ready_complete);
+  assert_tb_ok(release_ex(r, c, a1.lease, ce, true));
+  assert_tb_ok(release_ex(r, c, a2.lease, 0, true));
+  assert_tb_ok(release_ex(r, c, a3.lease, 0, true));
+  publish(r, p, "x", b, 1); /* 1..3 leave history, all released */
+  for (int i = 0; i < 3; i++) { /* one notice per version, any order */
+    Tensorbroker__V1__VersionFree *vf;
+    m = take_notice(p, N_FREE);
+    assert_non_null(m);
+    vf = m->m->notice->version_free;
+    assert_in_range(vf->version, 1, 3);
+    /* only version 1 was released with a done event, never "complete" */
+    assert_int_equal(vf->n_done_events, vf->version == 1 ? 1 : 0);
+    if (vf->version == 1)
+      assert_false(vf->done_events[0]->complete);
+    cap_free(m);
+  }
+  assert_null(take_notice(p, N_FREE));
   reg_free(r);
 }
 
@@ -1031,6 +1082,7 @@ int main(void) {
       T(test_publish_acquire_release),
       T(test_history_depth_3),
       T(test_done_events_collected),
+      T(test_ready_complete),
       T(test_consumer_close_releases),
       T(test_producer_close),
       T(test_buffer_retire),

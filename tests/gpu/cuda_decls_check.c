@@ -220,6 +220,8 @@ CHECK(cuModuleUnload, cuModuleUnload, S_i, CU(CUmodule), TB(tb_cu_module));
 CHECK(cuDeviceGetName, cuDeviceGetName, S_name, CU(CUdevice),
       TB(tb_cu_device));
 CHECK(cuStreamQuery, cuStreamQuery, S_i, CU(CUstream), TB(tb_cu_stream));
+CHECK(cuStreamGetFlags, cuStreamGetFlags, S_vv, CU(CUstream, unsigned int *),
+      TB(tb_cu_stream, unsigned *));
 CHECK(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, S_vv,
       CU(CUcontext, unsigned int), TB(tb_cu_context, unsigned));
 CHECK(cuMemcpyPeerAsync, cuMemcpyPeerAsync, S_peer,
