@@ -43,7 +43,7 @@ static void check_tensor(const DLManagedTensorVersioned *t,
                          const struct expect *e, uint64_t version) {
   const DLTensor *d = &t->dl_tensor;
   struct tb_lease_info li;
-  int64_t cstr[4], idx[4] = {0, 0, 0, 0};
+  int64_t cstr[4] = {0, 0, 0, 0}, idx[4] = {0, 0, 0, 0};
   size_t eb = (size_t)(d->dtype.bits * d->dtype.lanes + 7) / 8;
 
   TBT_CHECK(t->version.major == DLPACK_MAJOR_VERSION);
