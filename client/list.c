@@ -29,15 +29,33 @@ static int ask(struct tb_client *c, tb__request *r, int want,
   return 0;
 }
 
+/* Grow *a (of *cap elements of size sz) to hold at least need. */
+static int grow(void **a, size_t *cap, size_t need, size_t sz) {
+  size_t n = *cap ? *cap : 16;
+  void *p;
+  if (need <= *cap)
+    return 0;
+  while (n < need)
+    n *= 2;
+  p = realloc(*a, n * sz);
+  if (p == NULL)
+    return TB_ENOMEM;
+  *a = p;
+  *cap = n;
+  return 0;
+}
+
+/* The daemon answers in pages that fit one datagram; ask for the next page
+ * after the last entry until it says there is no more. A page that is empty
+ * but claims more would loop forever: TB_EPROTO. */
 int tb_list_channels(tb_client *c, struct tb_channel_info **out,
                      size_t *count) {
   Tensorbroker__V1__ListChannels lc = TENSORBROKER__V1__LIST_CHANNELS__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  const Tensorbroker__V1__ListChannelsReply *lr;
-  tb__server_message *m = NULL;
-  struct tb_channel_info *a;
-  size_t n;
-  int rc;
+  struct tb_channel_info *a = NULL;
+  char after[sizeof(a->name)] = "";
+  size_t n = 0, cap = 0;
+  int rc = 0, more = 1;
 
   if (c == NULL || out == NULL || count == NULL)
     return TB_EINVAL;
@@ -45,33 +63,55 @@ int tb_list_channels(tb_client *c, struct tb_channel_info **out,
   tb__clear_error(c);
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_CHANNELS;
   r.list_channels = &lc;
-  rc = ask(c, &r, TENSORBROKER__V1__REPLY__BODY_LIST_CHANNELS, &m);
-  if (rc < 0)
-    goto out_unlock;
-  lr = m->reply->list_channels;
-  n = lr ? lr->n_channels : 0;
-  a = calloc(n ? n : 1, sizeof(*a));
-  if (a == NULL) {
+  while (rc == 0 && more) {
+    const Tensorbroker__V1__ListChannelsReply *lr;
+    tb__server_message *m = NULL;
+    size_t got;
+
+    lc.after = after;
+    rc = ask(c, &r, TENSORBROKER__V1__REPLY__BODY_LIST_CHANNELS, &m);
+    if (rc < 0)
+      break;
+    lr = m->reply->list_channels;
+    got = lr ? lr->n_channels : 0;
+    more = lr && lr->more;
+    if (more && got == 0)
+      rc = tb__set_error(c, TB_EPROTO, "empty list page that claims more");
+    else
+      rc = grow((void **)&a, &cap, n + got + 1, sizeof(*a));
+    for (size_t i = 0; rc == 0 && i < got; i++) {
+      const Tensorbroker__V1__ChannelInfo *ci = lr->channels[i];
+      struct tb_channel_info *x = &a[n++];
+      memset(x, 0, sizeof(*x));
+      copy_str(x->name, sizeof(x->name), ci->name);
+      x->latest_version = ci->latest_version;
+      x->history_depth = ci->history_depth;
+      x->publisher_session = ci->publisher_session;
+      x->versions_held = ci->versions_held;
+      x->leases = ci->leases;
+      x->subscribers = ci->subscribers;
+      x->closed = ci->closed != 0;
+      x->publishes = ci->publishes;
+    }
+    if (rc == 0 && got > 0) {
+      /* the cursor is the full name, not the copy (names are < 256 bytes,
+       * the struct's field too; a longer one cannot be a cursor) */
+      const char *last = lr->channels[got - 1]->name;
+      if (last == NULL || strlen(last) >= sizeof(after))
+        rc = tb__set_error(c, TB_EPROTO, "channel name too long for a cursor");
+      else
+        memcpy(after, last, strlen(last) + 1);
+    }
+    tb__msg_free(c, m);
+  }
+  if (rc == 0 && a == NULL && (a = calloc(1, sizeof(*a))) == NULL)
     rc = TB_ENOMEM;
-    goto out_free;
+  if (rc < 0) {
+    free(a);
+  } else {
+    *out = a;
+    *count = n;
   }
-  for (size_t i = 0; i < n; i++) {
-    const Tensorbroker__V1__ChannelInfo *ci = lr->channels[i];
-    copy_str(a[i].name, sizeof(a[i].name), ci->name);
-    a[i].latest_version = ci->latest_version;
-    a[i].history_depth = ci->history_depth;
-    a[i].publisher_session = ci->publisher_session;
-    a[i].versions_held = ci->versions_held;
-    a[i].leases = ci->leases;
-    a[i].subscribers = ci->subscribers;
-    a[i].closed = ci->closed != 0;
-    a[i].publishes = ci->publishes;
-  }
-  *out = a;
-  *count = n;
-out_free:
-  tb__msg_free(c, m);
-out_unlock:
   pthread_mutex_unlock(&c->call_lock);
   return rc;
 }
@@ -80,11 +120,9 @@ int tb_list_sessions(tb_client *c, struct tb_session_info **out,
                      size_t *count) {
   Tensorbroker__V1__ListSessions ls = TENSORBROKER__V1__LIST_SESSIONS__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  const Tensorbroker__V1__ListSessionsReply *lr;
-  tb__server_message *m = NULL;
-  struct tb_session_info *a;
-  size_t n;
-  int rc;
+  struct tb_session_info *a = NULL;
+  size_t n = 0, cap = 0;
+  int rc = 0, more = 1;
 
   if (c == NULL || out == NULL || count == NULL)
     return TB_EINVAL;
@@ -92,35 +130,53 @@ int tb_list_sessions(tb_client *c, struct tb_session_info **out,
   tb__clear_error(c);
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_SESSIONS;
   r.list_sessions = &ls;
-  rc = ask(c, &r, TENSORBROKER__V1__REPLY__BODY_LIST_SESSIONS, &m);
-  if (rc < 0)
-    goto out_unlock;
-  lr = m->reply->list_sessions;
-  n = lr ? lr->n_sessions : 0;
-  a = calloc(n ? n : 1, sizeof(*a));
-  if (a == NULL) {
+  while (rc == 0 && more) {
+    const Tensorbroker__V1__ListSessionsReply *lr;
+    tb__server_message *m = NULL;
+    size_t got;
+
+    rc = ask(c, &r, TENSORBROKER__V1__REPLY__BODY_LIST_SESSIONS, &m);
+    if (rc < 0)
+      break;
+    lr = m->reply->list_sessions;
+    got = lr ? lr->n_sessions : 0;
+    more = lr && lr->more;
+    if (more && got == 0)
+      rc = tb__set_error(c, TB_EPROTO, "empty list page that claims more");
+    else
+      rc = grow((void **)&a, &cap, n + got + 1, sizeof(*a));
+    for (size_t i = 0; rc == 0 && i < got; i++) {
+      const Tensorbroker__V1__SessionInfo *si = lr->sessions[i];
+      struct tb_session_info *x = &a[n++];
+      memset(x, 0, sizeof(*x));
+      x->session_id = si->session_id;
+      x->pid = si->pid;
+      x->uid = si->uid;
+      x->gid = si->gid;
+      copy_str(x->name, sizeof(x->name), si->name);
+      x->stream_contract = (int)si->stream_contract;
+      x->leases = si->leases;
+      x->buffers = si->buffers;
+      x->subscriptions = si->subscriptions;
+      x->implicit_stream_calls = si->implicit_stream_calls;
+      x->requests = si->requests;
+    }
+    if (rc == 0 && got > 0) {
+      uint64_t last = lr->sessions[got - 1]->session_id;
+      if (last <= ls.after_session_id)
+        rc = tb__set_error(c, TB_EPROTO, "list page out of order");
+      ls.after_session_id = last;
+    }
+    tb__msg_free(c, m);
+  }
+  if (rc == 0 && a == NULL && (a = calloc(1, sizeof(*a))) == NULL)
     rc = TB_ENOMEM;
-    goto out_free;
+  if (rc < 0) {
+    free(a);
+  } else {
+    *out = a;
+    *count = n;
   }
-  for (size_t i = 0; i < n; i++) {
-    const Tensorbroker__V1__SessionInfo *si = lr->sessions[i];
-    a[i].session_id = si->session_id;
-    a[i].pid = si->pid;
-    a[i].uid = si->uid;
-    a[i].gid = si->gid;
-    copy_str(a[i].name, sizeof(a[i].name), si->name);
-    a[i].stream_contract = (int)si->stream_contract;
-    a[i].leases = si->leases;
-    a[i].buffers = si->buffers;
-    a[i].subscriptions = si->subscriptions;
-    a[i].implicit_stream_calls = si->implicit_stream_calls;
-    a[i].requests = si->requests;
-  }
-  *out = a;
-  *count = n;
-out_free:
-  tb__msg_free(c, m);
-out_unlock:
   pthread_mutex_unlock(&c->call_lock);
   return rc;
 }

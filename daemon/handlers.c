@@ -431,31 +431,53 @@ static int on_subscribe(struct tbd_registry *r, struct tbd_session *s,
   return tbd__reply_status(r, s, id, 0, NULL);
 }
 
-/* Lists are cut so that the reply fits in one datagram. */
+/* Lists come in pages that fit one datagram (the room left for entries),
+ * sorted, after a cursor; the reply says when entries were left out. */
 #define LIST_ROOM(r) ((size_t)(r)->lim.max_message - 512)
 
+static int channel_cmp(const void *a, const void *b) {
+  const struct tbd_channel *x = *(const struct tbd_channel *const *)a;
+  const struct tbd_channel *y = *(const struct tbd_channel *const *)b;
+  return strcmp(x->name, y->name);
+}
+
+static int session_cmp(const void *a, const void *b) {
+  const struct tbd_session *x = *(const struct tbd_session *const *)a;
+  const struct tbd_session *y = *(const struct tbd_session *const *)b;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
 static int on_list_channels(struct tbd_registry *r, struct tbd_session *s,
-                            uint64_t id) {
+                            uint64_t id,
+                            const Tensorbroker__V1__ListChannels *q) {
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
   Tensorbroker__V1__ListChannelsReply lr =
       TENSORBROKER__V1__LIST_CHANNELS_REPLY__INIT;
   Tensorbroker__V1__ChannelInfo *infos, **ptrs;
-  struct tbd_channel *ch;
-  size_t n = 0, used = 0;
+  struct tbd_channel *ch, **all;
+  const char *after = q != NULL && q->after != NULL ? q->after : "";
+  size_t n = 0, nall = 0, used = 0;
 
-  infos = tbd_calloc(r->nchannels, sizeof(*infos));
-  ptrs = tbd_calloc(r->nchannels, sizeof(*ptrs));
-  if (infos == NULL || ptrs == NULL) {
+  infos = tbd_calloc(r->nchannels + 1, sizeof(*infos));
+  ptrs = tbd_calloc(r->nchannels + 1, sizeof(*ptrs));
+  all = tbd_calloc(r->nchannels + 1, sizeof(*all));
+  if (infos == NULL || ptrs == NULL || all == NULL) {
     tbd_free(infos);
     tbd_free(ptrs);
+    tbd_free(all);
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   }
-  for (ch = r->channels; ch != NULL; ch = ch->hh.next) {
+  for (ch = r->channels; ch != NULL && nall < r->nchannels; ch = ch->hh.next)
+    if (strcmp(ch->name, after) > 0)
+      all[nall++] = ch;
+  qsort(all, nall, sizeof(*all), channel_cmp);
+  for (size_t k = 0; k < nall; k++) {
     Tensorbroker__V1__ChannelInfo *ci = &infos[n];
     struct tbd_subgroup *g;
     struct tbd_sub *sub;
     uint32_t nsub = 0;
 
+    ch = all[k];
     tensorbroker__v1__channel_info__init(ci);
     ci->name = ch->name;
     ci->latest_version = ch->latest;
@@ -470,8 +492,10 @@ static int on_list_channels(struct tbd_registry *r, struct tbd_session *s,
     ci->closed = ch->closed;
     ci->publishes = ch->publishes;
     used += tensorbroker__v1__channel_info__get_packed_size(ci) + 8;
-    if (used > LIST_ROOM(r))
+    if (used > LIST_ROOM(r)) {
+      lr.more = true;
       break;
+    }
     ptrs[n] = ci;
     n++;
   }
@@ -483,30 +507,38 @@ static int on_list_channels(struct tbd_registry *r, struct tbd_session *s,
   tbd__send_reply(r, s, &rep, NULL, 0);
   tbd_free(infos);
   tbd_free(ptrs);
+  tbd_free(all);
   return 0;
 }
 
 static int on_list_sessions(struct tbd_registry *r, struct tbd_session *s,
-                            uint64_t id) {
+                            uint64_t id,
+                            const Tensorbroker__V1__ListSessions *q) {
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
   Tensorbroker__V1__ListSessionsReply lr =
       TENSORBROKER__V1__LIST_SESSIONS_REPLY__INIT;
   Tensorbroker__V1__SessionInfo *infos, **ptrs;
-  struct tbd_session *t;
-  size_t n = 0, used = 0;
+  struct tbd_session *t, **all;
+  uint64_t after = q != NULL ? q->after_session_id : 0;
+  size_t n = 0, nall = 0, used = 0;
 
-  infos = tbd_calloc(r->nsessions, sizeof(*infos));
-  ptrs = tbd_calloc(r->nsessions, sizeof(*ptrs));
-  if (infos == NULL || ptrs == NULL) {
+  infos = tbd_calloc(r->nsessions + 1, sizeof(*infos));
+  ptrs = tbd_calloc(r->nsessions + 1, sizeof(*ptrs));
+  all = tbd_calloc(r->nsessions + 1, sizeof(*all));
+  if (infos == NULL || ptrs == NULL || all == NULL) {
     tbd_free(infos);
     tbd_free(ptrs);
+    tbd_free(all);
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   }
-  for (t = r->sessions; t != NULL; t = t->hh.next) {
+  for (t = r->sessions; t != NULL && nall < r->nsessions; t = t->hh.next)
+    if (t->hello && t->id > after)
+      all[nall++] = t;
+  qsort(all, nall, sizeof(*all), session_cmp);
+  for (size_t k = 0; k < nall; k++) {
     Tensorbroker__V1__SessionInfo *si = &infos[n];
 
-    if (!t->hello)
-      continue;
+    t = all[k];
     tensorbroker__v1__session_info__init(si);
     si->session_id = t->id;
     si->pid = (uint32_t)t->pid;
@@ -520,8 +552,10 @@ static int on_list_sessions(struct tbd_registry *r, struct tbd_session *s,
     si->requests = t->requests;
     si->subscriptions = t->nsubs;
     used += tensorbroker__v1__session_info__get_packed_size(si) + 8;
-    if (used > LIST_ROOM(r))
+    if (used > LIST_ROOM(r)) {
+      lr.more = true;
       break;
+    }
     ptrs[n] = si;
     n++;
   }
@@ -533,6 +567,7 @@ static int on_list_sessions(struct tbd_registry *r, struct tbd_session *s,
   tbd__send_reply(r, s, &rep, NULL, 0);
   tbd_free(infos);
   tbd_free(ptrs);
+  tbd_free(all);
   return 0;
 }
 
@@ -602,9 +637,9 @@ static int dispatch(struct tbd_registry *r, struct tbd_session *s,
   case BODY(UNSUBSCRIBE):
     return on_subscribe(r, s, id, q->unsubscribe->channel, false);
   case BODY(LIST_CHANNELS):
-    return on_list_channels(r, s, id);
+    return on_list_channels(r, s, id, q->list_channels);
   case BODY(LIST_SESSIONS):
-    return on_list_sessions(r, s, id);
+    return on_list_sessions(r, s, id, q->list_sessions);
   case BODY(STATUS):
     return on_status(r, s, id);
   case BODY(FORGET):

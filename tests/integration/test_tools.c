@@ -256,6 +256,83 @@ static void test_tbctl(void **state) {
 }
 
 /* tbctl without a daemon: a clear failure, not a hang. */
+/* Lists longer than one datagram come whole, in order: a daemon with
+ * small datagrams (--max-message 8192: ~30 long channel names or ~80
+ * sessions a page) lists 120 channels and 161 sessions across pages, and
+ * tbctl shows every one. */
+static int name_cmp(const void *a, const void *b) {
+  return strcmp((const char *)a, (const char *)b);
+}
+
+static void test_list_pages(void **state) {
+  static const char *const extra[] = {"--max-message", "8192",
+                                      "--max-metadata", "1024", NULL};
+  struct tbt_daemon d;
+  enum { NCH = 120, NSESS = 160 };
+  static char names[NCH][220];
+  tb_client *p, *cl[NSESS];
+  tb_buffer *b;
+  struct tb_channel_info *ch = NULL;
+  struct tb_session_info *ss = NULL;
+  size_t nch = 0, nss = 0;
+  int64_t shape[1] = {4};
+  (void)state;
+
+  memset(&d, 0, sizeof(d));
+  assert_int_equal(tbt_daemon_start(&d, extra), 0);
+  assert_tb_ok(tbt_connect(&d, "pages-producer", &p));
+  assert_tb_ok(tb_host_buffer_create(p, 16, 0, &b));
+  for (int i = 0; i < NCH; i++) {
+    DLTensor t;
+    /* long names, created in an order unlike their sorted order */
+    int k = (i * 37) % NCH;
+    snprintf(names[i], sizeof(names[i]), "pages/%03d-", k);
+    memset(names[i] + 10, 'x', 200);
+    names[i][210] = '\0';
+    memset(&t, 0, sizeof(t));
+    t.data = tb_buffer_data(b);
+    t.device.device_type = kDLCPU;
+    t.ndim = 1;
+    t.dtype.code = kDLFloat;
+    t.dtype.bits = 32;
+    t.dtype.lanes = 1;
+    t.shape = shape;
+    assert_tb_ok(tb_publish(p, names[i], &t, NULL, NULL));
+  }
+  for (int i = 0; i < NSESS; i++) {
+    char nm[64];
+    snprintf(nm, sizeof(nm), "pages-client-%03d-with-a-long-name-to-fill", i);
+    assert_tb_ok(tbt_connect(&d, nm, &cl[i]));
+  }
+
+  assert_tb_ok(tb_list_channels(p, &ch, &nch));
+  assert_int_equal(nch, NCH);
+  qsort(names, NCH, sizeof(names[0]), name_cmp);
+  for (size_t i = 0; i < nch; i++)
+    assert_string_equal(ch[i].name, names[i]); /* all, sorted, once */
+  tb_free(ch);
+
+  assert_tb_ok(tb_list_sessions(p, &ss, &nss));
+  assert_int_equal(nss, NSESS + 1);
+  for (size_t i = 1; i < nss; i++)
+    assert_true(ss[i].session_id > ss[i - 1].session_id);
+  tb_free(ss);
+
+  /* tbctl: one line per session after its header */
+  assert_int_equal(run_tbctl(&d, "sessions", NULL), 0);
+  size_t lines = 0;
+  for (const char *q = g_out; (q = strstr(q, "pages-client-")) != NULL; q++)
+    lines++;
+  assert_int_equal(lines, NSESS);
+
+  for (int i = 0; i < NSESS; i++)
+    tb_client_disconnect(cl[i]);
+  (void)b; /* freed with the producer's session */
+  tb_client_disconnect(p);
+  assert_int_equal(tbt_daemon_stop(&d), 0);
+  tbt_daemon_cleanup(&d);
+}
+
 static void test_tbctl_no_daemon(void **state) {
   struct tbt_daemon *d = *state;
   tbt_daemon_kill(d);
@@ -270,6 +347,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_restart_after_kill, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_tbctl, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_tbctl_no_daemon, tbt_setup, tbt_teardown),
+      cmocka_unit_test(test_list_pages),
   };
   return cmocka_run_group_tests_name("tools", tests, NULL, NULL);
 }
