@@ -26,6 +26,8 @@ const struct tbd_limit_desc tbd_limit_table[] = {
     LIMIT(history, 64, 1, 1u << 16, "history depth of a channel"),
     LIMIT(outq, 1u << 20, 4096, 1u << 30,
           "bytes queued for a slow session before it is dropped"),
+    {"hello-timeout", offsetof(struct tbd_limits, hello_timeout_ms), 10000, 0,
+     3600000, "milliseconds a new connection has to say Hello (0: no limit)"},
 };
 
 const unsigned tbd_limit_count =

@@ -43,6 +43,7 @@ struct tbd_conn {
   int events;
   int doomed;
   int pending;                  /* on srv->pending: read in the check phase */
+  uint64_t hello_deadline;      /* ms; 0: none (said Hello, or no limit) */
   struct tbd_conn *pnext;
   struct tbd_conn *next, *prev; /* srv->conns */
   struct tbd_conn *dnext;       /* srv->doomed */
@@ -327,6 +328,47 @@ static void on_check(uv_check_t *h) {
   after(srv);
 }
 
+/* Close the connections whose Hello is overdue, re-arm for the next. The
+ * sweep is linear, and runs only while a connection is waiting for its
+ * Hello. */
+static void hello_rearm(struct tbd_server *srv);
+
+static void on_hello_timer(uv_timer_t *t) {
+  struct tbd_server *srv = t->data;
+  uint64_t now = tb__now_ms();
+
+  for (struct tbd_conn *c = srv->conns; c != NULL; c = c->next) {
+    if (c->doomed || c->hello_deadline == 0)
+      continue;
+    if (tbd_session_hello(c->s)) {
+      c->hello_deadline = 0;
+    } else if (c->hello_deadline <= now) {
+      tbd_info("session %llu (pid %d): no Hello within %u ms; closing it",
+               (unsigned long long)tbd_session_id(c->s),
+               (int)tbd_session_pid(c->s), srv->lim.hello_timeout_ms);
+      c->hello_deadline = 0;
+      conn_doom(c);
+    }
+  }
+  hello_rearm(srv);
+  after(srv);
+}
+
+static void hello_rearm(struct tbd_server *srv) {
+  uint64_t next = UINT64_MAX, now = tb__now_ms();
+
+  if (srv->stopping)
+    return;
+  for (struct tbd_conn *c = srv->conns; c != NULL; c = c->next)
+    if (!c->doomed && c->hello_deadline != 0 && c->hello_deadline < next)
+      next = c->hello_deadline;
+  if (next == UINT64_MAX)
+    uv_timer_stop(&srv->hello_timer);
+  else
+    uv_timer_start(&srv->hello_timer, on_hello_timer,
+                   next > now ? next - now : 0, 0);
+}
+
 static void conn_accepted(struct tbd_server *srv, int fd) {
   struct ucred cred;
   socklen_t clen = sizeof(cred);
@@ -364,6 +406,12 @@ static void conn_accepted(struct tbd_server *srv, int fd) {
     srv->conns->prev = c;
   srv->conns = c;
   srv->nconns++;
+  if (srv->lim.hello_timeout_ms != 0) {
+    c->hello_deadline = tb__now_ms() + srv->lim.hello_timeout_ms;
+    if (!uv_is_active((uv_handle_t *)&srv->hello_timer))
+      uv_timer_start(&srv->hello_timer, on_hello_timer,
+                     srv->lim.hello_timeout_ms, 0);
+  }
   tbd_debug("connection from pid %d uid %u gid %u (session %llu)",
             (int)cred.pid, (unsigned)cred.uid, (unsigned)cred.gid,
             (unsigned long long)tbd_session_id(c->s));
@@ -435,6 +483,8 @@ int tbd_server_init(struct tbd_server *srv, uv_loop_t *loop,
   tbd_registry_set_socket_path(srv->reg, socket_path);
   uv_timer_init(loop, &srv->timer);
   srv->timer.data = srv;
+  uv_timer_init(loop, &srv->hello_timer);
+  srv->hello_timer.data = srv;
   uv_check_init(loop, &srv->check);
   srv->check.data = srv;
   uv_check_start(&srv->check, on_check);
@@ -442,6 +492,7 @@ int tbd_server_init(struct tbd_server *srv, uv_loop_t *loop,
   if (rc < 0) {
     tbd_error("uv_poll_init: %s", uv_strerror(rc));
     uv_close((uv_handle_t *)&srv->timer, NULL);
+    uv_close((uv_handle_t *)&srv->hello_timer, NULL);
     uv_close((uv_handle_t *)&srv->check, NULL);
     tbd_registry_free(srv->reg);
     srv->reg = NULL;
@@ -483,6 +534,8 @@ void tbd_server_shutdown(struct tbd_server *srv, const char *reason) {
   reap(srv);
   uv_timer_stop(&srv->timer);
   uv_close((uv_handle_t *)&srv->timer, NULL);
+  uv_timer_stop(&srv->hello_timer);
+  uv_close((uv_handle_t *)&srv->hello_timer, NULL);
   uv_close((uv_handle_t *)&srv->check, NULL);
   uv_poll_stop(&srv->listen_poll);
   uv_close((uv_handle_t *)&srv->listen_poll, on_listen_closed);

@@ -20,6 +20,7 @@ struct tbd_server {
   int reserve_fd;            /* spent on EMFILE to accept-and-close */
   uv_poll_t listen_poll;
   uv_timer_t timer;
+  uv_timer_t hello_timer;    /* closes connections that never say Hello */
   uv_check_t check;          /* reads the sessions marked readable */
   uint8_t *rxbuf;            /* lim.max_message bytes */
   uint8_t *txbuf;            /* TB__MAX_MESSAGE_HARD bytes */

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tb_test.h"
@@ -82,6 +83,12 @@ static int daemon_stop(pid_t pid, int sig) {
   live_pid = 0;
   assert_true(WIFEXITED(status));
   return WEXITSTATUS(status);
+}
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 static int connect_sock(void) {
@@ -369,6 +376,57 @@ static void test_protocol_errors_close(void **state) {
   assert_int_equal(daemon_stop(pid, SIGTERM), 0);
 }
 
+/* --hello-timeout: connections that say nothing are closed once their time
+ * is up (end of stream, no reply, not before the time); a session that said
+ * Hello before, and one that says Hello at once beside a silent companion,
+ * outlive that companion's deadline. */
+static void test_hello_timeout(void **state) {
+  static const char *const extra[] = {"--hello-timeout", "300", NULL};
+  pid_t pid = daemon_start(extra);
+  Tensorbroker__V1__StatusReply *sr;
+  struct pollfd p;
+  uint64_t t0, waited;
+  int good, silent, late;
+  msg_t *m;
+
+  (void)state;
+  assert_true(pid > 0);
+  good = connect_sock();
+  assert_int_equal(hello(good), 0);
+  t0 = now_ms();
+  silent = connect_sock();
+  late = connect_sock();
+  /* the silent one: end of stream, within a bounded wait */
+  assert_null(recv_msg(silent, NULL));
+  waited = now_ms() - t0;
+  assert_true(waited >= 250); /* not before its time (clock slack: 50 ms) */
+  close(silent);
+  /* the second silent one's deadline is past as well: closed too */
+  assert_null(recv_msg(late, NULL));
+  close(late);
+  /* the one that said Hello is untouched */
+  sr = status(good, &m);
+  assert_int_equal(sr->sessions, 1);
+  tb__server_message_free(m);
+  /* a Hello in time keeps the connection past the deadline: say Hello at
+   * once, wait until a silent companion accepted with it is closed, then
+   * ask for the status */
+  late = connect_sock();
+  silent = connect_sock();
+  assert_int_equal(hello(late), 0);
+  assert_null(recv_msg(silent, NULL));
+  close(silent);
+  sr = status(late, &m);
+  assert_int_equal(sr->sessions, 2);
+  tb__server_message_free(m);
+  p.fd = late;
+  p.events = POLLIN;
+  assert_int_equal(poll(&p, 1, 0), 0); /* nothing pending: not closed */
+  close(late);
+  close(good);
+  assert_int_equal(daemon_stop(pid, SIGTERM), 0);
+}
+
 static void test_slow_reader_dropped(void **state) {
   const char *args[] = {"--max-outq", "16384", NULL};
   pid_t pid = daemon_start(args);
@@ -464,6 +522,7 @@ int main(void) {
       T(test_protocol_errors_close),
       T(test_slow_reader_dropped),
       T(test_shutdown_notice),
+      T(test_hello_timeout),
 #undef T
   };
   signal(SIGPIPE, SIG_IGN);
