@@ -45,6 +45,20 @@ static int grow(void **a, size_t *cap, size_t need, size_t sz) {
   return 0;
 }
 
+/* Hand the list out (never NULL, also when empty) or free it. */
+static int list_done(int rc, void **a, size_t sz, void **out, size_t *count,
+                     size_t n) {
+  if (rc == 0 && *a == NULL && (*a = calloc(1, sz)) == NULL)
+    rc = TB_ENOMEM;
+  if (rc < 0) {
+    free(*a);
+    return rc;
+  }
+  *out = *a;
+  *count = n;
+  return 0;
+}
+
 /* The daemon answers in pages that fit one datagram; ask for the next page
  * after the last entry until it says there is no more. A page that is empty
  * but claims more would loop forever: TB_EPROTO. */
@@ -104,14 +118,7 @@ int tb_list_channels(tb_client *c, struct tb_channel_info **out,
     }
     tb__msg_free(c, m);
   }
-  if (rc == 0 && a == NULL && (a = calloc(1, sizeof(*a))) == NULL)
-    rc = TB_ENOMEM;
-  if (rc < 0) {
-    free(a);
-  } else {
-    *out = a;
-    *count = n;
-  }
+  rc = list_done(rc, (void **)&a, sizeof(*a), (void **)out, count, n);
   pthread_mutex_unlock(&c->call_lock);
   return rc;
 }
@@ -169,14 +176,7 @@ int tb_list_sessions(tb_client *c, struct tb_session_info **out,
     }
     tb__msg_free(c, m);
   }
-  if (rc == 0 && a == NULL && (a = calloc(1, sizeof(*a))) == NULL)
-    rc = TB_ENOMEM;
-  if (rc < 0) {
-    free(a);
-  } else {
-    *out = a;
-    *count = n;
-  }
+  rc = list_done(rc, (void **)&a, sizeof(*a), (void **)out, count, n);
   pthread_mutex_unlock(&c->call_lock);
   return rc;
 }
