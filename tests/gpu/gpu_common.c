@@ -291,3 +291,15 @@ void tbg_reap(struct tbt_child *c, const char *who) {
   if (code != 0)
     fail_msg("%s exited with %d", who, code);
 }
+
+void tbg_relay(struct tbt_child *from, const char *who, const char *want,
+               struct tbt_child *to, const char *prefix) {
+  char line[100];
+  tbg_hear(from, who, want, line, sizeof line);
+  tbg_say(to, "%s %s", prefix, line);
+}
+
+void tbg_daemon_down(struct tbt_daemon *d) {
+  assert_int_equal(tbt_daemon_stop(d), 0);
+  tbt_daemon_cleanup(d);
+}

@@ -133,5 +133,20 @@ void tbg_say(struct tbt_child *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* The child must exit 0. */
 void tbg_reap(struct tbt_child *c, const char *who);
+/* Hear a line "want REST" from child from (named who), and say
+ * "prefix REST" to child to: the parent relays a version number. */
+void tbg_relay(struct tbt_child *from, const char *who, const char *want,
+               struct tbt_child *to, const char *prefix);
+/* Stop the daemon (it must exit 0) and remove its files. */
+void tbg_daemon_down(struct tbt_daemon *d);
+
+/* main() of a GPU test: skipped (exit 77) without a GPU, else the cmocka
+ * tests given. */
+#define TBG_MAIN(...)                                                        \
+  int main(void) {                                                           \
+    tbg_skip_without_gpu();                                                  \
+    const struct CMUnitTest tests[] = {__VA_ARGS__};                         \
+    return cmocka_run_group_tests(tests, NULL, NULL);                        \
+  }
 
 #endif /* TB_TESTS_GPU_COMMON_H */

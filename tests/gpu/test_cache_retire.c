@@ -120,12 +120,7 @@ static void cache_retire(void **state) {
   tbg_say(&p, "done");
   tbg_reap(&c, "consumer");
   tbg_reap(&p, "producer");
-  assert_int_equal(tbt_daemon_stop(&daemon_), 0);
-  tbt_daemon_cleanup(&daemon_);
+  tbg_daemon_down(&daemon_);
 }
 
-int main(void) {
-  tbg_skip_without_gpu();
-  const struct CMUnitTest tests[] = {cmocka_unit_test(cache_retire)};
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TBG_MAIN(cmocka_unit_test(cache_retire))

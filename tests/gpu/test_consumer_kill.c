@@ -94,8 +94,7 @@ static void consumer_kill(void **state) {
   tbg_spawn(&p, producer, NULL);
   tbg_spawn(&k, consumer, (void *)&doomed);
   tbg_spawn(&o, consumer, (void *)&other);
-  tbg_hear(&p, "producer", "published", line, sizeof line);
-  tbg_say(&k, "v %s", line);
+  tbg_relay(&p, "producer", "published", &k, "v");
   tbg_say(&o, "v %s", line);
   tbg_hear(&o, "other", "released", NULL, 0);
   tbg_hear(&k, "doomed", "reading", NULL, 0);
@@ -110,12 +109,7 @@ static void consumer_kill(void **state) {
   tbg_say(&p, "done");
   tbg_reap(&o, "other");
   tbg_reap(&p, "producer");
-  assert_int_equal(tbt_daemon_stop(&daemon_), 0);
-  tbt_daemon_cleanup(&daemon_);
+  tbg_daemon_down(&daemon_);
 }
 
-int main(void) {
-  tbg_skip_without_gpu();
-  const struct CMUnitTest tests[] = {cmocka_unit_test(consumer_kill)};
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TBG_MAIN(cmocka_unit_test(consumer_kill))

@@ -196,8 +196,7 @@ static void both_directions(void **state) {
     tbg_reap(&c, "consumer");
     tbg_reap(&p, "producer");
   }
-  assert_int_equal(tbt_daemon_stop(&daemon_), 0);
-  tbt_daemon_cleanup(&daemon_);
+  tbg_daemon_down(&daemon_);
 }
 
 /* ---- slow producer on GPU 0, consumer on GPU 1 ---- */
@@ -259,21 +258,18 @@ static int slow_consumer(struct tbt_chan *ch, void *arg) {
 
 static void slow_producer(void **state) {
   struct tbt_child p, c;
-  char line[100];
   (void)state;
   tbg_daemon_up(&daemon_);
   tbg_spawn(&p, slow_producer_child, "xgpu/slow");
   tbg_spawn(&c, slow_consumer, NULL);
   tbg_hear(&c, "consumer", "ready", NULL, 0);
   tbg_say(&p, "go");
-  tbg_hear(&p, "producer", "published", line, sizeof line);
-  tbg_say(&c, "v %s", line);
+  tbg_relay(&p, "producer", "published", &c, "v");
   tbg_hear(&c, "consumer", "ok", NULL, 0);
   tbg_say(&p, "done");
   tbg_reap(&c, "consumer");
   tbg_reap(&p, "producer");
-  assert_int_equal(tbt_daemon_stop(&daemon_), 0);
-  tbt_daemon_cleanup(&daemon_);
+  tbg_daemon_down(&daemon_);
 }
 
 /* ---- CUDA_VISIBLE_DEVICES a,b against b,a ---- */
@@ -361,8 +357,7 @@ static void visible_devices(void **state) {
   tbg_say(&p, "done");
   tbg_reap(&c, "consumer");
   tbg_reap(&p, "producer");
-  assert_int_equal(tbt_daemon_stop(&daemon_), 0);
-  tbt_daemon_cleanup(&daemon_);
+  tbg_daemon_down(&daemon_);
 }
 
 /* ---- consumer on GPU 1 SIGKILLed while reading GPU 0's tensor ---- */
@@ -415,13 +410,11 @@ static int kill_consumer(struct tbt_chan *ch, void *arg) {
 
 static void consumer_kill(void **state) {
   struct tbt_child p, k;
-  char line[100];
   (void)state;
   tbg_daemon_up(&daemon_);
   tbg_spawn(&p, kill_producer, NULL);
   tbg_spawn(&k, kill_consumer, NULL);
-  tbg_hear(&p, "producer", "published", line, sizeof line);
-  tbg_say(&k, "v %s", line);
+  tbg_relay(&p, "producer", "published", &k, "v");
   tbg_hear(&k, "doomed", "reading", NULL, 0);
   tbg_say(&p, "next");
   tbg_hear(&p, "producer", "busy", NULL, 0);
@@ -431,8 +424,7 @@ static void consumer_kill(void **state) {
   tbg_hear(&p, "producer", "free", NULL, 0);
   tbg_say(&p, "done");
   tbg_reap(&p, "producer");
-  assert_int_equal(tbt_daemon_stop(&daemon_), 0);
-  tbt_daemon_cleanup(&daemon_);
+  tbg_daemon_down(&daemon_);
 }
 
 /* ---- TB_ACQUIRE_COPY_TO_DEVICE ---- */
@@ -522,15 +514,13 @@ static int copy_consumer(struct tbt_chan *ch, void *arg) {
 
 static void copy_flag(void **state) {
   struct tbt_child p, c;
-  char line[100];
   (void)state;
   tbg_daemon_up(&daemon_);
   tbg_spawn(&p, copy_producer, NULL);
   tbg_spawn(&c, copy_consumer, NULL);
   tbg_hear(&c, "consumer", "ready", NULL, 0);
   tbg_say(&p, "go");
-  tbg_hear(&p, "producer", "published", line, sizeof line);
-  tbg_say(&c, "v %s", line);
+  tbg_relay(&p, "producer", "published", &c, "v");
   tbg_hear(&c, "consumer", "copied", NULL, 0);
   tbg_say(&p, "copied");
   tbg_hear(&p, "producer", "free", NULL, 0);
@@ -539,8 +529,7 @@ static void copy_flag(void **state) {
   tbg_say(&p, "done");
   tbg_reap(&c, "consumer");
   tbg_reap(&p, "producer");
-  assert_int_equal(tbt_daemon_stop(&daemon_), 0);
-  tbt_daemon_cleanup(&daemon_);
+  tbg_daemon_down(&daemon_);
 }
 
 /* The two orderings of the first two visible GPUs: "0,1"/"1,0", or those

@@ -171,8 +171,7 @@ static void run(int last_device, int want_multi) {
   tbg_reap(&c1, "consumer 1");
   tbg_reap(&c2, "consumer 2");
   tbg_reap(&p, "producer");
-  assert_int_equal(tbt_daemon_stop(&daemon_), 0);
-  tbt_daemon_cleanup(&daemon_);
+  tbg_daemon_down(&daemon_);
 }
 
 /* two consumers, own streams, correct data, device by UUID */
@@ -187,11 +186,5 @@ static void visible_devices(void **state) {
   run(1, 1);
 }
 
-int main(void) {
-  tbg_skip_without_gpu();
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(two_consumers),
-      cmocka_unit_test(visible_devices),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TBG_MAIN(cmocka_unit_test(two_consumers),
+      cmocka_unit_test(visible_devices))

@@ -63,24 +63,17 @@ static int consumer(struct tbt_chan *ch, void *arg) {
 
 static void producer_kill(void **state) {
   struct tbt_child p, c;
-  char line[100];
   (void)state;
   tbg_daemon_up(&daemon_);
   tbg_spawn(&p, producer, NULL);
   tbg_spawn(&c, consumer, NULL);
-  tbg_hear(&p, "producer", "published", line, sizeof line);
-  tbg_say(&c, "v %s", line);
+  tbg_relay(&p, "producer", "published", &c, "v");
   tbg_hear(&c, "consumer", "leased", NULL, 0);
   kill(p.pid, SIGKILL);
   assert_int_equal(tbt_child_wait(&p, TBT_TIMEOUT_MS), 128 + SIGKILL);
   tbg_hear(&c, "consumer", "ok", NULL, 0);
   tbg_reap(&c, "consumer");
-  assert_int_equal(tbt_daemon_stop(&daemon_), 0);
-  tbt_daemon_cleanup(&daemon_);
+  tbg_daemon_down(&daemon_);
 }
 
-int main(void) {
-  tbg_skip_without_gpu();
-  const struct CMUnitTest tests[] = {cmocka_unit_test(producer_kill)};
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TBG_MAIN(cmocka_unit_test(producer_kill))
