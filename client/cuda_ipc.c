@@ -362,6 +362,14 @@ int tb__cuda_locate(const void *ptr, size_t len, struct tb__cuda_alloc *out,
            a.base, a.size);
     return TB_ELAYOUT;
   }
+  /* Tells a new allocation from a freed one at the same address and size;
+   * a driver that cannot say leaves 0 (then only the size tells). */
+  {
+    unsigned long long id = 0;
+    if (cu->cuPointerGetAttribute(&id, TB_CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                  p) == 0)
+      a.alloc_id = id;
+  }
   r = cu->cuDeviceGet(&dev, ordinal);
   if (r != 0)
     return tb_cu_fail(why, whylen, "cuDeviceGet", r);

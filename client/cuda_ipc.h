@@ -22,6 +22,8 @@ struct tb__cuda_alloc {
   size_t size;
   int device;            /* ordinal in this process */
   uint8_t uuid[16];
+  uint64_t alloc_id;     /* CU_POINTER_ATTRIBUTE_BUFFER_ID: unique per
+                            allocation in this process; 0: unknown */
 };
 
 /* How a stream argument resolves under a contract. */

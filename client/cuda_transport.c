@@ -25,6 +25,7 @@
 struct tb__cuda_reg {
   tb_cu_deviceptr base;
   size_t size;
+  uint64_t alloc_id;
   uint64_t buffer_id;
   int device;
   uint8_t uuid[TB__UUID_SIZE];
@@ -237,13 +238,13 @@ static void unregister_buffer(struct tb_client *c, uint64_t id) {
 /* ---- producer ---- */
 
 /* The registration for allocation a, made or reused. A second publish from
- * the same allocation (same base and size) reuses its buffer id and makes no
- * driver call at all (cuIpcGetMemHandle is counted by the GPU tests). A
- * different size at a known base means the memory was freed and allocated
- * again: the old registration is dropped (the daemon retires it once
- * unused) and the new allocation registered. A reallocation of exactly the
- * same size at the same address is not detected (the driver table has no
- * allocation-id attribute to tell them apart). */
+ * the same allocation (same base, size and driver allocation id) reuses its
+ * buffer id and makes no further driver call (cuIpcGetMemHandle is counted
+ * by the GPU tests). Anything else at a known base means the memory was
+ * freed and allocated again, possibly at the same address with the same
+ * size (CU_POINTER_ATTRIBUTE_BUFFER_ID tells them apart): the old
+ * registration is dropped (the daemon retires it once unused) and the new
+ * allocation registered, so consumers map the new memory, never the old. */
 static int alloc_registration(struct tb_client *c, struct tb__cuda_client *cc,
                               const struct tb__cuda_alloc *a,
                               struct tb__cuda_reg **out) {
@@ -253,7 +254,7 @@ static int alloc_registration(struct tb_client *c, struct tb__cuda_client *cc,
   int rc;
 
   HASH_FIND(hh, cc->regs, &a->base, sizeof(a->base), reg);
-  if (reg != NULL && reg->size == a->size) {
+  if (reg != NULL && reg->size == a->size && reg->alloc_id == a->alloc_id) {
     *out = reg;
     return 0;
   }
@@ -280,6 +281,7 @@ static int alloc_registration(struct tb_client *c, struct tb__cuda_client *cc,
   }
   reg->base = a->base;
   reg->size = a->size;
+  reg->alloc_id = a->alloc_id;
   reg->device = a->device;
   memcpy(reg->uuid, a->uuid, TB__UUID_SIZE);
   memcpy(reg->handle, handle, sizeof(handle));
