@@ -382,6 +382,23 @@ int tb__cuda_locate(const void *ptr, size_t len, struct tb__cuda_alloc *out,
   return 0;
 }
 
+int tb__cuda_alloc_alive(tb_cu_deviceptr base, uint64_t alloc_id) {
+  const struct tb_cuda *cu;
+  unsigned long long id = 0;
+  tb_cu_deviceptr start = 0;
+  size_t size = 0;
+
+  if (tb__cuda_load(&cu) != 0)
+    return 1; /* cannot tell: keep it */
+  if (cu->cuPointerGetAttribute(&id, TB_CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                base) != 0)
+    return 0; /* no allocation there any more */
+  if (alloc_id != 0)
+    return id == alloc_id;
+  /* without ids: an allocation still starts there */
+  return cu->cuMemGetAddressRange(&start, &size, base) == 0 && start == base;
+}
+
 /* Allocations this process exported, so a same-process consumer can use the
  * pointer: cuIpcOpenMemHandle refuses one's own handles (measured: "invalid
  * device context"). A producer registers few allocations (the daemon caps

@@ -237,6 +237,28 @@ static void unregister_buffer(struct tb_client *c, uint64_t id) {
 
 /* ---- producer ---- */
 
+/* Drop the registrations of allocations the application has freed (or
+ * replaced) since they were published, except keep (handled by the
+ * caller). Called when a new allocation registers, so a producer that
+ * allocates afresh does not pile up registrations (--max-buffers) and the
+ * daemon retires the dead buffers, whose mappings consumers then close:
+ * a consumer's IPC mapping keeps the producer's freed memory alive. A
+ * producer that never registers anything new keeps its stale entries, at
+ * most as many as it ever had live. One cuPointerGetAttribute per entry. */
+static void sweep_freed(struct tb_client *c, struct tb__cuda_client *cc,
+                        const struct tb__cuda_reg *keep) {
+  struct tb__cuda_reg *r, *tmp;
+
+  HASH_ITER(hh, cc->regs, r, tmp) {
+    if (r == keep || tb__cuda_alloc_alive(r->base, r->alloc_id))
+      continue;
+    HASH_DEL(cc->regs, r);
+    unregister_buffer(c, r->buffer_id);
+    tb__cuda_unexport_mem(r->base);
+    free(r);
+  }
+}
+
 /* The registration for allocation a, made or reused. A second publish from
  * the same allocation (same base, size and driver allocation id) reuses its
  * buffer id and makes no further driver call (cuIpcGetMemHandle is counted
@@ -261,6 +283,7 @@ static int alloc_registration(struct tb_client *c, struct tb__cuda_client *cc,
   rc = tb__cuda_export_mem(a, handle, why, sizeof(why));
   if (rc < 0)
     return tb__set_error(c, rc, "%s", why);
+  sweep_freed(c, cc, reg);
   if (reg != NULL) {
     HASH_DEL(cc->regs, reg);
     unregister_buffer(c, reg->buffer_id);

@@ -1,11 +1,15 @@
-/* GPU: a producer frees an allocation it published and gets a new one of
- * the same size at the same address (the driver reuses the range). The
- * library must register the new allocation as a new buffer (told apart by
- * CU_POINTER_ATTRIBUTE_BUFFER_ID), so that the consumer, whose mapping of
- * the old allocation is still cached, opens the new one and reads the new
- * data rather than the old memory.
+/* GPU: a producer frees allocations it published.
+ *  1. It gets a new one of the same size at the same address (the driver
+ *     reuses the range). The library must register the new allocation as a
+ *     new buffer (told apart by CU_POINTER_ATTRIBUTE_BUFFER_ID), so that the
+ *     consumer, whose mapping of the old allocation is still cached, opens
+ *     the new one and reads the new data rather than the old memory.
+ *  2. It frees another published allocation and publishes a new one
+ *     elsewhere: registering the new one drops the freed one, the daemon
+ *     retires it, and the consumer closes its cached mapping (which would
+ *     otherwise keep the freed memory alive).
  *
- * If the driver never hands the same address back (16 tries), the case
+ * If the driver never hands the same address back (16 tries), case 1
  * cannot be shown on this machine and the test is skipped, saying so. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -40,8 +44,10 @@ static int producer(struct tbt_chan *ch, void *arg) {
   uint64_t v1 = tbg_publish(c, &g, CH, a, N, s, 1);
   tbg_child_say(ch, "published %llu", (unsigned long long)v1);
   tbg_child_hear(ch, "next", NULL, 0);
-  /* v1 leaves the history and, released, is free: a may be freed */
-  tbg_publish(c, &g, CH, other, 1024, s, 1);
+  uint64_t v2 = tbg_publish(c, &g, CH, other, 1024, s, 1);
+  tbg_child_say(ch, "published %llu", (unsigned long long)v2);
+  tbg_child_hear(ch, "next", NULL, 0);
+  /* 1: v1 has left the history and is released: a may be freed */
   TBG_OK(c, tb_wait_free(c, CH, v1, 20000, s));
   TBG_CU(g.cu->cuStreamSynchronize(s));
   TBG_CU(g.cu->cuMemFree(a));
@@ -63,6 +69,15 @@ static int producer(struct tbt_chan *ch, void *arg) {
   tbg_fill(&g, b, NEW, N, s);
   uint64_t v3 = tbg_publish(c, &g, CH, b, N, s, 1);
   tbg_child_say(ch, "published %llu", (unsigned long long)v3);
+  tbg_child_hear(ch, "next", NULL, 0);
+  /* 2: free the other one, publish from a new allocation elsewhere */
+  TBG_OK(c, tb_wait_free(c, CH, v2, 20000, s));
+  TBG_CU(g.cu->cuStreamSynchronize(s));
+  TBG_CU(g.cu->cuMemFree(other));
+  tb_cu_deviceptr d = tbg_alloc(&g, 3 * N * 4ull);
+  tbg_fill(&g, d, NEW, N, s);
+  uint64_t v4 = tbg_publish(c, &g, CH, d, N, s, 1);
+  tbg_child_say(ch, "published %llu", (unsigned long long)v4);
   tbg_child_hear(ch, "done", NULL, 0);
   tb_client_disconnect(c);
   return 0;
@@ -91,6 +106,14 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   tbg_child_say(ch, "ok");
 
   tbg_child_hear(ch, "v", line, sizeof line);
+  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, strtoull(line, NULL, 10), s,
+                        &t));
+  TBG_OK(c, tb_lease_info(t, &li));
+  uint64_t other_buffer = li.buffer_id;
+  TBG_OK(c, tb_release(t, s)); /* cached too */
+  tbg_child_say(ch, "ok");
+
+  tbg_child_hear(ch, "v", line, sizeof line);
   tb__cuda_counters(&k0);
   TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, strtoull(line, NULL, 10), s,
                         &t));
@@ -111,6 +134,28 @@ static int consumer(struct tbt_chan *ch, void *arg) {
     TBG_FAIL("%u words are not the new data", wrong);
   TBG_OK(c, tb_release(t, s));
   tbg_child_say(ch, "ok");
+
+  /* 2: the freed allocation's buffer is retired and its mapping closed */
+  tbg_child_hear(ch, "v", line, sizeof line);
+  tb__cuda_counters(&k0);
+  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, strtoull(line, NULL, 10), s,
+                        &t));
+  if (tbg_count(&g, tbg_tensor_ptr(t, N), NEW, N, s) != 0)
+    TBG_FAIL("the version after the sweep: wrong data");
+  TBG_OK(c, tb_release(t, s));
+  for (;;) {
+    struct tb_notice n;
+    tbg_wait_notice(c, TB_NOTICE_BUFFER_RETIRED, &n);
+    if (n.buffer_id == other_buffer)
+      break;
+  }
+  tb__cuda_counters(&k1);
+  fprintf(stderr, "consumer: freed buffer %llu retired, %lu mappings "
+          "closed\n", (unsigned long long)other_buffer,
+          k1.ipc_close_mem - k0.ipc_close_mem);
+  if (k1.ipc_close_mem - k0.ipc_close_mem < 1)
+    TBG_FAIL("the freed allocation's mapping was not closed");
+  tbg_child_say(ch, "ok");
   tb_client_disconnect(c);
   return 0;
 }
@@ -122,9 +167,11 @@ static void realloc_same_address(void **state) {
   tbg_daemon_up(&daemon_);
   tbg_spawn(&p, producer, NULL);
   tbg_spawn(&c, consumer, NULL);
-  tbg_relay(&p, "producer", "published", &c, "v");
-  tbg_hear(&c, "consumer", "ok", NULL, 0);
-  tbg_say(&p, "next");
+  for (int i = 0; i < 2; i++) {
+    tbg_relay(&p, "producer", "published", &c, "v");
+    tbg_hear(&c, "consumer", "ok", NULL, 0);
+    tbg_say(&p, "next");
+  }
   if (tbt_recv(p.rd, line, sizeof line, 60000) != 0)
     fail_msg("producer: no answer after freeing its allocation");
   if (strcmp(line, "noreuse") == 0) {
@@ -139,6 +186,9 @@ static void realloc_same_address(void **state) {
   if (strncmp(line, "published ", 10) != 0)
     fail_msg("producer: expected 'published', got '%s'", line);
   tbg_say(&c, "v %s", line + 10);
+  tbg_hear(&c, "consumer", "ok", NULL, 0);
+  tbg_say(&p, "next");
+  tbg_relay(&p, "producer", "published", &c, "v");
   tbg_hear(&c, "consumer", "ok", NULL, 0);
   tbg_say(&p, "done");
   tbg_reap(&c, "consumer");
