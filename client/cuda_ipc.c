@@ -390,12 +390,11 @@ int tb__cuda_alloc_alive(tb_cu_deviceptr base, uint64_t alloc_id) {
 
   if (tb__cuda_load(&cu) != 0)
     return 1; /* cannot tell: keep it */
-  if (cu->cuPointerGetAttribute(&id, TB_CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                base) != 0)
-    return 0; /* no allocation there any more */
-  if (alloc_id != 0)
-    return id == alloc_id;
-  /* without ids: an allocation still starts there */
+  if (alloc_id != 0) /* a failed query: no allocation there any more */
+    return cu->cuPointerGetAttribute(&id, TB_CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                     base) == 0 &&
+           id == alloc_id;
+  /* a driver without allocation ids: an allocation still starts there */
   return cu->cuMemGetAddressRange(&start, &size, base) == 0 && start == base;
 }
 
