@@ -385,8 +385,6 @@ int tb__cuda_locate(const void *ptr, size_t len, struct tb__cuda_alloc *out,
 int tb__cuda_alloc_alive(tb_cu_deviceptr base, uint64_t alloc_id) {
   const struct tb_cuda *cu;
   unsigned long long id = 0;
-  tb_cu_deviceptr start = 0;
-  size_t size = 0;
 
   if (tb__cuda_load(&cu) != 0)
     return 1; /* cannot tell: keep it */
@@ -394,8 +392,8 @@ int tb__cuda_alloc_alive(tb_cu_deviceptr base, uint64_t alloc_id) {
     return cu->cuPointerGetAttribute(&id, TB_CU_POINTER_ATTRIBUTE_BUFFER_ID,
                                      base) == 0 &&
            id == alloc_id;
-  /* a driver without allocation ids: an allocation still starts there */
-  return cu->cuMemGetAddressRange(&start, &size, base) == 0 && start == base;
+  /* a driver without allocation ids (older than any we support): keep */
+  return 1;
 }
 
 /* Allocations this process exported, so a same-process consumer can use the

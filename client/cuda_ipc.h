@@ -52,9 +52,10 @@ int tb__cuda_locate(const void *ptr, size_t len, struct tb__cuda_alloc *out,
 int tb__cuda_export_mem(const struct tb__cuda_alloc *a, uint8_t handle[64],
                         char *why, size_t whylen);
 
-/* Is the allocation that started at base with this allocation id (0:
- * unknown) still there? 0 when the memory was freed, or replaced by
- * another allocation. No context needed; no stream work. */
+/* Is the allocation that started at base with this allocation id still
+ * there? 0 when the memory was freed, or replaced by another allocation;
+ * 1 when it is, or when it cannot be told (alloc_id 0). No context needed;
+ * no stream work. */
 int tb__cuda_alloc_alive(tb_cu_deviceptr base, uint64_t alloc_id);
 
 /* Forget an exported allocation (the producer unregistered it). */
