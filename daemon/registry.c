@@ -533,15 +533,13 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
   {
     /* Packed once, with its length prefix: every AcquireReply carries these
      * bytes as they are (lease_grant). */
-    size_t len = tensorbroker__v1__layout__get_packed_size(layout), pre = 1;
-    for (size_t x = len; x >= 0x80; x >>= 7)
-      pre++;
+    size_t len = tensorbroker__v1__layout__get_packed_size(layout);
+    size_t pre = tb__varint_size(len);
     v->layout_len = pre + len;
     v->layout = tbd_malloc(v->layout_len);
     if (v->layout == NULL)
       goto out_free_version;
-    for (size_t i = 0, x = len; i < pre; i++, x >>= 7)
-      v->layout[i] = (uint8_t)((x & 0x7f) | (i + 1 < pre ? 0x80 : 0));
+    tb__put_varint(v->layout, len);
     tensorbroker__v1__layout__pack(layout, v->layout + pre);
   }
   v->meta_len = meta_len;
@@ -682,16 +680,6 @@ static int buffer_info_pack(struct tbd_buffer *b) {
   return 0;
 }
 
-static size_t put_varint(uint8_t *p, uint64_t v) {
-  size_t n = 0;
-
-  while (v >= 0x80) {
-    p[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  p[n++] = (uint8_t)v;
-  return n;
-}
 
 /* Create a lease on v for s and emit the AcquireReply. Nothing changes on
  * failure (TB_ENOMEM). */
@@ -770,7 +758,7 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   pre[0].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
   pre[0].len = v->layout_len;
   pre[0].data = v->layout;
-  bilen = put_varint(bibuf, b->info_len + (attach ? 2 : 0));
+  bilen = tb__put_varint(bibuf, b->info_len + (attach ? 2 : 0));
   memcpy(bibuf + bilen, b->info, b->info_len);
   bilen += b->info_len;
   if (attach) { /* BufferInfo.fd_attached = 8, varint true */

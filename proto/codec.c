@@ -157,7 +157,7 @@ void tb__server_message_free(tb__server_message *m) {
 }
 
 
-static size_t varint_size(uint64_t v) {
+size_t tb__varint_size(uint64_t v) {
   size_t n = 1;
 
   while (v >= 0x80) {
@@ -167,7 +167,7 @@ static size_t varint_size(uint64_t v) {
   return n;
 }
 
-static size_t put_varint(uint8_t *p, uint64_t v) {
+size_t tb__put_varint(uint8_t *p, uint64_t v) {
   size_t n = 0;
 
   while (v >= 0x80) {
@@ -180,12 +180,12 @@ static size_t put_varint(uint8_t *p, uint64_t v) {
 
 /* The header of a length-delimited field: tag then length. */
 static size_t put_len_field(uint8_t *p, uint32_t field, size_t len) {
-  size_t n = put_varint(p, ((uint64_t)field << 3) | 2u);
-  return n + put_varint(p + n, len);
+  size_t n = tb__put_varint(p, ((uint64_t)field << 3) | 2u);
+  return n + tb__put_varint(p + n, len);
 }
 
 static size_t len_field_size(uint32_t field, size_t len) {
-  return varint_size((uint64_t)field << 3) + varint_size(len) + len;
+  return tb__varint_size((uint64_t)field << 3) + tb__varint_size(len) + len;
 }
 
 /* The message a oneof case points at, or NULL. */
@@ -209,11 +209,11 @@ static size_t reply_head(const Tensorbroker__V1__Reply *r, uint8_t *out) {
 
   if (r->request_id != 0) {
     tmp[k++] = 1u << 3;
-    k += put_varint(tmp + k, r->request_id);
+    k += tb__put_varint(tmp + k, r->request_id);
   }
   if (r->status != 0) {
     tmp[k++] = 2u << 3;
-    k += put_varint(tmp + k, (uint64_t)(int64_t)r->status);
+    k += tb__put_varint(tmp + k, (uint64_t)(int64_t)r->status);
   }
   if (out != NULL)
     memcpy(out, tmp, k);
@@ -313,7 +313,7 @@ long tb__request_encode(const tb__request *m, uint8_t *buf, size_t cap) {
   hlen = 0;
   if (m->request_id != 0) {
     head[hlen++] = 1u << 3;
-    hlen += put_varint(head + hlen, m->request_id);
+    hlen += tb__put_varint(head + hlen, m->request_id);
   }
   body_len = protobuf_c_message_get_packed_size(body);
   n = hlen + len_field_size((uint32_t)m->body_case, body_len);

@@ -71,6 +71,11 @@ int tb__request_decode_in(struct tb__arena *a, const uint8_t *buf,
 int tb__server_message_decode_in(struct tb__arena *a, const uint8_t *buf,
                                  size_t len, tb__server_message **out);
 
+/* Protobuf varints: the bytes v takes (1..10), and writing them at p
+ * (returns the count). */
+size_t tb__varint_size(uint64_t v);
+size_t tb__put_varint(uint8_t *p, uint64_t v);
+
 /* Encode into buf of cap bytes. Returns the length, or TB_ELIMIT when the
  * encoding would exceed cap. */
 long tb__request_encode(const tb__request *m, uint8_t *buf, size_t cap);
