@@ -30,6 +30,7 @@
 #define TB__MAPCACHE_MAX 256      /* cached buffer mappings per connection */
 #define TB__LAST_ERROR_MAX 512
 #define TB__DEFAULT_TIMEOUT_MS 30000
+#define TB__SPIN_US_MAX 1000000 /* tb_connect_options.spin_us */
 #define TB__RECV_CAP TB__MAX_MESSAGE_HARD
 #define TB__ARENAS 3        /* decoded messages alive at once without malloc */
 #define TB__ARENA_SIZE 4096 /* first block of each */
@@ -97,6 +98,7 @@ struct tb_client {
   int timeout_ms;
   int rcvtimeo_ms; /* SO_RCVTIMEO now set on the socket; 0: none (forever),
                       -1: unknown (setsockopt failed: use poll) */
+  uint64_t spin_ns; /* poll this long before sleeping in a wait; 0: never */
   uint32_t max_message;
   uint32_t max_ndim;
   uint32_t max_metadata;

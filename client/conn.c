@@ -339,6 +339,26 @@ static int poll_readable(struct tb_client *c, uint64_t deadline) {
   }
 }
 
+/* Busy polling (spin_us): read without sleeping until a datagram arrives,
+ * spin_ns pass or the deadline comes. Returns what the last recv returned:
+ * a length, or -EAGAIN when nothing came. */
+static long spin_recv(struct tb_client *c, uint64_t deadline, int *fds,
+                      int *got) {
+  uint64_t now = tb__now_ns(), end = now + c->spin_ns;
+  long n;
+
+  if (deadline != UINT64_MAX && deadline * 1000000u < end)
+    end = deadline * 1000000u;
+  do {
+    n = tb__wire_recv(c->conn->fd, c->rbuf, TB__RECV_CAP, fds, got,
+                      MSG_DONTWAIT);
+    if (n != -EAGAIN && n != -EWOULDBLOCK)
+      return n;
+    now = tb__now_ns();
+  } while (now < end);
+  return -EAGAIN;
+}
+
 /* Wait for one datagram until deadline (UINT64_MAX: forever), read and
  * decode it. Notices are handled here; a reply is returned in *out with its
  * fds. Returns 1 with *out set (a reply), 2 for a handled notice or a wake-
@@ -354,6 +374,11 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
   if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
     return tb__set_error(c, TB_EDISCONNECTED,
                          "connection to the daemon lost earlier");
+  if (c->spin_ns != 0) {
+    n = spin_recv(c, deadline, fds, &got);
+    if (n != -EAGAIN && n != -EWOULDBLOCK)
+      goto received;
+  }
   flags = arm_recv_timeout(c, deadline);
   if (flags == 0) {
     n = tb__wire_recv(c->conn->fd, c->rbuf, TB__RECV_CAP, fds, &got, 0);
@@ -376,6 +401,7 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
     if (n == -EAGAIN || n == -EWOULDBLOCK)
       return deadline != UINT64_MAX && tb__now_ms() >= deadline ? 0 : 2;
   }
+received:
   if (n == 0)
     return mark_dead(c, "the daemon closed the connection");
   if (n == -EMSGSIZE)
@@ -598,6 +624,18 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
   if (o.stream_contract < TB_CONTRACT_SPEC ||
       o.stream_contract > TB_CONTRACT_EXPLICIT)
     return TB_EINVAL;
+  if (o.spin_us == 0) {
+    const char *e = getenv("TENSORBROKER_SPIN_US");
+    if (e != NULL && *e) {
+      char *end;
+      long v = strtol(e, &end, 10);
+      if (*end || v < 0 || v > TB__SPIN_US_MAX)
+        return TB_EINVAL;
+      o.spin_us = (int)v;
+    }
+  }
+  if (o.spin_us < 0 || o.spin_us > TB__SPIN_US_MAX)
+    return TB_EINVAL;
   name = o.client_name != NULL ? o.client_name : program_name();
   if (name == NULL)
     name = "";
@@ -651,6 +689,7 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
   c->conn = k;
   c->next_request_id = 1;
   c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : TB__DEFAULT_TIMEOUT_MS;
+  c->spin_ns = (uint64_t)o.spin_us * 1000;
   c->max_message = TB__DEFAULT_MAX_MESSAGE;
   c->max_ndim = TB__DEFAULT_MAX_NDIM;
   c->max_metadata = TB__DEFAULT_MAX_METADATA;

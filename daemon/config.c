@@ -28,6 +28,9 @@ const struct tbd_limit_desc tbd_limit_table[] = {
           "bytes queued for a slow session before it is dropped"),
     {"hello-timeout", offsetof(struct tbd_limits, hello_timeout_ms), 10000, 0,
      3600000, "milliseconds a new connection has to say Hello (0: no limit)"},
+    {"busy-poll", offsetof(struct tbd_limits, busy_poll_us), 0, 0, 1000000,
+     "microseconds the daemon keeps polling after activity before it sleeps "
+     "(0: sleep at once; spends CPU for latency)"},
 };
 
 const unsigned tbd_limit_count =

@@ -20,6 +20,7 @@ struct tbd_limits {
   uint32_t max_history;
   uint32_t max_outq;          /* bytes queued per session */
   uint32_t hello_timeout_ms;  /* a new connection's time to say Hello; 0: none */
+  uint32_t busy_poll_us;      /* keep polling this long after activity; 0: off */
 };
 
 /* One row per limit: flag name, field, default, smallest and largest value

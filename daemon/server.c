@@ -218,6 +218,24 @@ static void rearm_timer(struct tbd_server *srv) {
                  0);
 }
 
+/* --busy-poll: while the idle handle is active, libuv polls without
+ * sleeping; it stops once nothing has happened for busy_poll_us. */
+static void on_spin(uv_idle_t *h) {
+  struct tbd_server *srv = h->data;
+
+  if (tb__now_ns() >= srv->spin_until_ns)
+    uv_idle_stop(h);
+}
+
+/* A request was read: with --busy-poll, poll for busy_poll_us from now. */
+static void busy(struct tbd_server *srv) {
+  if (srv->lim.busy_poll_us == 0 || srv->stopping)
+    return;
+  srv->spin_until_ns = tb__now_ns() + (uint64_t)srv->lim.busy_poll_us * 1000;
+  if (!uv_is_active((uv_handle_t *)&srv->spin))
+    uv_idle_start(&srv->spin, on_spin);
+}
+
 /* Every callback ends here: close what died, re-arm the wait timer. */
 static void after(struct tbd_server *srv) {
   reap(srv);
@@ -314,6 +332,8 @@ static void on_conn_poll(uv_poll_t *h, int status, int events) {
 static void on_check(uv_check_t *h) {
   struct tbd_server *srv = h->data;
 
+  if (srv->pending != NULL)
+    busy(srv);
   while (srv->pending != NULL) {
     struct tbd_conn *c = srv->pending;
     srv->pending = c->pnext;
@@ -488,12 +508,15 @@ int tbd_server_init(struct tbd_server *srv, uv_loop_t *loop,
   uv_check_init(loop, &srv->check);
   srv->check.data = srv;
   uv_check_start(&srv->check, on_check);
+  uv_idle_init(loop, &srv->spin);
+  srv->spin.data = srv;
   rc = uv_poll_init(loop, &srv->listen_poll, listen_fd);
   if (rc < 0) {
     tbd_error("uv_poll_init: %s", uv_strerror(rc));
     uv_close((uv_handle_t *)&srv->timer, NULL);
     uv_close((uv_handle_t *)&srv->hello_timer, NULL);
     uv_close((uv_handle_t *)&srv->check, NULL);
+    uv_close((uv_handle_t *)&srv->spin, NULL);
     tbd_registry_free(srv->reg);
     srv->reg = NULL;
     rc = TB_ESYS;
@@ -537,6 +560,8 @@ void tbd_server_shutdown(struct tbd_server *srv, const char *reason) {
   uv_timer_stop(&srv->hello_timer);
   uv_close((uv_handle_t *)&srv->hello_timer, NULL);
   uv_close((uv_handle_t *)&srv->check, NULL);
+  uv_idle_stop(&srv->spin);
+  uv_close((uv_handle_t *)&srv->spin, NULL);
   uv_poll_stop(&srv->listen_poll);
   uv_close((uv_handle_t *)&srv->listen_poll, on_listen_closed);
   if (srv->socket_path != NULL && unlink(srv->socket_path) < 0 &&

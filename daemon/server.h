@@ -22,6 +22,8 @@ struct tbd_server {
   uv_timer_t timer;
   uv_timer_t hello_timer;    /* closes connections that never say Hello */
   uv_check_t check;          /* reads the sessions marked readable */
+  uv_idle_t spin;            /* --busy-poll: active while the loop polls */
+  uint64_t spin_until_ns;
   uint8_t *rxbuf;            /* lim.max_message bytes */
   uint8_t *txbuf;            /* TB__MAX_MESSAGE_HARD bytes */
   struct tb__arena arena;    /* the request being handled is decoded here */

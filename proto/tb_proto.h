@@ -129,5 +129,6 @@ long tb__wire_recv(int sock, void *buf, size_t cap, int *fds, int *nfds,
 
 /* Monotonic milliseconds. */
 uint64_t tb__now_ms(void);
+uint64_t tb__now_ns(void); /* CLOCK_MONOTONIC in nanoseconds */
 
 #endif /* TB_PROTO_H */

@@ -100,6 +100,13 @@ struct tb_connect_options {
   /* Longest wait for any reply, in milliseconds, not counting the waits a
    * call asks for itself (acquire's timeout is added). <=0: 30000. */
   int timeout_ms;
+  /* Before sleeping in a wait for the daemon (a reply, a parked NEXT
+   * acquire), keep polling the socket for up to this many microseconds.
+   * This trades CPU for latency: a reply that arrives within the window
+   * costs no process wake-up (docs/benchmarks.md, "Busy polling"). 0: the
+   * value of $TENSORBROKER_SPIN_US, else 0 (sleep at once). At most
+   * 1000000. */
+  int spin_us;
 };
 
 /* Fill *opts with the defaults. */

@@ -620,6 +620,124 @@ static void test_timeouts(void **state) {
   tb_client_disconnect(p);
 }
 
+/* ---- busy polling: tensorbrokerd --busy-poll, tb_connect_options.spin_us ---- */
+
+/* utime + stime of pid, in milliseconds; -1 when unreadable. */
+static long proc_cpu_ms(pid_t pid) {
+  char path[64], buf[1024], *p;
+  unsigned long ut = 0, st = 0;
+  FILE *f;
+  size_t n;
+
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  f = fopen(path, "re");
+  if (f == NULL)
+    return -1;
+  n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  p = strrchr(buf, ')'); /* the name may hold spaces */
+  if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u "
+                                 "%*u %lu %lu", &ut, &st) != 2)
+    return -1;
+  return (long)((ut + st) * 1000 / (unsigned long)sysconf(_SC_CLK_TCK));
+}
+
+static int connect_spin(const struct tbt_daemon *d, int spin_us,
+                        tb_client **out) {
+  struct tb_connect_options co;
+  tb_connect_options_init(&co);
+  co.socket_path = d->sock;
+  co.client_name = "spinner";
+  co.spin_us = spin_us;
+  return tb_client_connect(&co, out);
+}
+
+static void test_busy_poll(void **state) {
+  const char *extra[] = {"--busy-poll", "300000", NULL};
+  struct tbt_daemon d;
+  struct tbt_child ch;
+  tb_client *p, *c;
+  tb_buffer *b1, *b2;
+  DLManagedTensorVersioned *t;
+  struct tb_acquire_options o;
+  char line[64];
+  unsigned long long sid = 0, nreq = 0;
+  uint64_t v = 0, t0, el;
+  long cpu0, cpu1, cpu2;
+  (void)state;
+
+  /* bad values are refused, from the options and from the environment */
+  assert_tb_ok(tbt_daemon_start(&d, extra));
+  assert_tb_err(connect_spin(&d, -1, &c), TB_EINVAL);
+  assert_tb_err(connect_spin(&d, 1000001, &c), TB_EINVAL);
+  setenv("TENSORBROKER_SPIN_US", "lots", 1);
+  assert_tb_err(connect_spin(&d, 0, &c), TB_EINVAL);
+  setenv("TENSORBROKER_SPIN_US", "500", 1);
+  assert_tb_ok(connect_spin(&d, 0, &c)); /* 500 from the environment */
+  unsetenv("TENSORBROKER_SPIN_US");
+
+  assert_tb_ok(tbt_connect(&d, "producer", &p));
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b1));
+  assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b2));
+  publish_small(p, b1, "next", 1, &v);
+  /* replies that come while the client polls */
+  o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+  for (int i = 0; i < 100; i++) {
+    assert_tb_ok(tb_acquire(c, "next", &o, &t));
+    assert_int_equal(((const uint8_t *)t->dl_tensor.data +
+                      t->dl_tensor.byte_offset)[5], tbt_pattern(5, 1));
+    assert_tb_ok(tb_release(t, NULL));
+  }
+  /* polling does not stretch or cut a timeout */
+  o = acq_opts(TB_ACQUIRE_NEXT, 1, 0);
+  assert_tb_err(tb_acquire(c, "next", &o, &t), TB_EAGAIN);
+  o = acq_opts(TB_ACQUIRE_NEXT, 1, 80);
+  t0 = tbt_now_ms();
+  assert_tb_err(tb_acquire(c, "next", &o, &t), TB_ETIMEDOUT);
+  el = tbt_now_ms() - t0;
+  assert_true(el >= 70 && el < TBT_TIMEOUT_MS);
+  tb_client_disconnect(c);
+
+  /* a parked NEXT of a polling client (it polls 500 us, then sleeps) is
+   * woken by the publish */
+  setenv("TENSORBROKER_SPIN_US", "500", 1);
+  assert_tb_ok(tbt_child_start(&ch, next_waiter, d.sock));
+  unsetenv("TENSORBROKER_SPIN_US");
+  assert_tb_ok(tbt_recv(ch.rd, line, sizeof(line), TBT_TIMEOUT_MS));
+  assert_int_equal(sscanf(line, "waiting %llu %llu", &sid, &nreq), 2);
+  assert_tb_ok(tbt_wait_requests(p, sid, nreq + 1));
+  publish_small(p, b2, "next", 2, &v);
+  assert_int_equal(tbt_child_wait(&ch, TBT_TIMEOUT_MS), 0);
+
+  /* The daemon polls for 300 ms after the last activity, then sleeps: over
+   * the next 1.5 s of silence it spends CPU on the first part only. (Not a
+   * synchronisation: the test measures what an idle daemon costs.) */
+  {
+    struct tb_status st;
+    assert_tb_ok(tb_daemon_status(p, &st));
+  }
+  cpu0 = proc_cpu_ms(d.pid);
+  t0 = tbt_now_ms();
+  while (tbt_now_ms() - t0 < 300)
+    usleep(10000);
+  cpu1 = proc_cpu_ms(d.pid);
+  while (tbt_now_ms() - t0 < 1500)
+    usleep(10000);
+  cpu2 = proc_cpu_ms(d.pid);
+  assert_true(cpu0 >= 0 && cpu1 >= 0 && cpu2 >= 0);
+  print_message("daemon CPU while polling: %ld ms in the first 300 ms, %ld ms "
+                "in the next 1200 ms\n", cpu1 - cpu0, cpu2 - cpu1);
+  assert_true(cpu1 - cpu0 >= 20);  /* it polled */
+  assert_true(cpu2 - cpu1 <= 200); /* and stopped (polling on: ~1200) */
+
+  assert_tb_ok(tb_buffer_destroy(b1));
+  assert_tb_ok(tb_buffer_destroy(b2));
+  tb_client_disconnect(p);
+  assert_int_equal(tbt_daemon_stop(&d), 0);
+  tbt_daemon_cleanup(&d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_intact, tbt_setup, tbt_teardown),
@@ -630,6 +748,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_next_waits, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_next_parked, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_timeouts, tbt_setup, tbt_teardown),
+      cmocka_unit_test(test_busy_poll),
   };
   return cmocka_run_group_tests_name("exchange", tests, NULL, NULL);
 }
