@@ -105,6 +105,12 @@ void tbb_daemon_stop(struct tbb_daemon *d);
 
 int tbb_connect(const char *sock, const char *name, int contract,
                 tb_client **out);
+/* tb_connect_options.spin_us for the clients tbb_connect makes (children
+ * forked after it is set). 0: none. */
+extern int tbb_spin_us;
+/* Busy polling in the "busy polling" rows: daemon --busy-poll and the
+ * clients' spin_us, in microseconds. */
+#define TBB_BUSY_POLL_US 200
 
 /* utime + stime of pid in nanoseconds, or -1. */
 int64_t tbb_proc_cpu_ns(pid_t pid);
@@ -129,5 +135,6 @@ void tbb_scenario_idle(void);       /* 3 */
 void tbb_scenario_gpu_handoff(void);/* 4 */
 void tbb_scenario_zero_copy(void);  /* 5 */
 void tbb_scenario_pipeline(int gpu);/* 6 */
+void tbb_scenario_handoff(void);    /* 7 */
 
 #endif /* TB_BENCH_H */

@@ -453,10 +453,13 @@ void tbb_daemon_stop(struct tbb_daemon *d) {
   rmdir(d->dir);
 }
 
+int tbb_spin_us;
+
 int tbb_connect(const char *sock, const char *name, int contract,
                 tb_client **out) {
   struct tb_connect_options o;
   tb_connect_options_init(&o);
+  o.spin_us = tbb_spin_us;
   o.socket_path = sock;
   o.client_name = name;
   o.stream_contract = contract;

@@ -20,7 +20,8 @@ static void usage(FILE *f) {
           "  --json FILE        also write the results as JSON\n"
           "  --quick            smaller counts and shorter runs\n"
           "  --smoke            a few seconds of the host scenarios (tests)\n"
-          "  --gpu-only         only the GPU scenarios (4, 5, GPU half of 6)\n"
+          "  --gpu-only         only the GPU scenarios (4, 5, GPU half of 6) and\n"
+          "                     7 (scenario 4's protocol in host memory)\n"
           "  --host-only        never touch a GPU\n"
           "  --scenarios LIST   e.g. 1,3,6 (default: all)\n"
           "  --pin MODE         scenario 1: both (one core, then two cores;\n"
@@ -46,7 +47,7 @@ static int parse_scenarios(const char *s, unsigned *out) {
   while (*p) {
     char *end;
     long v = strtol(p, &end, 10);
-    if (end == p || v < 1 || v > 6)
+    if (end == p || v < 1 || v > 7)
       return -1;
     m |= 1u << v;
     p = end;
@@ -62,7 +63,7 @@ static int parse_scenarios(const char *s, unsigned *out) {
 int main(int argc, char **argv) {
   const char *env = getenv("TB_DAEMON");
   tbb_opt.daemon_path = env && *env ? env : TBB_DEFAULT_DAEMON;
-  tbb_opt.scenarios = 0x7eu;
+  tbb_opt.scenarios = 0xfeu;
   tbb_opt.pin = TBB_PIN_BOTH;
   tbb_opt.cpu_a = tbb_opt.cpu_b = -1;
   for (int i = 1; i < argc; i++) {
@@ -84,7 +85,7 @@ int main(int argc, char **argv) {
       i++;
     } else if (!strcmp(a, "--scenarios") && v) {
       if (parse_scenarios(v, &tbb_opt.scenarios) < 0) {
-        fprintf(stderr, "tb-bench: bad --scenarios '%s' (numbers 1-6)\n", v);
+        fprintf(stderr, "tb-bench: bad --scenarios '%s' (numbers 1-7)\n", v);
         return 2;
       }
       i++;
@@ -179,6 +180,8 @@ int main(int argc, char **argv) {
     tbb_scenario_gpu_handoff();
   if (sc & (1u << 5))
     tbb_scenario_zero_copy();
+  if (sc & (1u << 7))
+    tbb_scenario_handoff();
   if (sc & (1u << 6)) {
     if (!tbb_opt.gpu_only)
       tbb_scenario_pipeline(0);

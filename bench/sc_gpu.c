@@ -759,12 +759,44 @@ void tbb_scenario_gpu_handoff(void) {
              "event in %lu of %lu acquires (a version whose work had "
              "finished at publish needs no wait outside a graph capture)",
              sh->waits, sh->counted);
+    tbb_row_latency("tb one-way, producer idle (publish -> data ready)",
+                    sh->oneway, n, NULL);
     if (tn)
       tbb_note("'producer idle' rows follow the torch baseline's protocol "
                "(producer synchronised before timing; consumer waits, syncs, "
                "answers); their ratio is tb p50 / torch p50 (target <= 1/15)");
   } else {
     tbb_failed("tb warm hand-off, producer idle");
+  }
+  /* The same with busy polling: the daemon (--busy-poll) and both clients
+   * (spin_us) poll their sockets for a while before they sleep, so that a
+   * hand-off costs no process wake-ups. */
+  {
+    char us[16];
+    snprintf(us, sizeof(us), "%d", TBB_BUSY_POLL_US);
+    const char *extra[] = {"--busy-poll", us, NULL};
+    struct tbb_daemon ds;
+    if (tbb_daemon_start(&ds, extra) == 0) {
+      tbb_spin_us = TBB_BUSY_POLL_US;
+      int rc = run_tb_pair(&ds, sh, HANDOFF_BYTES, 0, 1);
+      tbb_spin_us = 0;
+      if (rc == 0) {
+        tbb_row_latency("tb warm hand-off, producer idle, busy polling",
+                        sh->rt, n,
+                        tn ? "torch.multiprocessing queue ping-pong"
+                           : "raw CUDA IPC ping-pong, producer idle");
+        tbb_row_latency("tb one-way, producer idle, busy polling", sh->oneway,
+                        n, NULL);
+        tbb_note("busy polling: tensorbrokerd --busy-poll %d and both "
+                 "clients' spin_us = %d; %lu GPU waits in %lu acquires",
+                 TBB_BUSY_POLL_US, TBB_BUSY_POLL_US, sh->waits, sh->counted);
+      } else {
+        tbb_failed("tb warm hand-off, producer idle, busy polling");
+      }
+      tbb_daemon_stop(&ds);
+    } else {
+      tbb_failed("daemon with --busy-poll did not start");
+    }
   }
 
   sh->iters = tbb_scale(100, 30, 10);
