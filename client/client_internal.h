@@ -140,6 +140,15 @@ int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
              int n_send_fds, long extra_ms, tb__server_message **out,
              int *fds, int *nfds);
 
+/* tb__call in two halves, for a request whose reply is collected later
+ * (the daemon answers a session's requests in order): send r and return its
+ * id in *id; then wait for the reply with that id as tb__call does. No
+ * other request may be sent in between. */
+int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
+                     int n_send_fds, uint64_t *id);
+int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
+                    tb__server_message **out, int *fds, int *nfds);
+
 /* Free a message that tb__call returned. */
 void tb__msg_free(struct tb_client *c, tb__server_message *m);
 

@@ -445,20 +445,18 @@ int tb__pump(struct tb_client *c, int timeout_ms) {
   return rc < 0 ? rc : rc > 0;
 }
 
-int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
-             int n_send_fds, long extra_ms, tb__server_message **out,
-             int *fds, int *nfds) {
-  uint64_t id, deadline;
+int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
+                     int n_send_fds, uint64_t *id) {
   long n;
   int rc;
 
   if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
     return tb__set_error(c, TB_EDISCONNECTED,
                          "connection to the daemon lost earlier");
-  id = c->next_request_id++;
+  *id = c->next_request_id++;
   if (c->next_request_id == 0)
     c->next_request_id = 1;
-  r->request_id = id;
+  r->request_id = *id;
   n = tb__request_encode(r, c->sbuf, c->max_message);
   if (n < 0)
     return tb__set_error(c, TB_ELIMIT,
@@ -469,6 +467,25 @@ int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
     return mark_dead(c, strerror(-rc));
   if (rc < 0)
     return tb__set_error(c, TB_ESYS, "send: %s", strerror(-rc));
+  return 0;
+}
+
+int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
+             int n_send_fds, long extra_ms, tb__server_message **out,
+             int *fds, int *nfds) {
+  uint64_t id;
+  int rc;
+
+  rc = tb__send_request(c, r, send_fds, n_send_fds, &id);
+  if (rc < 0)
+    return rc;
+  return tb__await_reply(c, id, extra_ms, out, fds, nfds);
+}
+
+int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
+                    tb__server_message **out, int *fds, int *nfds) {
+  uint64_t deadline;
+  int rc;
 
   deadline = extra_ms < 0 ? UINT64_MAX
                           : tb__now_ms() + (uint64_t)extra_ms +

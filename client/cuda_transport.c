@@ -150,13 +150,14 @@ static int cuda_client(struct tb_client *c, struct tb__cuda_client **out) {
 
 /* ---- registration round trips (call_lock held) ---- */
 
-static int register_event(struct tb_client *c, const uint8_t *handle,
-                          int device, const uint8_t *uuid, uint64_t *id) {
+/* EventRegister in two halves, so that a consumer's done event can be
+ * registered while its first memory handle opens. */
+static int event_register_send(struct tb_client *c, const uint8_t *handle,
+                               int device, const uint8_t *uuid,
+                               uint64_t *request_id) {
   Tensorbroker__V1__EventRegister er = TENSORBROKER__V1__EVENT_REGISTER__INIT;
   Tensorbroker__V1__Device dev = TENSORBROKER__V1__DEVICE__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  tb__server_message *m = NULL;
-  int fds[TB__MAX_FDS], nfds = 0, rc;
 
   dev.type = kDLCUDA;
   dev.id = device;
@@ -167,7 +168,15 @@ static int register_event(struct tb_client *c, const uint8_t *handle,
   er.device = &dev;
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_EVENT_REGISTER;
   r.event_register = &er;
-  rc = tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds);
+  return tb__send_request(c, &r, NULL, 0, request_id);
+}
+
+static int event_register_reply(struct tb_client *c, uint64_t request_id,
+                                uint64_t *id) {
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  rc = tb__await_reply(c, request_id, 0, &m, fds, &nfds);
   if (rc < 0)
     return rc;
   for (int i = 0; i < nfds; i++)
@@ -181,6 +190,17 @@ static int register_event(struct tb_client *c, const uint8_t *handle,
   *id = m->reply->event_register->event_id;
   tb__msg_free(c, m);
   return 0;
+}
+
+static int register_event(struct tb_client *c, const uint8_t *handle,
+                          int device, const uint8_t *uuid, uint64_t *id) {
+  uint64_t request_id;
+  int rc;
+
+  rc = event_register_send(c, handle, device, uuid, &request_id);
+  if (rc < 0)
+    return rc;
+  return event_register_reply(c, request_id, id);
 }
 
 static int register_alloc(struct tb_client *c, const struct tb__cuda_alloc *a,
@@ -645,10 +665,20 @@ static int view_here(struct tb_client *c, struct tb__map *m,
   return 0;
 }
 
+/* A consumer's done event whose registration is in flight. */
+struct done_pending {
+  struct tb__cuda_ev *e; /* NULL: nothing in flight */
+  uint64_t request_id;
+};
+
 /* The consumer's done event for a device, created in a context of that
  * device and registered while we hold the call lock, so that deleters
- * (which may not take it) find it ready. */
-static int done_event_ensure(struct tb_client *c, int device) {
+ * (which may not take it) find it ready. The registration is sent here
+ * and its reply read by done_event_finish, so that the caller can open
+ * memory meanwhile (a new client's first acquire then costs one round
+ * trip to the daemon, not two). Nothing else may be sent in between. */
+static int done_event_begin(struct tb_client *c, int device,
+                            struct done_pending *pd) {
   struct tb__conn *k = c->conn;
   uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE], uuid[TB__UUID_SIZE];
   struct tb__cuda_devctx dc;
@@ -656,6 +686,7 @@ static int done_event_ensure(struct tb_client *c, int device) {
   char why[256] = "";
   int rc, found = 0;
 
+  pd->e = NULL;
   pthread_mutex_lock(&k->lock);
   if (k->cuda == NULL)
     k->cuda = calloc(1, sizeof(*k->cuda));
@@ -687,17 +718,45 @@ static int done_event_ensure(struct tb_client *c, int device) {
     free(e);
     return tb__set_error(c, rc, "%s", why);
   }
-  rc = register_event(c, handle, device, uuid, &e->event_id);
+  rc = event_register_send(c, handle, device, uuid, &pd->request_id);
   if (rc < 0) {
     own_event_destroy(e->ev);
     free(e);
     return rc;
   }
   e->device = device;
+  pd->e = e;
+  return 0;
+}
+
+static int done_event_finish(struct tb_client *c, struct done_pending *pd) {
+  struct tb__conn *k = c->conn;
+  struct tb__cuda_ev *e = pd->e;
+  int rc;
+
+  if (e == NULL)
+    return 0;
+  pd->e = NULL;
+  rc = event_register_reply(c, pd->request_id, &e->event_id);
+  if (rc < 0) {
+    own_event_destroy(e->ev);
+    free(e);
+    return rc;
+  }
   pthread_mutex_lock(&k->lock);
   LL_PREPEND(k->cuda->done, e);
   pthread_mutex_unlock(&k->lock);
   return 0;
+}
+
+static int done_event_ensure(struct tb_client *c, int device) {
+  struct done_pending pd;
+  int rc;
+
+  rc = done_event_begin(c, device, &pd);
+  if (rc < 0)
+    return rc;
+  return done_event_finish(c, &pd);
 }
 
 /* Make s wait for the version's ready event (none, or a no-sync s: 0). */
@@ -754,18 +813,26 @@ static int acquire_default(struct tb_client *c, struct tb__map *m,
                            const struct tb__cuda_stream *s,
                            struct tb__cuda_acq *out) {
   struct tb__cuda_view *v = NULL;
+  struct done_pending pd;
   char why[256] = "";
-  int rc, ordinal;
+  int rc, rc2, ordinal, dev;
 
   rc = tb__cuda_device_by_uuid(m->uuid, &ordinal, why, sizeof(why));
+  if (rc == 0)
+    rc = tb__cuda_current_device(&dev, NULL, why, sizeof(why));
   if (rc < 0)
     return tb__set_error(c, rc, "%s", why);
+  /* the mapping (view_here) is that of the current device, and so is the
+   * done event: its registration travels while the memory opens */
+  rc = done_event_begin(c, dev, &pd);
+  if (rc < 0)
+    return rc;
   rc = view_here(c, m, &v);
+  rc2 = done_event_finish(c, &pd);
   if (rc < 0)
     return rc;
-  rc = done_event_ensure(c, v->device);
-  if (rc < 0)
-    return rc;
+  if (rc2 < 0)
+    return rc2;
   rc = wait_ready(c, m, ready, s);
   if (rc < 0)
     return rc;
@@ -894,18 +961,26 @@ int tb__cuda_acquire(struct tb_client *c, struct tb__map *m,
       goto out_leave;
     }
   }
-  rc = done_event_ensure(c, device);
-  if (rc < 0)
-    goto out_leave;
   a.done_device = device;
   a.enter = 1;
   if (plan == TB__XDEV_COPY) {
-    rc = acquire_copy(c, m, ready, &s, device, can, lo, hi, &a);
+    rc = done_event_ensure(c, device); /* the copy records it */
+    if (rc == 0)
+      rc = acquire_copy(c, m, ready, &s, device, can, lo, hi, &a);
   } else {
     /* SAME or PEER: the mapping of the consumer's device (for PEER opened
      * with lazy peer access); the stream waits on the ready event, which
-     * may have been recorded on another device */
+     * may have been recorded on another device. The done event registers
+     * while the memory opens. */
+    struct done_pending pd;
+    int rc2;
+    rc = done_event_begin(c, device, &pd);
+    if (rc < 0)
+      goto out_leave;
     rc = view_here(c, m, &v);
+    rc2 = done_event_finish(c, &pd);
+    if (rc == 0)
+      rc = rc2;
     if (rc == 0)
       rc = wait_ready(c, m, ready, &s);
     if (rc == 0)
