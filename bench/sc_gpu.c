@@ -94,6 +94,9 @@ struct gpu_shared {
   /* consumer's driver time over the counted acquires (tb__cuda_counters) */
   unsigned long waits, counted;
   unsigned long long ns_open_mem, ns_open_event, ns_wait;
+  unsigned long records, creates; /* consumer's cuEventRecord/Create calls */
+  unsigned long long ns_record, ns_create;
+  unsigned long prod_records; /* producer's cuEventRecord calls, warm rows */
   unsigned long skipped_waits; /* raw, producer idle: rounds without a wait */
 };
 
@@ -107,6 +110,10 @@ static void note_counters(struct gpu_shared *sh,
   sh->ns_open_mem = k1->ipc_open_mem_ns - k0->ipc_open_mem_ns;
   sh->ns_open_event = k1->ipc_open_event_ns - k0->ipc_open_event_ns;
   sh->ns_wait = k1->stream_wait_ns - k0->stream_wait_ns;
+  sh->records = k1->event_record - k0->event_record;
+  sh->creates = k1->event_create - k0->event_create;
+  sh->ns_record = k1->event_record_ns - k0->event_record_ns;
+  sh->ns_create = k1->event_create_ns - k0->event_create_ns;
   sh->counted = (unsigned long)n;
 }
 
@@ -411,9 +418,12 @@ static int tb_gpu_producer(void *p) {
     tbb_write_byte(a->ready_wr, 'p');
     tbb_gate_wait(a->gate);
   } else {
+    struct tb_cuda_counters k0 = {0}, k1;
     tbb_write_byte(a->ready_wr, 'p');
     for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
       char b;
+      if (i == a->sh->warm)
+        tb__cuda_counters(&k0);
       uint64_t t0 = tbb_now_ns();
       g.cu->cuMemsetD32Async(d, (unsigned)i, 16, g.stream);
       if (a->idle) {
@@ -435,6 +445,8 @@ static int tb_gpu_producer(void *p) {
       while (tb_client_poll_notice(c, &n, 0) == 0)
         ;
     }
+    tb__cuda_counters(&k1);
+    a->sh->prod_records = k1.event_record - k0.event_record;
   }
   ret = 0;
 out:
@@ -674,11 +686,14 @@ static void cold_breakdown(const struct gpu_shared *sh, const char *what) {
   mean /= sh->iters > 0 ? (double)sh->iters : 1;
   double om = (double)sh->ns_open_mem / n, oe = (double)sh->ns_open_event / n,
          w = (double)sh->ns_wait / n;
+  double ec = (double)sh->ns_create / n, er = (double)sh->ns_record / n;
   tbb_note("%s, mean per acquire: %.1f us in all; cuIpcOpenMemHandle %.1f, "
-           "cuIpcOpenEventHandle %.1f, cuStreamWaitEvent %.1f (%lu calls); "
+           "cuIpcOpenEventHandle %.1f, cuStreamWaitEvent %.1f (%lu calls), "
+           "cuEventCreate %.1f (%lu calls), cuEventRecord %.1f (%lu calls); "
            "the rest (daemon round trips, library, other driver calls) %.1f",
            what, mean / 1e3, om / 1e3, oe / 1e3, w / 1e3, sh->waits,
-           (mean - om - oe - w) / 1e3);
+           ec / 1e3, sh->creates, er / 1e3, sh->records,
+           (mean - om - oe - w - ec - er) / 1e3);
 }
 
 void tbb_scenario_gpu_handoff(void) {
@@ -757,8 +772,9 @@ void tbb_scenario_gpu_handoff(void) {
                        : "raw CUDA IPC ping-pong, producer idle");
     tbb_note("producer idle: the consumer's stream waited on the ready "
              "event in %lu of %lu acquires (a version whose work had "
-             "finished at publish needs no wait outside a graph capture)",
-             sh->waits, sh->counted);
+             "finished at publish needs no wait outside a graph capture); "
+             "event records: producer %lu, consumer %lu",
+             sh->waits, sh->counted, sh->prod_records, sh->records);
     tbb_row_latency("tb one-way, producer idle (publish -> data ready)",
                     sh->oneway, n, NULL);
     if (tn)

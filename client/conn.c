@@ -473,7 +473,7 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
 int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
              int n_send_fds, long extra_ms, tb__server_message **out,
              int *fds, int *nfds) {
-  uint64_t id;
+  uint64_t id = 0;
   int rc;
 
   rc = tb__send_request(c, r, send_fds, n_send_fds, &id);

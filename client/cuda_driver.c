@@ -127,7 +127,8 @@ static struct tb_cuda tb_cuda_tab;  /* what callers get: real + trampolines */
 static atomic_ulong tb_cnt_open_mem, tb_cnt_close_mem, tb_cnt_open_event,
     tb_cnt_get_mem, tb_cnt_event_create, tb_cnt_stream_wait,
     tb_cnt_event_record;
-static atomic_ullong tb_ns_open_mem, tb_ns_open_event, tb_ns_stream_wait;
+static atomic_ullong tb_ns_open_mem, tb_ns_open_event, tb_ns_stream_wait,
+    tb_ns_event_create, tb_ns_event_record;
 
 static unsigned long long tb_now_ns(void) {
   struct timespec ts;
@@ -170,8 +171,11 @@ static tb_cu_result tb_tr_stream_wait(tb_cu_stream s, tb_cu_event e,
 }
 
 static tb_cu_result tb_tr_event_record(tb_cu_event e, tb_cu_stream s) {
+  unsigned long long t0 = tb_now_ns();
+  tb_cu_result r = tb_cuda_real.cuEventRecord(e, s);
+  atomic_fetch_add(&tb_ns_event_record, tb_now_ns() - t0);
   atomic_fetch_add(&tb_cnt_event_record, 1);
-  return tb_cuda_real.cuEventRecord(e, s);
+  return r;
 }
 
 static tb_cu_result tb_tr_ipc_get_mem(tb_cu_ipc_mem_handle *h,
@@ -181,8 +185,11 @@ static tb_cu_result tb_tr_ipc_get_mem(tb_cu_ipc_mem_handle *h,
 }
 
 static tb_cu_result tb_tr_event_create(tb_cu_event *e, unsigned flags) {
+  unsigned long long t0 = tb_now_ns();
+  tb_cu_result r = tb_cuda_real.cuEventCreate(e, flags);
+  atomic_fetch_add(&tb_ns_event_create, tb_now_ns() - t0);
   atomic_fetch_add(&tb_cnt_event_create, 1);
-  return tb_cuda_real.cuEventCreate(e, flags);
+  return r;
 }
 
 __attribute__((format(printf, 1, 2))) static void
@@ -299,6 +306,8 @@ void tb__cuda_counters(struct tb_cuda_counters *out) {
   c.ipc_open_mem_ns = atomic_load(&tb_ns_open_mem);
   c.ipc_open_event_ns = atomic_load(&tb_ns_open_event);
   c.stream_wait_ns = atomic_load(&tb_ns_stream_wait);
+  c.event_create_ns = atomic_load(&tb_ns_event_create);
+  c.event_record_ns = atomic_load(&tb_ns_event_record);
   *out = c;
 }
 

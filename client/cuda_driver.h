@@ -187,6 +187,8 @@ struct tb_cuda_counters {
   unsigned long long ipc_open_mem_ns;
   unsigned long long ipc_open_event_ns;
   unsigned long long stream_wait_ns;
+  unsigned long long event_create_ns;
+  unsigned long long event_record_ns;
 };
 void tb__cuda_counters(struct tb_cuda_counters *out);
 

@@ -210,7 +210,8 @@ static int tb_stream_idle(const struct tb_cuda *cu, tb_cu_stream s) {
 }
 
 int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
-                    int *complete, char *why, size_t whylen) {
+                    int may_skip, int *complete, int *skipped, char *why,
+                    size_t whylen) {
   const struct tb_cuda *cu;
   struct tb_ctx_saved saved;
   tb_cu_context ctx;
@@ -219,6 +220,8 @@ int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
 
   if (complete != NULL)
     *complete = 0;
+  if (skipped != NULL)
+    *skipped = 0;
   if (s->no_sync)
     return 0;
   rc = tb_cu_get(&cu, why, whylen);
@@ -241,19 +244,29 @@ int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
     rc = r == 0 ? 0 : tb_cu_fail(why, whylen, "cuEventRecordWithFlags", r);
     goto out_leave;
   }
-  /* Still recorded when idle: the event then always marks the stream's
-   * latest publish, which a graph captured by a consumer waits for. The
-   * queries run in relaxed capture mode: under another capture in global
-   * mode (this thread's on another stream, or another thread's) they are
-   * "potentially unsafe" calls and would invalidate it; they touch neither
-   * the capturing stream nor its events. */
+  /* may_skip: a stream with no work left is not recorded on. Every
+   * earlier record of the event (all on this stream) has completed too, so
+   * whoever waits on the event's latest record, now or when a captured
+   * graph runs later, waits for nothing, exactly as after a fresh record;
+   * and a record is a submission to the GPU that costs the caller
+   * microseconds. The queries run in relaxed capture mode: under another
+   * capture in global mode (this thread's on another stream, or another
+   * thread's) they are "potentially unsafe" calls and would invalidate it;
+   * they touch neither the capturing stream nor its events. */
   mode = complete != NULL ? tb_relaxed_enter(cu) : -1;
   if (complete != NULL)
     idle = tb_stream_idle(cu, s->stream);
-  r = cu->cuEventRecord(ev, s->stream);
-  rc = r == 0 ? 0 : tb_cu_fail(why, whylen, "cuEventRecord", r);
-  if (rc == 0 && complete != NULL)
-    *complete = idle || cu->cuEventQuery(ev) == TB_CUDA_SUCCESS;
+  if (idle && may_skip) {
+    *complete = 1;
+    if (skipped != NULL)
+      *skipped = 1;
+    rc = 0;
+  } else {
+    r = cu->cuEventRecord(ev, s->stream);
+    rc = r == 0 ? 0 : tb_cu_fail(why, whylen, "cuEventRecord", r);
+    if (rc == 0 && complete != NULL)
+      *complete = idle || cu->cuEventQuery(ev) == TB_CUDA_SUCCESS;
+  }
   tb_relaxed_leave(cu, mode);
 out_leave:
   tb_ctx_leave(cu, &saved);

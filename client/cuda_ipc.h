@@ -82,9 +82,15 @@ void tb__cuda_event_destroy(tb_cu_event e);
  * the record, or cuEventQuery(ev) succeeded right after it. Both are exact
  * (an event recorded on an idle non-blocking stream completes at once; for
  * other streams the event's own query answers). 0 when capturing, when
- * work is in flight, or when the query cannot tell. */
+ * work is in flight, or when the query cannot tell. With may_skip (and
+ * complete not NULL), an idle non-blocking stream is not recorded on at
+ * all: ev's earlier records, all on s, have completed too, so a wait on its
+ * latest record waits for nothing either way; *skipped says so. Pass
+ * may_skip only for an event that has been recorded before or that nobody
+ * waits on unless told to. */
 int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
-                    int *complete, char *why, size_t whylen);
+                    int may_skip, int *complete, int *skipped, char *why,
+                    size_t whylen);
 
 /* Make s wait for ev. Not capturing: cuStreamWaitEvent(s, ev, 0).
  * Capturing: cuStreamWaitEvent(s, ev, CU_EVENT_WAIT_EXTERNAL), which the

@@ -42,6 +42,7 @@ struct tb__cuda_ev {
   uint64_t event_id;
   int device;
   tb_cu_stream stream; /* ready events: the producer stream it records on */
+  int recorded;        /* ready events: recorded at least once */
 };
 
 /* Another process's event, opened once and kept (opening costs ~150 us). */
@@ -194,7 +195,7 @@ static int event_register_reply(struct tb_client *c, uint64_t request_id,
 
 static int register_event(struct tb_client *c, const uint8_t *handle,
                           int device, const uint8_t *uuid, uint64_t *id) {
-  uint64_t request_id;
+  uint64_t request_id = 0;
   int rc;
 
   rc = event_register_send(c, handle, device, uuid, &request_id);
@@ -435,9 +436,15 @@ int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
     rc = ready_event_get(c, cc, reg->device, reg->uuid, s.stream, &e);
     if (rc < 0)
       return rc;
-    rc = tb__cuda_record(e->ev, &s, ready_complete, why, sizeof(why));
+    /* skipped on an idle stream once it has a record: a consumer that
+     * captures a graph still finds a recorded event to wait on */
+    int skipped = 0;
+    rc = tb__cuda_record(e->ev, &s, e->recorded, ready_complete, &skipped,
+                         why, sizeof(why));
     if (rc < 0)
       return tb__set_error(c, rc, "%s", why);
+    if (!skipped)
+      e->recorded = 1;
   }
   memcpy(uuid, reg->uuid, TB__UUID_SIZE);
   dev->type = kDLCUDA;
@@ -796,7 +803,7 @@ static int record_done(struct tb__conn *k, int device,
   }
   if (found != NULL) {
     int complete = 0;
-    rc = tb__cuda_record(found->ev, s, &complete, NULL, 0);
+    rc = tb__cuda_record(found->ev, s, 1, &complete, NULL, NULL, 0);
     if (rc == 0 && !complete)
       *id = found->event_id;
   }
@@ -1024,7 +1031,7 @@ int tb__cuda_release_record_locked(struct tb__conn *k, int device, int enter,
     if (rc < 0)
       return rc;
   }
-  rc = tb__cuda_record(found->ev, &s, &complete, NULL, 0);
+  rc = tb__cuda_record(found->ev, &s, 1, &complete, NULL, NULL, 0);
   if (enter)
     tb__cuda_device_leave(&dc);
   if (rc < 0)

@@ -107,7 +107,7 @@ static void availability(void **state) {
   assert_int_equal(tb__cuda_wait(&s, NULL, NULL, 0), TB_ENOCUDA);
   s.no_sync = 1; /* nothing to do needs no driver */
   assert_int_equal(tb__cuda_wait(&s, NULL, NULL, 0), 0);
-  assert_int_equal(tb__cuda_record(NULL, &s, NULL, NULL, 0), 0);
+  assert_int_equal(tb__cuda_record(NULL, &s, 1, NULL, NULL, NULL, 0), 0);
 }
 
 /* The cross-GPU decision with a faked cuDeviceCanAccessPeer result: the

@@ -6,8 +6,9 @@
  *  1. the producer fills buffer 1 on a non-blocking stream, synchronises
  *     it and publishes: the consumer's acquire makes no cuStreamWaitEvent
  *     and no cuIpcOpenEventHandle, and reads the data; its release after
- *     synchronising carries no done event, so the producer's tb_wait_free
- *     on that version makes no cuStreamWaitEvent either;
+ *     synchronising carries no done event (and records none: no
+ *     cuEventRecord), so the producer's tb_wait_free on that version makes
+ *     no cuStreamWaitEvent either;
  *  2. the same version acquired on a stream that is being captured: the
  *     capture still gets its (external) wait, so the graph waits for the
  *     producer's later publishes when it runs;
@@ -152,7 +153,16 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   TBG_CU(cu->cuStreamEndCapture(cap, &graph));
   TBG_CU(cu->cuGraphDestroy(graph));
   TBG_OK(c, tb_release(t2, TB_STREAM_NO_SYNC));
-  TBG_OK(c, tb_release(t, cs)); /* cs is idle: no done event */
+  {
+    /* cs is idle: no done event, and not even a record of it */
+    struct tb_cuda_counters k0, k1;
+    tb__cuda_counters(&k0);
+    TBG_OK(c, tb_release(t, cs));
+    tb__cuda_counters(&k1);
+    if (k1.event_record != k0.event_record)
+      TBG_FAIL("release on an idle stream made %lu cuEventRecord calls, "
+               "expected 0", k1.event_record - k0.event_record);
+  }
   tbg_child_say(ch, "ok");
 
   /* 3 */
