@@ -585,19 +585,14 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
   ch->publishes++;
   r->nversions++;
   b->nversions++;
-  channel_trim(r, ch);
   *version = v->number;
 
-  HASH_FIND_STR(r->subgroups, channel, g);
-  if (g != NULL) {
-    n.body_case = TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION;
-    n.new_version = &nv;
-    nv.channel = ch->name;
-    nv.version = v->number;
-    DL_FOREACH2(g->members, sub, gnext) { tbd__emit_notice(r, sub->s, &n); }
-  }
-  /* Parked acquires that the new version satisfies are answered now, before
-   * the publisher's own reply (the caller sends it). */
+  /* Parked acquires that the new version satisfies are answered first:
+   * they are the hand-off someone is waiting for. Then the subscribers'
+   * notices, the history trim (and its VersionFree notices), and the
+   * publisher's own reply (the caller sends it). A parked acquire only
+   * ever matches the new version (it would not have parked otherwise),
+   * which the trim never removes. */
   DL_FOREACH_SAFE(r->waits, w, wtmp) {
     if (w->kind != TBD_WAIT_ACQUIRE || strcmp(w->channel, channel) != 0 ||
         find_match(ch, w->mode, w->version) == NULL)
@@ -610,6 +605,15 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
     /* cannot park again: a version now exists that matches */
     tbd__acquire(r, ws, id, channel, mode, after, 0);
   }
+  HASH_FIND_STR(r->subgroups, channel, g);
+  if (g != NULL) {
+    n.body_case = TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION;
+    n.new_version = &nv;
+    nv.channel = ch->name;
+    nv.version = v->number;
+    DL_FOREACH2(g->members, sub, gnext) { tbd__emit_notice(r, sub->s, &n); }
+  }
+  channel_trim(r, ch);
   return 0;
 
 out_free_channel:
