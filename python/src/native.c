@@ -760,12 +760,13 @@ static int client_check(ClientObject *self) {
   } while (0)
 
 static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"socket", "name", "stream_contract", "timeout_ms", NULL};
+  static char *kwlist[] = {"socket", "name", "stream_contract", "timeout_ms", "spin_us",
+                           NULL};
   const char *socket_path = NULL, *name = NULL;
   PyObject *contract = NULL;
-  int timeout_ms = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzOi:Client", kwlist, &socket_path, &name,
-                                   &contract, &timeout_ms))
+  int timeout_ms = 0, spin_us = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzOii:Client", kwlist, &socket_path, &name,
+                                   &contract, &timeout_ms, &spin_us))
     return -1;
   if (self->c != NULL) {
     PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
@@ -776,6 +777,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   opts.socket_path = socket_path;
   opts.client_name = name;
   opts.timeout_ms = timeout_ms;
+  opts.spin_us = spin_us;
   if (contract != NULL && contract != Py_None) {
     if (PyLong_Check(contract)) {
       opts.stream_contract = (int)PyLong_AsLong(contract);

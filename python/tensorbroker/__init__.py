@@ -121,11 +121,15 @@ class Client:
         (stream=None is an error).
     timeout: longest wait for any reply, in seconds (None: 30 s); acquire's
         own timeout is added.
+    spin_us: busy polling: poll the socket this many microseconds before
+        sleeping in a wait (0: $TENSORBROKER_SPIN_US, else none). Spends
+        CPU for latency; see docs/benchmarks.md "Busy polling".
     """
 
-    def __init__(self, socket=None, name=None, stream_contract="spec", timeout=None):
+    def __init__(self, socket=None, name=None, stream_contract="spec", timeout=None,
+                 spin_us=0):
         timeout_ms = 0 if timeout is None else max(1, int(math.ceil(timeout * 1000)))
-        self._c = _native.Client(socket, name, stream_contract, timeout_ms)
+        self._c = _native.Client(socket, name, stream_contract, timeout_ms, int(spin_us))
         self._pins = {}          # (channel, version) -> CUDA tensor kept alive
         self._notices = deque()  # notices read while collecting pins
         self.last_publish_zero_copy = None

@@ -180,6 +180,19 @@ def test_timeouts():
         expect_error(lambda: cons.acquire("to/a", after=1, timeout=0.05), "TB_ETIMEDOUT")
 
 
+def test_busy_polling_client():
+    with daemon() as sock:
+        expect_error(lambda: tb.Client(socket=sock, spin_us=-1), "TB_EINVAL")
+        expect_error(lambda: tb.Client(socket=sock, spin_us=2000000), "TB_EINVAL")
+        with tb.Client(socket=sock) as prod, tb.Client(socket=sock, spin_us=300) as cons:
+            prod.publish("bp/a", np.arange(5.0))
+            for _ in range(20):
+                with cons.acquire("bp/a") as l:
+                    assert np.array_equal(np.from_dlpack(l), np.arange(5.0))
+            # polling neither cuts nor stretches a timeout
+            expect_error(lambda: cons.acquire("bp/a", after=1, timeout=0.05), "TB_ETIMEDOUT")
+
+
 def test_errors():
     with daemon() as sock, tb.Client(socket=sock) as prod:
         a = np.zeros(4)
