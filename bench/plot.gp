@@ -6,13 +6,15 @@ if (!exists("out")) out = "docs/bench-latency.png"
 if (!exists("helper")) helper = "bench/json2cdf.py"
 
 set terminal pngcairo size 1400,560 noenhanced font ",10"
-# more than the 8 default line types: the GPU panel has up to 12 rows
+# more than the 8 default line types: the GPU panel has up to 15 rows
 set linetype 9 lc rgb "#8b4513" dt 2 lw 2
 set linetype 10 lc rgb "#ff1493" dt 2 lw 2
 set linetype 11 lc rgb "#2f4f4f" dt 2 lw 2
 set linetype 12 lc rgb "#9acd32" dt 2 lw 2
 set linetype 13 lc rgb "#4169e1" dt 3 lw 2
 set linetype 14 lc rgb "#ff8c00" dt 3 lw 2
+set linetype 15 lc rgb "#20b2aa" dt 3 lw 2
+set linetype 16 lc rgb "#b22222" dt 3 lw 2
 set output out
 set multiplot layout 1,2 title "tensorbroker latency distributions (".json.")"
 set logscale x
