@@ -567,6 +567,22 @@ static void test_next_parked(void **state) {
   tb_client_disconnect(p);
 }
 
+/* channel's latest version is 1: NEXT after it is TB_EAGAIN at once with
+ * timeout 0, and TB_ETIMEDOUT after (not before) 80 ms; *t untouched. */
+static void check_next_after_1_times_out(tb_client *c, const char *channel) {
+  DLManagedTensorVersioned *t = (DLManagedTensorVersioned *)0x1;
+  struct tb_acquire_options o = acq_opts(TB_ACQUIRE_NEXT, 1, 0);
+  uint64_t t0, el;
+
+  assert_tb_err(tb_acquire(c, channel, &o, &t), TB_EAGAIN);
+  o = acq_opts(TB_ACQUIRE_NEXT, 1, 80);
+  t0 = tbt_now_ms();
+  assert_tb_err(tb_acquire(c, channel, &o, &t), TB_ETIMEDOUT);
+  el = tbt_now_ms() - t0;
+  assert_true(el >= 70 && el < TBT_TIMEOUT_MS);
+  assert_ptr_equal(t, (DLManagedTensorVersioned *)0x1);
+}
+
 static void test_timeouts(void **state) {
   struct tbt_daemon *d = *state;
   tb_client *p, *c;
@@ -597,14 +613,7 @@ static void test_timeouts(void **state) {
   assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b));
   publish_small(p, b, "t", 1, &v);
   /* NEXT after the latest: nothing now */
-  o = acq_opts(TB_ACQUIRE_NEXT, 1, 0);
-  assert_tb_err(tb_acquire(c, "t", &o, &t), TB_EAGAIN);
-  o = acq_opts(TB_ACQUIRE_NEXT, 1, 80);
-  t0 = tbt_now_ms();
-  assert_tb_err(tb_acquire(c, "t", &o, &t), TB_ETIMEDOUT);
-  el = tbt_now_ms() - t0;
-  assert_true(el >= 70 && el < TBT_TIMEOUT_MS);
-  assert_ptr_equal(t, (DLManagedTensorVersioned *)0x1);
+  check_next_after_1_times_out(c, "t");
   /* the client is still in step with the daemon after its timeouts */
   assert_tb_ok(tb_daemon_status(c, &st));
   assert_int_equal(st.leases, 0);
@@ -663,7 +672,7 @@ static void test_busy_poll(void **state) {
   struct tb_acquire_options o;
   char line[64];
   unsigned long long sid = 0, nreq = 0;
-  uint64_t v = 0, t0, el;
+  uint64_t v = 0, t0;
   long cpu0, cpu1, cpu2;
   (void)state;
 
@@ -690,13 +699,7 @@ static void test_busy_poll(void **state) {
     assert_tb_ok(tb_release(t, NULL));
   }
   /* polling does not stretch or cut a timeout */
-  o = acq_opts(TB_ACQUIRE_NEXT, 1, 0);
-  assert_tb_err(tb_acquire(c, "next", &o, &t), TB_EAGAIN);
-  o = acq_opts(TB_ACQUIRE_NEXT, 1, 80);
-  t0 = tbt_now_ms();
-  assert_tb_err(tb_acquire(c, "next", &o, &t), TB_ETIMEDOUT);
-  el = tbt_now_ms() - t0;
-  assert_true(el >= 70 && el < TBT_TIMEOUT_MS);
+  check_next_after_1_times_out(c, "next");
   tb_client_disconnect(c);
 
   /* a parked NEXT of a polling client (it polls 500 us, then sleeps) is
