@@ -137,14 +137,20 @@ static unsigned long long tb_now_ns(void) {
          (unsigned long long)ts.tv_nsec;
 }
 
+/* Count a call and add the time since t0 (taken before it) to *ns. */
+static tb_cu_result tb_timed(atomic_ulong *cnt, atomic_ullong *ns,
+                             unsigned long long t0, tb_cu_result r) {
+  atomic_fetch_add(ns, tb_now_ns() - t0);
+  atomic_fetch_add(cnt, 1);
+  return r;
+}
+
 static tb_cu_result tb_tr_ipc_open_mem(tb_cu_deviceptr *p,
                                        tb_cu_ipc_mem_handle h,
                                        unsigned flags) {
   unsigned long long t0 = tb_now_ns();
-  tb_cu_result r = tb_cuda_real.cuIpcOpenMemHandle(p, h, flags);
-  atomic_fetch_add(&tb_ns_open_mem, tb_now_ns() - t0);
-  atomic_fetch_add(&tb_cnt_open_mem, 1);
-  return r;
+  return tb_timed(&tb_cnt_open_mem, &tb_ns_open_mem, t0,
+                  tb_cuda_real.cuIpcOpenMemHandle(p, h, flags));
 }
 
 static tb_cu_result tb_tr_ipc_close_mem(tb_cu_deviceptr p) {
@@ -155,27 +161,21 @@ static tb_cu_result tb_tr_ipc_close_mem(tb_cu_deviceptr p) {
 static tb_cu_result tb_tr_ipc_open_event(tb_cu_event *e,
                                          tb_cu_ipc_event_handle h) {
   unsigned long long t0 = tb_now_ns();
-  tb_cu_result r = tb_cuda_real.cuIpcOpenEventHandle(e, h);
-  atomic_fetch_add(&tb_ns_open_event, tb_now_ns() - t0);
-  atomic_fetch_add(&tb_cnt_open_event, 1);
-  return r;
+  return tb_timed(&tb_cnt_open_event, &tb_ns_open_event, t0,
+                  tb_cuda_real.cuIpcOpenEventHandle(e, h));
 }
 
 static tb_cu_result tb_tr_stream_wait(tb_cu_stream s, tb_cu_event e,
                                       unsigned flags) {
   unsigned long long t0 = tb_now_ns();
-  tb_cu_result r = tb_cuda_real.cuStreamWaitEvent(s, e, flags);
-  atomic_fetch_add(&tb_ns_stream_wait, tb_now_ns() - t0);
-  atomic_fetch_add(&tb_cnt_stream_wait, 1);
-  return r;
+  return tb_timed(&tb_cnt_stream_wait, &tb_ns_stream_wait, t0,
+                  tb_cuda_real.cuStreamWaitEvent(s, e, flags));
 }
 
 static tb_cu_result tb_tr_event_record(tb_cu_event e, tb_cu_stream s) {
   unsigned long long t0 = tb_now_ns();
-  tb_cu_result r = tb_cuda_real.cuEventRecord(e, s);
-  atomic_fetch_add(&tb_ns_event_record, tb_now_ns() - t0);
-  atomic_fetch_add(&tb_cnt_event_record, 1);
-  return r;
+  return tb_timed(&tb_cnt_event_record, &tb_ns_event_record, t0,
+                  tb_cuda_real.cuEventRecord(e, s));
 }
 
 static tb_cu_result tb_tr_ipc_get_mem(tb_cu_ipc_mem_handle *h,
@@ -186,10 +186,8 @@ static tb_cu_result tb_tr_ipc_get_mem(tb_cu_ipc_mem_handle *h,
 
 static tb_cu_result tb_tr_event_create(tb_cu_event *e, unsigned flags) {
   unsigned long long t0 = tb_now_ns();
-  tb_cu_result r = tb_cuda_real.cuEventCreate(e, flags);
-  atomic_fetch_add(&tb_ns_event_create, tb_now_ns() - t0);
-  atomic_fetch_add(&tb_cnt_event_create, 1);
-  return r;
+  return tb_timed(&tb_cnt_event_create, &tb_ns_event_create, t0,
+                  tb_cuda_real.cuEventCreate(e, flags));
 }
 
 __attribute__((format(printf, 1, 2))) static void
