@@ -21,7 +21,9 @@
  *     there waits for the legacy stream's work, so the version must not be
  *     called complete. The consumer waits and reads new data, and a read of
  *     the same version with stream -1 reads stale data (the window is
- *     real). */
+ *     real);
+ *  5. a publish from the stream of 1 and 3, idle again, makes no
+ *     cuEventRecord (the event's earlier records have all completed). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -88,7 +90,16 @@ static int producer(struct tbt_chan *ch, void *arg) {
     TBG_FAIL("wait_free of a version released with work in flight made %lu "
              "cuStreamWaitEvent calls, expected 1",
              k0.stream_wait - k1.stream_wait);
+  /* 5: s has published (and recorded its ready event) before and is idle
+   * now: publishing from it records nothing */
   TBG_CU(g.cu->cuStreamSynchronize(s));
+  tb__cuda_counters(&k0);
+  (void)tbg_publish(c, &g, CH, p1, N, s, 1);
+  tb__cuda_counters(&k1);
+  if (k1.event_record != k0.event_record)
+    TBG_FAIL("publish from an idle stream that had recorded before made %lu "
+             "cuEventRecord calls, expected 0",
+             k1.event_record - k0.event_record);
   tbg_child_say(ch, "freed");
   tbg_child_hear(ch, "done", NULL, 0);
   tb_client_disconnect(c);
