@@ -105,7 +105,8 @@ struct tb_connect_options {
    * This trades CPU for latency: a reply that arrives within the window
    * costs no process wake-up (docs/benchmarks.md, "Busy polling"). 0: the
    * value of $TENSORBROKER_SPIN_US, else 0 (sleep at once). At most
-   * 1000000. */
+   * 1000000; tb_client_connect() gives TB_EINVAL for a value out of range,
+   * here or in that variable (which must be a plain decimal number). */
   int spin_us;
 };
 
