@@ -303,3 +303,11 @@ void tbg_daemon_down(struct tbt_daemon *d) {
   assert_int_equal(tbt_daemon_stop(d), 0);
   tbt_daemon_cleanup(d);
 }
+
+void tbg_finish(struct tbt_child *p, struct tbt_child *c, struct tbt_daemon *d) {
+  tbg_hear(c, "consumer", "ok", NULL, 0);
+  tbg_say(p, "done");
+  tbg_reap(c, "consumer");
+  tbg_reap(p, "producer");
+  tbg_daemon_down(d);
+}

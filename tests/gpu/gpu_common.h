@@ -139,6 +139,10 @@ void tbg_relay(struct tbt_child *from, const char *who, const char *want,
                struct tbt_child *to, const char *prefix);
 /* Stop the daemon (it must exit 0) and remove its files. */
 void tbg_daemon_down(struct tbt_daemon *d);
+/* The usual end of a producer/consumer test: hear the consumer's "ok",
+ * say "done" to the producer, reap both (each must exit 0) and stop the
+ * daemon. */
+void tbg_finish(struct tbt_child *p, struct tbt_child *c, struct tbt_daemon *d);
 
 /* main() of a GPU test: skipped (exit 77) without a GPU, else the cmocka
  * tests given. */

@@ -116,11 +116,7 @@ static void cache_retire(void **state) {
   }
   tbg_say(&p, "leave");
   tbg_hear(&p, "producer", "left", NULL, 0);
-  tbg_hear(&c, "consumer", "ok", NULL, 0);
-  tbg_say(&p, "done");
-  tbg_reap(&c, "consumer");
-  tbg_reap(&p, "producer");
-  tbg_daemon_down(&daemon_);
+  tbg_finish(&p, &c, &daemon_);
 }
 
 TBG_MAIN(cmocka_unit_test(cache_retire))

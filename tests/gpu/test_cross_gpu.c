@@ -265,11 +265,7 @@ static void slow_producer(void **state) {
   tbg_hear(&c, "consumer", "ready", NULL, 0);
   tbg_say(&p, "go");
   tbg_relay(&p, "producer", "published", &c, "v");
-  tbg_hear(&c, "consumer", "ok", NULL, 0);
-  tbg_say(&p, "done");
-  tbg_reap(&c, "consumer");
-  tbg_reap(&p, "producer");
-  tbg_daemon_down(&daemon_);
+  tbg_finish(&p, &c, &daemon_);
 }
 
 /* ---- CUDA_VISIBLE_DEVICES a,b against b,a ---- */
@@ -525,11 +521,7 @@ static void copy_flag(void **state) {
   tbg_say(&p, "copied");
   tbg_hear(&p, "producer", "free", NULL, 0);
   tbg_say(&c, "free");
-  tbg_hear(&c, "consumer", "ok", NULL, 0);
-  tbg_say(&p, "done");
-  tbg_reap(&c, "consumer");
-  tbg_reap(&p, "producer");
-  tbg_daemon_down(&daemon_);
+  tbg_finish(&p, &c, &daemon_);
 }
 
 /* The two orderings of the first two visible GPUs: "0,1"/"1,0", or those

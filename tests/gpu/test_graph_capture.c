@@ -127,11 +127,7 @@ static void graph_capture(void **state) {
   tbg_hear(&c, "consumer", "captured", NULL, 0);
   tbg_say(&p, "republish");
   tbg_relay(&p, "producer", "published", &c, "v");
-  tbg_hear(&c, "consumer", "ok", NULL, 0);
-  tbg_say(&p, "done");
-  tbg_reap(&c, "consumer");
-  tbg_reap(&p, "producer");
-  tbg_daemon_down(&daemon_);
+  tbg_finish(&p, &c, &daemon_);
 }
 
 TBG_MAIN(cmocka_unit_test(graph_capture))

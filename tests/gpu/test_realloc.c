@@ -189,11 +189,7 @@ static void realloc_same_address(void **state) {
   tbg_hear(&c, "consumer", "ok", NULL, 0);
   tbg_say(&p, "next");
   tbg_relay(&p, "producer", "published", &c, "v");
-  tbg_hear(&c, "consumer", "ok", NULL, 0);
-  tbg_say(&p, "done");
-  tbg_reap(&c, "consumer");
-  tbg_reap(&p, "producer");
-  tbg_daemon_down(&daemon_);
+  tbg_finish(&p, &c, &daemon_);
 }
 
 TBG_MAIN(cmocka_unit_test(realloc_same_address))

@@ -91,11 +91,7 @@ static void slow_producer(void **state) {
   tbg_hear(&c, "consumer", "ready", NULL, 0);
   tbg_say(&p, "go");
   tbg_relay(&p, "producer", "published", &c, "v");
-  tbg_hear(&c, "consumer", "ok", NULL, 0);
-  tbg_say(&p, "done");
-  tbg_reap(&c, "consumer");
-  tbg_reap(&p, "producer");
-  tbg_daemon_down(&daemon_);
+  tbg_finish(&p, &c, &daemon_);
 }
 
 TBG_MAIN(cmocka_unit_test(slow_producer))
