@@ -29,19 +29,24 @@ static int ask(struct tb_client *c, tb__request *r, int want,
   return 0;
 }
 
-/* Grow *a (of *cap elements of size sz) to hold at least need. */
-static int grow(void **a, size_t *cap, size_t need, size_t sz) {
-  size_t n = *cap ? *cap : 16;
+/* A page of got entries arrived (more: the daemon has another): grow *a
+ * (of *cap elements of size sz, n used) to hold them too. A page that is
+ * empty but claims more would loop forever: TB_EPROTO. */
+static int page_room(struct tb_client *c, size_t got, int more, void **a,
+                     size_t *cap, size_t n, size_t sz) {
+  size_t need = n + got + 1, m = *cap ? *cap : 16;
   void *p;
+  if (more && got == 0)
+    return tb__set_error(c, TB_EPROTO, "empty list page that claims more");
   if (need <= *cap)
     return 0;
-  while (n < need)
-    n *= 2;
-  p = realloc(*a, n * sz);
+  while (m < need)
+    m *= 2;
+  p = realloc(*a, m * sz);
   if (p == NULL)
     return TB_ENOMEM;
   *a = p;
-  *cap = n;
+  *cap = m;
   return 0;
 }
 
@@ -60,8 +65,7 @@ static int list_done(int rc, void **a, size_t sz, void **out, size_t *count,
 }
 
 /* The daemon answers in pages that fit one datagram; ask for the next page
- * after the last entry until it says there is no more. A page that is empty
- * but claims more would loop forever: TB_EPROTO. */
+ * after the last entry until it says there is no more. */
 int tb_list_channels(tb_client *c, struct tb_channel_info **out,
                      size_t *count) {
   Tensorbroker__V1__ListChannels lc = TENSORBROKER__V1__LIST_CHANNELS__INIT;
@@ -89,10 +93,7 @@ int tb_list_channels(tb_client *c, struct tb_channel_info **out,
     lr = m->reply->list_channels;
     got = lr ? lr->n_channels : 0;
     more = lr && lr->more;
-    if (more && got == 0)
-      rc = tb__set_error(c, TB_EPROTO, "empty list page that claims more");
-    else
-      rc = grow((void **)&a, &cap, n + got + 1, sizeof(*a));
+    rc = page_room(c, got, more, (void **)&a, &cap, n, sizeof(*a));
     for (size_t i = 0; rc == 0 && i < got; i++) {
       const Tensorbroker__V1__ChannelInfo *ci = lr->channels[i];
       struct tb_channel_info *x = &a[n++];
@@ -148,10 +149,7 @@ int tb_list_sessions(tb_client *c, struct tb_session_info **out,
     lr = m->reply->list_sessions;
     got = lr ? lr->n_sessions : 0;
     more = lr && lr->more;
-    if (more && got == 0)
-      rc = tb__set_error(c, TB_EPROTO, "empty list page that claims more");
-    else
-      rc = grow((void **)&a, &cap, n + got + 1, sizeof(*a));
+    rc = page_room(c, got, more, (void **)&a, &cap, n, sizeof(*a));
     for (size_t i = 0; rc == 0 && i < got; i++) {
       const Tensorbroker__V1__SessionInfo *si = lr->sessions[i];
       struct tb_session_info *x = &a[n++];
