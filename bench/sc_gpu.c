@@ -7,6 +7,7 @@
  * recorded by the producer and waited on by the consumer, with a 64-byte
  * message through the socket each way. */
 #include "bench.h"
+#include "client_internal.h"
 #include "gpu.h"
 #include "kernels_ptx.h"
 
@@ -94,16 +95,30 @@ struct gpu_shared {
   /* consumer's driver time over the counted acquires (tb__cuda_counters) */
   unsigned long waits, counted;
   unsigned long long ns_open_mem, ns_open_event, ns_wait;
+  unsigned long long ns_rt; /* acquires' daemon round trips */
   unsigned long records, creates; /* consumer's cuEventRecord/Create calls */
   unsigned long long ns_record, ns_create;
   unsigned long prod_records; /* producer's cuEventRecord calls, warm rows */
   unsigned long skipped_waits; /* raw, producer idle: rounds without a wait */
 };
 
-/* The consumer's counters over [k0, k1] for n acquires. */
-static void note_counters(struct gpu_shared *sh,
-                          const struct tb_cuda_counters *k0,
-                          const struct tb_cuda_counters *k1, long n) {
+/* The consumer's driver counters and its acquires' daemon round trips. */
+struct counts {
+  struct tb_cuda_counters k;
+  unsigned long acq;
+  unsigned long long acq_ns;
+};
+
+static void counts_now(struct counts *c) {
+  tb__cuda_counters(&c->k);
+  tb__acquire_counters(&c->acq, &c->acq_ns);
+}
+
+/* The consumer's counters over [c0, c1] for n acquires. */
+static void note_counters(struct gpu_shared *sh, const struct counts *c0,
+                          const struct counts *c1, long n) {
+  const struct tb_cuda_counters *k0 = &c0->k, *k1 = &c1->k;
+  sh->ns_rt = c1->acq_ns - c0->acq_ns;
   sh->opens_mem = k1->ipc_open_mem - k0->ipc_open_mem;
   sh->opens_event = k1->ipc_open_event - k0->ipc_open_event;
   sh->waits = k1->stream_wait - k0->stream_wait;
@@ -484,7 +499,7 @@ static int tb_gpu_consumer(void *p) {
   close(a->go_wr); /* the producer's end: its exit ends our read */
   if (a->cold == 2) {
     /* one client; each round a buffer it has never seen */
-    struct tb_cuda_counters k0 = {0}, k1;
+    struct counts k0 = {0}, k1;
     o.mode = TB_ACQUIRE_LATEST;
     rc = tbb_connect(a->sock, "bench-gpu-coldbuf", TB_CONTRACT_SPEC, &c);
     if (rc < 0)
@@ -493,7 +508,7 @@ static int tb_gpu_consumer(void *p) {
       DLManagedTensorVersioned *t;
       char b;
       if (i == a->sh->warm)
-        tb__cuda_counters(&k0);
+        counts_now(&k0);
       if (tbb_read_byte(a->go_rd, &b) < 0)
         goto out;
       uint64_t t0 = tbb_now_ns();
@@ -512,12 +527,12 @@ static int tb_gpu_consumer(void *p) {
       if (i >= a->sh->warm)
         a->sh->rt[i - a->sh->warm] = t1 - t0;
     }
-    tb__cuda_counters(&k1);
+    counts_now(&k1);
     note_counters(a->sh, &k0, &k1, a->sh->iters);
   } else if (a->cold) {
     o.mode = TB_ACQUIRE_LATEST;
-    struct tb_cuda_counters k0, k1;
-    tb__cuda_counters(&k0);
+    struct counts k0, k1;
+    counts_now(&k0);
     for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
       DLManagedTensorVersioned *t;
       rc = tbb_connect(a->sock, "bench-gpu-cold", TB_CONTRACT_SPEC, &c);
@@ -538,7 +553,7 @@ static int tb_gpu_consumer(void *p) {
       if (i >= a->sh->warm)
         a->sh->rt[i - a->sh->warm] = t1 - t0;
     }
-    tb__cuda_counters(&k1);
+    counts_now(&k1);
     note_counters(a->sh, &k0, &k1, a->sh->warm + a->sh->iters);
   } else {
     rc = tbb_connect(a->sock, "bench-gpu-warm", TB_CONTRACT_SPEC, &c);
@@ -546,12 +561,12 @@ static int tb_gpu_consumer(void *p) {
       goto out;
     o.mode = TB_ACQUIRE_NEXT;
     uint64_t last = 0;
-    struct tb_cuda_counters k0 = {0}, k1;
+    struct counts k0 = {0}, k1;
     for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
       DLManagedTensorVersioned *t;
       struct tb_lease_info li;
       if (i == a->sh->warm)
-        tb__cuda_counters(&k0);
+        counts_now(&k0);
       o.version = last;
       rc = tb_acquire(c, "bench/gpu/warm", &o, &t);
       if (rc < 0) {
@@ -571,7 +586,7 @@ static int tb_gpu_consumer(void *p) {
       if (rc < 0 || tbb_write_byte(a->sv, 'a') < 0)
         goto out;
     }
-    tb__cuda_counters(&k1);
+    counts_now(&k1);
     note_counters(a->sh, &k0, &k1, a->sh->iters);
   }
   ret = 0;
@@ -687,13 +702,16 @@ static void cold_breakdown(const struct gpu_shared *sh, const char *what) {
   double om = (double)sh->ns_open_mem / n, oe = (double)sh->ns_open_event / n,
          w = (double)sh->ns_wait / n;
   double ec = (double)sh->ns_create / n, er = (double)sh->ns_record / n;
-  tbb_note("%s, mean per acquire: %.1f us in all; cuIpcOpenMemHandle %.1f, "
+  double rt = (double)sh->ns_rt / n;
+  tbb_note("%s, mean per acquire: %.1f us in all; the Acquire's round trip "
+           "to the daemon %.1f; cuIpcOpenMemHandle %.1f, "
            "cuIpcOpenEventHandle %.1f, cuStreamWaitEvent %.1f (%lu calls), "
            "cuEventCreate %.1f (%lu calls), cuEventRecord %.1f (%lu calls); "
-           "the rest (daemon round trips, library, other driver calls) %.1f",
-           what, mean / 1e3, om / 1e3, oe / 1e3, w / 1e3, sh->waits,
-           ec / 1e3, sh->creates, er / 1e3, sh->records,
-           (mean - om - oe - w - ec - er) / 1e3);
+           "the rest (library, other driver calls, the done event's "
+           "registration) %.1f",
+           what, mean / 1e3, rt / 1e3, om / 1e3, oe / 1e3, w / 1e3,
+           sh->waits, ec / 1e3, sh->creates, er / 1e3, sh->records,
+           (mean - rt - om - oe - w - ec - er) / 1e3);
 }
 
 void tbb_scenario_gpu_handoff(void) {
@@ -834,8 +852,9 @@ void tbb_scenario_gpu_handoff(void) {
     tbb_note("new-client cold acquires made %lu cuIpcOpenMemHandle and %lu "
              "cuIpcOpenEventHandle calls over %ld acquires (1 each = "
              "really cold; the same handles each time, as in the raw row "
-             "above); each also creates and registers the client's "
-             "done event (one more round trip to the daemon)",
+             "above); each also creates the client's done event (while "
+             "the Acquire's request travels) and registers it (while the "
+             "memory handle opens)",
              sh->opens_mem, sh->opens_event, sh->warm + sh->iters);
     cold_breakdown(sh, "new client");
   } else {
@@ -854,6 +873,38 @@ void tbb_scenario_gpu_handoff(void) {
     cold_breakdown(sh, "new buffer");
   } else {
     tbb_failed("tb cold acquire, new buffer+event");
+  }
+  /* The cold rows again with busy polling (daemon and clients, as above):
+   * what is left of the daemon's round trip when no process sleeps. */
+  {
+    char us[16];
+    snprintf(us, sizeof(us), "%d", TBB_BUSY_POLL_US);
+    const char *extra[] = {"--busy-poll", us, NULL};
+    struct tbb_daemon ds;
+    if (tbb_daemon_start(&ds, extra) == 0) {
+      tbb_spin_us = TBB_BUSY_POLL_US;
+      if (run_tb_pair(&ds, sh, COLD_BYTES, 1, 0) == 0) {
+        tbb_row_latency("tb cold acquire, new client, busy polling", sh->rt,
+                        n, "raw cuIpcOpenMemHandle+cuIpcOpenEventHandle");
+        cold_breakdown(sh, "new client, busy polling");
+      } else {
+        tbb_failed("tb cold acquire, new client, busy polling");
+      }
+      if (run_tb_pair(&ds, sh, COLD_BYTES, 2, 0) == 0) {
+        tbb_row_latency("tb cold acquire, new buffer+event, connected "
+                        "client, busy polling",
+                        sh->rt, n,
+                        "raw open of new handles (new buffer+event each "
+                        "round)");
+        cold_breakdown(sh, "new buffer, busy polling");
+      } else {
+        tbb_failed("tb cold acquire, new buffer+event, busy polling");
+      }
+      tbb_spin_us = 0;
+      tbb_daemon_stop(&ds);
+    } else {
+      tbb_failed("daemon with --busy-poll did not start");
+    }
   }
   tbb_daemon_stop(&d);
   tbb_shared_free(sh, sizeof(*sh));

@@ -149,6 +149,12 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
 int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
                     tb__server_message **out, int *fds, int *nfds);
 
+/* Process-wide: tb_acquire calls that sent a request, and the nanoseconds
+ * they spent on the daemon's round trip (from sending the request to
+ * holding the decoded reply, less tb__cuda_acquire_early's work meanwhile).
+ * For tb-bench's account of where a cold acquire's time goes. */
+void tb__acquire_counters(unsigned long *calls, unsigned long long *wait_ns);
+
 /* Free a message that tb__call returned. */
 void tb__msg_free(struct tb_client *c, tb__server_message *m);
 
@@ -257,6 +263,11 @@ struct tb__cuda_acq {
   uint64_t done_event_id; /* done event recorded after the copy, 0: none */
 };
 
+/* Consumer, while an Acquire's request is in flight: when the driver is
+ * loaded and a context is current, make the done event this client will
+ * need for that device (if it has none yet), so that a new client's first
+ * CUDA acquire does not create it after the reply. Quiet on failure. */
+void tb__cuda_acquire_early(struct tb_client *c);
 /* Consumer: make the mapping (or copy) for the consumer's device, make
  * the acquire stream wait on the ready event, make sure a done event is
  * registered for the device. device -1: the memory's own device (or the

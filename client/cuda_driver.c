@@ -120,6 +120,7 @@ static const struct tb_cuda_sym tb_cuda_syms[] = {
 
 static pthread_once_t tb_cuda_once = PTHREAD_ONCE_INIT;
 static int tb_cuda_rc = TB_ENOCUDA;
+static atomic_int tb_cuda_up; /* 1 once a load has succeeded */
 static char tb_cuda_reason[256] = "CUDA driver not loaded yet";
 static struct tb_cuda tb_cuda_real; /* what the driver gave us */
 static struct tb_cuda tb_cuda_tab;  /* what callers get: real + trampolines */
@@ -267,6 +268,7 @@ static void tb_cuda_load_once(void) {
   tb_cuda_tab.cuEventRecord = tb_tr_event_record;
   tb_cuda_reason[0] = '\0';
   tb_cuda_rc = 0;
+  atomic_store(&tb_cuda_up, 1);
 }
 
 int tb__cuda_load(const struct tb_cuda **out) {
@@ -276,6 +278,8 @@ int tb__cuda_load(const struct tb_cuda **out) {
   *out = &tb_cuda_tab;
   return 0;
 }
+
+int tb__cuda_loaded(void) { return atomic_load(&tb_cuda_up); }
 
 const char *tb__cuda_why(void) {
   pthread_once(&tb_cuda_once, tb_cuda_load_once);

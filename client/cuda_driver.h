@@ -165,6 +165,9 @@ struct tb_cuda {
  * successful load must exec before using CUDA (CUDA does not survive fork). */
 int tb__cuda_load(const struct tb_cuda **out);
 
+/* 1 when a tb__cuda_load has succeeded in this process; never loads. */
+int tb__cuda_loaded(void);
+
 /* Why the last load failed (static text), or "" after success. */
 const char *tb__cuda_why(void);
 

@@ -597,8 +597,9 @@ static int tb_uuid_find(const struct tb_cuda *cu, const uint8_t uuid[16],
   return 0;
 }
 
-int tb__cuda_device_by_uuid(const uint8_t uuid[16], int *ordinal, char *why,
-                            size_t whylen) {
+int tb__cuda_device_by_uuid(const uint8_t uuid[16], int *ordinal,
+                            int *cur_ordinal, tb_cu_context *cur_ctx,
+                            char *why, size_t whylen) {
   const struct tb_cuda *cu;
   tb_cu_context cur = NULL, ctx;
   tb_cu_device dev, cur_dev;
@@ -634,6 +635,8 @@ int tb__cuda_device_by_uuid(const uint8_t uuid[16], int *ordinal, char *why,
     r = cu->cuCtxSetCurrent(ctx);
     if (r != 0)
       return tb_cu_fail(why, whylen, "cuCtxSetCurrent", r);
+    cur = ctx;
+    cur_dev = dev;
   } else {
     /* The mapping goes into the current context; its device must be able
      * to reach the memory's device. */
@@ -658,6 +661,10 @@ int tb__cuda_device_by_uuid(const uint8_t uuid[16], int *ordinal, char *why,
     }
   }
   *ordinal = found;
+  if (cur_ordinal != NULL)
+    *cur_ordinal = (int)cur_dev;
+  if (cur_ctx != NULL)
+    *cur_ctx = cur;
   return 0;
 }
 
@@ -757,25 +764,18 @@ void tb__cuda_uuid_text(const uint8_t uuid[16], char *buf, size_t len) {
 int tb__cuda_find_uuid(const uint8_t uuid[16], int *ordinal, char *why,
                        size_t whylen) {
   const struct tb_cuda *cu;
-  tb_cu_device dev;
-  tb_cu_uuid u;
-  tb_cu_result r;
   char text[48];
-  int n = 0, rc;
+  int n = 0, found = -1, rc;
 
   rc = tb_cu_get(&cu, why, whylen);
   if (rc != 0)
     return rc;
-  r = cu->cuDeviceGetCount(&n);
-  if (r != 0)
-    return tb_cu_fail(why, whylen, "cuDeviceGetCount", r);
-  for (int i = 0; i < n; i++) {
-    if (cu->cuDeviceGet(&dev, i) != 0 || cu->cuDeviceGetUuid(&u, dev) != 0)
-      continue;
-    if (memcmp(u.bytes, uuid, 16) == 0) {
-      *ordinal = i;
-      return 0;
-    }
+  rc = tb_uuid_find(cu, uuid, &found, &n, why, whylen);
+  if (rc != 0)
+    return rc;
+  if (found >= 0) {
+    *ordinal = found;
+    return 0;
   }
   tb_uuid_text(uuid, text, sizeof text);
   tb_why(why, whylen,

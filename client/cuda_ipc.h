@@ -63,9 +63,12 @@ void tb__cuda_unexport_mem(tb_cu_deviceptr base);
 
 /* Make the device with this UUID usable on the calling thread: find its
  * ordinal, and if no context is current, make its primary context current.
- * TB_EDEVICE when no visible device has the UUID. */
-int tb__cuda_device_by_uuid(const uint8_t uuid[16], int *ordinal, char *why,
-                            size_t whylen);
+ * TB_EDEVICE when no visible device has the UUID, or when the current
+ * context's device cannot reach it. cur_ordinal and cur_ctx (either may be
+ * NULL) receive the context current on return and its device's ordinal. */
+int tb__cuda_device_by_uuid(const uint8_t uuid[16], int *ordinal,
+                            int *cur_ordinal, tb_cu_context *cur_ctx,
+                            char *why, size_t whylen);
 
 /* Create an interprocess event (INTERPROCESS | DISABLE_TIMING) on the
  * current context and get its handle. */
@@ -106,8 +109,9 @@ int tb__cuda_wait(const struct tb__cuda_stream *s, tb_cu_event ev, char *why,
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L prints it. */
 void tb__cuda_uuid_text(const uint8_t uuid[16], char *buf, size_t len);
 
-/* The ordinal of the visible device with this UUID; no context is touched.
- * TB_EDEVICE when no visible device has it. */
+/* The ordinal of the visible device with this UUID; no context is touched
+ * (the devices' UUIDs are enumerated once per process). TB_EDEVICE when no
+ * visible device has it. */
 int tb__cuda_find_uuid(const uint8_t uuid[16], int *ordinal, char *why,
                        size_t whylen);
 

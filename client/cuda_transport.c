@@ -115,6 +115,13 @@ static int own_event_find(const uint8_t *handle, tb_cu_event *ev) {
 struct tb__cuda_client {
   struct tb__cuda_reg *regs;
   struct tb__cuda_ev *ready;
+  /* A done event made ahead by tb__cuda_acquire_early, not registered
+   * yet (ev NULL: none); done_event_begin takes it for its device. */
+  struct {
+    tb_cu_event ev;
+    int device;
+    uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
+  } spare;
 };
 
 /* Lives in the refcounted connection, under its lock: deleters record the
@@ -365,7 +372,7 @@ static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
                          "client; publish from fewer streams",
                          TB__READY_EVENTS_MAX);
   /* the event must belong to the device's context */
-  rc = tb__cuda_device_by_uuid(uuid, &ordinal, why, sizeof(why));
+  rc = tb__cuda_device_by_uuid(uuid, &ordinal, NULL, NULL, why, sizeof(why));
   if (rc < 0)
     return tb__set_error(c, rc, "%s", why);
   e = calloc(1, sizeof(*e));
@@ -637,19 +644,15 @@ void tb__cuda_map_close(struct tb__map *m) {
   }
 }
 
-/* The view of m for the current context's device, opened there on first
- * use (cuIpcOpenMemHandle with lazy peer access: the current device may be
- * another than the memory's). */
-static int view_here(struct tb_client *c, struct tb__map *m,
-                     struct tb__cuda_view **out) {
+/* The view of m for device dev, whose context ctx is current, opened
+ * there on first use (cuIpcOpenMemHandle with lazy peer access: dev may be
+ * another device than the memory's). */
+static int view_in(struct tb_client *c, struct tb__map *m, int dev,
+                   tb_cu_context ctx, struct tb__cuda_view **out) {
   struct tb__cuda_view *v;
-  tb_cu_context ctx = NULL;
   char why[256] = "";
-  int rc, dev;
+  int rc;
 
-  rc = tb__cuda_current_device(&dev, &ctx, why, sizeof(why));
-  if (rc < 0)
-    return tb__set_error(c, rc, "%s", why);
   LL_FOREACH(m->views, v) {
     if (v->device == dev) {
       *out = v;
@@ -670,6 +673,19 @@ static int view_here(struct tb_client *c, struct tb__map *m,
   LL_PREPEND(m->views, v);
   *out = v;
   return 0;
+}
+
+/* view_in for the current context's device. */
+static int view_here(struct tb_client *c, struct tb__map *m,
+                     struct tb__cuda_view **out) {
+  tb_cu_context ctx = NULL;
+  char why[256] = "";
+  int rc, dev;
+
+  rc = tb__cuda_current_device(&dev, &ctx, why, sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
+  return view_in(c, m, dev, ctx, out);
 }
 
 /* A consumer's done event whose registration is in flight. */
@@ -714,16 +730,24 @@ static int done_event_begin(struct tb_client *c, int device,
   e = calloc(1, sizeof(*e));
   if (e == NULL)
     return TB_ENOMEM;
-  rc = tb__cuda_device_enter(device, &dc, why, sizeof(why));
-  if (rc < 0) {
-    free(e);
-    return tb__set_error(c, rc, "%s", why);
-  }
-  rc = own_event_create(&e->ev, handle, why, sizeof(why));
-  tb__cuda_device_leave(&dc);
-  if (rc < 0) {
-    free(e);
-    return tb__set_error(c, rc, "%s", why);
+  if (c->cuda != NULL && c->cuda->spare.ev != NULL &&
+      c->cuda->spare.device == device) {
+    /* made while this acquire's request was in flight */
+    e->ev = c->cuda->spare.ev;
+    memcpy(handle, c->cuda->spare.handle, sizeof(handle));
+    c->cuda->spare.ev = NULL;
+  } else {
+    rc = tb__cuda_device_enter(device, &dc, why, sizeof(why));
+    if (rc < 0) {
+      free(e);
+      return tb__set_error(c, rc, "%s", why);
+    }
+    rc = own_event_create(&e->ev, handle, why, sizeof(why));
+    tb__cuda_device_leave(&dc);
+    if (rc < 0) {
+      free(e);
+      return tb__set_error(c, rc, "%s", why);
+    }
   }
   rc = event_register_send(c, handle, device, uuid, &pd->request_id);
   if (rc < 0) {
@@ -734,6 +758,33 @@ static int done_event_begin(struct tb_client *c, int device,
   e->device = device;
   pd->e = e;
   return 0;
+}
+
+void tb__cuda_acquire_early(struct tb_client *c) {
+  struct tb__conn *k = c->conn;
+  struct tb__cuda_client *cc;
+  char why[256] = "";
+  int dev, have;
+
+  /* only a client without any done event yet: a warm acquire pays nothing
+   * (another device's done event is made by the acquire that needs it) */
+  pthread_mutex_lock(&k->lock);
+  have = k->cuda != NULL && k->cuda->done != NULL;
+  pthread_mutex_unlock(&k->lock);
+  if (have || (c->cuda != NULL && c->cuda->spare.ev != NULL))
+    return;
+  /* never the first to load the driver, nor to make a context current */
+  if (!tb__cuda_loaded() ||
+      tb__cuda_current_device(&dev, NULL, why, sizeof(why)) < 0)
+    return;
+  if (c->cuda == NULL && (c->cuda = calloc(1, sizeof(*c->cuda))) == NULL)
+    return;
+  cc = c->cuda;
+  /* a failure here is met again, and reported, by the acquire itself */
+  if (own_event_create(&cc->spare.ev, cc->spare.handle, why, sizeof(why)) < 0)
+    cc->spare.ev = NULL;
+  else
+    cc->spare.device = dev;
 }
 
 static int done_event_finish(struct tb_client *c, struct done_pending *pd) {
@@ -821,20 +872,20 @@ static int acquire_default(struct tb_client *c, struct tb__map *m,
                            struct tb__cuda_acq *out) {
   struct tb__cuda_view *v = NULL;
   struct done_pending pd;
+  tb_cu_context ctx = NULL;
   char why[256] = "";
   int rc, rc2, ordinal, dev;
 
-  rc = tb__cuda_device_by_uuid(m->uuid, &ordinal, why, sizeof(why));
-  if (rc == 0)
-    rc = tb__cuda_current_device(&dev, NULL, why, sizeof(why));
+  rc = tb__cuda_device_by_uuid(m->uuid, &ordinal, &dev, &ctx, why,
+                               sizeof(why));
   if (rc < 0)
     return tb__set_error(c, rc, "%s", why);
-  /* the mapping (view_here) is that of the current device, and so is the
-   * done event: its registration travels while the memory opens */
+  /* the mapping is that of the current device, and so is the done event:
+   * its registration travels while the memory opens */
   rc = done_event_begin(c, dev, &pd);
   if (rc < 0)
     return rc;
-  rc = view_here(c, m, &v);
+  rc = view_in(c, m, dev, ctx, &v);
   rc2 = done_event_finish(c, &pd);
   if (rc < 0)
     return rc;
@@ -1092,6 +1143,8 @@ void tb__cuda_client_free(struct tb_client *c) {
     own_event_destroy(e->ev);
     free(e);
   }
+  if (cc->spare.ev != NULL)
+    own_event_destroy(cc->spare.ev);
   free(cc);
   c->cuda = NULL;
 }

@@ -4,6 +4,7 @@
 #include "client_internal.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -293,6 +294,17 @@ static int build_tensor(struct tb_client *c,
   return 0;
 }
 
+/* Acquires sent, and the time they spent between sending the request and
+ * holding the decoded reply, less what tb__cuda_acquire_early did
+ * meanwhile (tb__acquire_counters). */
+static atomic_ulong acq_calls;
+static atomic_ullong acq_wait_ns;
+
+void tb__acquire_counters(unsigned long *calls, unsigned long long *wait_ns) {
+  *calls = atomic_load(&acq_calls);
+  *wait_ns = atomic_load(&acq_wait_ns);
+}
+
 int tb_acquire(tb_client *c, const char *channel,
                const struct tb_acquire_options *opts,
                DLManagedTensorVersioned **out) {
@@ -306,7 +318,7 @@ int tb_acquire(tb_client *c, const char *channel,
   struct tb__lease *l = NULL;
   struct tb__cuda_acq cuda;
   int fds[TB__MAX_FDS], nfds = 0, rc, implicit = 0;
-  uint64_t lo = 0, hi = 0;
+  uint64_t lo = 0, hi = 0, id = 0, t0, t1, t2;
   char why[160];
 
   if (c == NULL || out == NULL)
@@ -356,8 +368,17 @@ int tb_acquire(tb_client *c, const char *channel,
   aq.implicit_stream = 0;
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
   r.acquire = &aq;
-  rc = tb__call(c, &r, NULL, 0, o.timeout_ms < 0 ? -1 : o.timeout_ms, &m, fds,
-                &nfds);
+  t0 = tb__now_ns();
+  rc = tb__send_request(c, &r, NULL, 0, &id);
+  if (rc < 0)
+    goto out_unlock;
+  t1 = tb__now_ns();
+  tb__cuda_acquire_early(c); /* while the daemon answers */
+  t2 = tb__now_ns();
+  rc = tb__await_reply(c, id, o.timeout_ms < 0 ? -1 : o.timeout_ms, &m, fds,
+                       &nfds);
+  atomic_fetch_add(&acq_calls, 1);
+  atomic_fetch_add(&acq_wait_ns, (t1 - t0) + (tb__now_ns() - t2));
   if (rc < 0)
     goto out_unlock;
 

@@ -6,7 +6,10 @@
  *    a version from allocation B makes a second;
  *  - the producer disconnects: A (no version left) is retired and the
  *    consumer closes it (one cuIpcCloseMemHandle), B stays mapped while its
- *    version is leased and still reads correctly. */
+ *    version is leased and still reads correctly;
+ *  - the consumer's done event is made while its first acquire's request is
+ *    in flight (one cuEventCreate during an acquire of a channel that does
+ *    not exist), and its first CUDA acquire uses it (no second one). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -62,6 +65,18 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   tb_client *c = tbg_connect(&daemon_, "consumer", TB_CONTRACT_SPEC);
   tb_cu_stream s = tbg_stream(&g, 1);
   TBG_OK(c, tb_subscribe(c, "gpu/cache"));
+  /* no reply for this acquire is CUDA, yet the done event is made while
+   * its request travels (a context is current) */
+  struct tb_acquire_options none;
+  tb_acquire_options_init(&none);
+  none.timeout_ms = 0;
+  tb__cuda_counters(&k0);
+  TBG_RC(c, tb_acquire(c, "gpu/cache-none", &none, &t), TB_ENOTFOUND);
+  tb__cuda_counters(&k);
+  if (k.event_create - k0.event_create != 1)
+    TBG_FAIL("%lu cuEventCreate calls while an acquire's request was in "
+             "flight, expected 1 (the done event made ahead)",
+             k.event_create - k0.event_create);
   tbg_child_say(ch, "ready");
   tb__cuda_counters(&k0);
   for (unsigned r = 0; r < 3; r++) {
@@ -77,6 +92,10 @@ static int consumer(struct tbt_chan *ch, void *arg) {
     if (k.ipc_open_mem - k0.ipc_open_mem != want)
       TBG_FAIL("after %u acquires: %lu cuIpcOpenMemHandle calls, expected "
                "%lu", r + 1, k.ipc_open_mem - k0.ipc_open_mem, want);
+    if (k.event_create != k0.event_create)
+      TBG_FAIL("after %u acquires: %lu cuEventCreate calls, expected 0 (the "
+               "done event made ahead is the one used)",
+               r + 1, k.event_create - k0.event_create);
     if (r < 2)
       TBG_OK(c, tb_release(t, s)); /* the last one stays leased */
     tbg_child_say(ch, "ok");
