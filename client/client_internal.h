@@ -99,6 +99,7 @@ struct tb_client {
   int rcvtimeo_ms; /* SO_RCVTIMEO now set on the socket; 0: none (forever),
                       -1: unknown (setsockopt failed: use poll) */
   uint64_t spin_ns; /* poll this long before sleeping in a wait; 0: never */
+  int prefetch;     /* Hello.prefetch (tb_connect_options.no_prefetch) */
   uint32_t max_message;
   uint32_t max_ndim;
   uint32_t max_metadata;
@@ -268,6 +269,14 @@ struct tb__cuda_acq {
  * need for that device (if it has none yet), so that a new client's first
  * CUDA acquire does not create it after the reply. Quiet on failure. */
 void tb__cuda_acquire_early(struct tb_client *c);
+/* Consumer, on a NewVersion notice that carries a buffer (Hello.prefetch):
+ * when the driver is loaded and a context is current, open the buffer for
+ * the current device into the mapping cache, and the ready event (unless
+ * complete) into the event cache, so that the acquire that follows finds
+ * both. Quiet: a failure is left for that acquire to meet and report. */
+void tb__cuda_prefetch(struct tb_client *c,
+                       const Tensorbroker__V1__BufferInfo *bi,
+                       const Tensorbroker__V1__EventInfo *ready);
 /* Consumer: make the mapping (or copy) for the consumer's device, make
  * the acquire stream wait on the ready event, make sure a done event is
  * registered for the device. device -1: the memory's own device (or the

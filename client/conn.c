@@ -175,6 +175,9 @@ static void handle_notice(struct tb_client *c,
     n.type = TB_NOTICE_NEW_VERSION;
     copy_str(n.channel, sizeof(n.channel), no->new_version->channel);
     n.version = no->new_version->version;
+    if (no->new_version->buffer != NULL)
+      tb__cuda_prefetch(c, no->new_version->buffer,
+                        no->new_version->ready_event);
     break;
   case TENSORBROKER__V1__NOTICE__BODY_VERSION_FREE:
     n.type = TB_NOTICE_VERSION_FREE;
@@ -591,6 +594,7 @@ static int hello(struct tb_client *c, const char *name, int contract) {
   h.memory_kinds = (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) |
                    (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC);
   h.library_version = (char *)TB_VERSION_STRING;
+  h.prefetch = c->prefetch != 0;
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
   r.hello = &h;
   rc = tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds);
@@ -707,6 +711,7 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
   c->next_request_id = 1;
   c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : TB__DEFAULT_TIMEOUT_MS;
   c->spin_ns = (uint64_t)o.spin_us * 1000;
+  c->prefetch = !o.no_prefetch;
   c->max_message = TB__DEFAULT_MAX_MESSAGE;
   c->max_ndim = TB__DEFAULT_MAX_NDIM;
   c->max_metadata = TB__DEFAULT_MAX_METADATA;

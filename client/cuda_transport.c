@@ -688,6 +688,60 @@ static int view_here(struct tb_client *c, struct tb__map *m,
   return view_in(c, m, dev, ctx, out);
 }
 
+void tb__cuda_prefetch(struct tb_client *c,
+                       const Tensorbroker__V1__BufferInfo *bi,
+                       const Tensorbroker__V1__EventInfo *ready) {
+  struct tb__conn *k = c->conn;
+  struct tb__cuda_view *v;
+  struct tb__map *m;
+  tb_cu_context ctx = NULL;
+  tb_cu_event ev;
+  char why[256] = "";
+  int dev, rc;
+
+  /* Never the first to load the driver or to make a context current, and
+   * never over an error the caller is about to report. */
+  if (bi->kind != TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC ||
+      c->last_error_len != 0 || !tb__cuda_loaded() ||
+      tb__cuda_current_device(&dev, &ctx, why, sizeof(why)) < 0)
+    return;
+  m = tb__map_get(k, bi->buffer_id, bi->generation);
+  if (m != NULL) {
+    pthread_mutex_lock(&k->lock);
+    tb__map_put_locked(k, m);
+    pthread_mutex_unlock(&k->lock);
+    return;
+  }
+  /* the mapping an acquire on this thread's device would make (view_in,
+   * as acquire_default does), kept in the cache without a lease */
+  rc = tb__cuda_map_open(c, bi, &m);
+  if (rc == 0) {
+    rc = view_in(c, m, dev, ctx, &v);
+    if (rc < 0) {
+      tb__map_release_memory(m);
+    } else {
+      tb__map_insert(k, m);
+      pthread_mutex_lock(&k->lock);
+      tb__map_put_locked(k, m);
+      pthread_mutex_unlock(&k->lock);
+    }
+  }
+  /* a finished version's event is never opened by its acquire either */
+  if (rc == 0 && ready != NULL && ready->event_id != 0 && !ready->complete &&
+      ready->cuda_ipc_event_handle.len == TB__CUDA_IPC_HANDLE_SIZE) {
+    const uint8_t *uuid = bi->device->uuid.data;
+    if (ready->device != NULL && ready->device->uuid.len == TB__UUID_SIZE)
+      uuid = ready->device->uuid.data;
+    pthread_mutex_lock(&k->lock);
+    (void)open_event_locked(k, ready->event_id,
+                            ready->cuda_ipc_event_handle.data, uuid, &ev, why,
+                            sizeof(why));
+    pthread_mutex_unlock(&k->lock);
+  }
+  /* a failure is met again, and reported, by the acquire that needs it */
+  tb__clear_error(c);
+}
+
 /* A consumer's done event whose registration is in flight. */
 struct done_pending {
   struct tb__cuda_ev *e; /* NULL: nothing in flight */

@@ -93,6 +93,7 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   snprintf(s->name, sizeof(s->name), "%s", name);
   s->contract = (int)h->stream_contract;
   s->memory_kinds = h->memory_kinds;
+  s->prefetch = h->prefetch;
   s->hello = true;
   r->nhello++;
   tbd_info("session %llu open: pid %d uid %u gid %u name '%s' contract %s",

@@ -499,6 +499,65 @@ void tbd__event_remove(struct tbd_registry *r, struct tbd_event *e) {
 
 static struct tbd_version *find_match(struct tbd_channel *ch, int mode,
                                       uint64_t version);
+static int buffer_info_pack(struct tbd_buffer *b);
+
+/* A subscriber's NewVersion notice. A session that asked for prefetch
+ * (Hello.prefetch) also gets the version's CUDA buffer, the first time it
+ * hears of it, and the ready event with it: it may open both before it
+ * acquires. The buffer is then recorded as sent, so that its BufferRetired
+ * reaches the session. Out of memory, the notice goes without the buffer
+ * (the acquire brings it, as without prefetch). */
+static void new_version_notify(struct tbd_registry *r, struct tbd_session *s,
+                               struct tbd_version *v) {
+  Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
+  Tensorbroker__V1__NewVersion nv = TENSORBROKER__V1__NEW_VERSION__INIT;
+  Tensorbroker__V1__EventInfo ei;
+  Tensorbroker__V1__Device edev;
+  ProtobufCMessageUnknownField uf;
+  uint8_t bibuf[256]; /* a BufferInfo is < 170 bytes */
+  struct tbd_buffer *b = v->buf;
+  struct tbd_sent *sent = NULL;
+  size_t len;
+
+  n.body_case = TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION;
+  n.new_version = &nv;
+  nv.channel = v->ch->name;
+  nv.version = v->number;
+  if (!s->prefetch ||
+      b->kind != TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC ||
+      !(s->memory_kinds &
+        (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)))
+    goto out_emit;
+  HASH_FIND(hh, s->sent, &b->id, sizeof(b->id), sent);
+  if (sent != NULL || buffer_info_pack(b) < 0 ||
+      b->info_len + 10 > sizeof(bibuf))
+    goto out_emit;
+  sent = tbd_calloc(1, sizeof(*sent));
+  if (sent == NULL)
+    goto out_emit;
+  sent->buffer_id = b->id;
+  tbd_hash_oom = 0;
+  HASH_ADD(hh, s->sent, buffer_id, sizeof(sent->buffer_id), sent);
+  if (tbd_hash_oom) {
+    tbd_free(sent);
+    goto out_emit;
+  }
+  /* as lease_grant does: the packed bytes, as an "unknown" field 3 */
+  len = tb__put_varint(bibuf, b->info_len);
+  memcpy(bibuf + len, b->info, b->info_len);
+  uf.tag = 3; /* NewVersion.buffer */
+  uf.wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
+  uf.len = len + b->info_len;
+  uf.data = bibuf;
+  nv.base.n_unknown_fields = 1;
+  nv.base.unknown_fields = &uf;
+  if (v->has_ready) {
+    tbd__evinfo_to_pb(&v->ready, &ei, &edev);
+    nv.ready_event = &ei;
+  }
+out_emit:
+  tbd__emit_notice(r, s, &n);
+}
 
 
 int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
@@ -509,8 +568,6 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
                  uint64_t *version, char *why, size_t whylen) {
   struct tbd_channel *ch = tbd__channel_find(r, channel), *newch = NULL;
   struct tbd_version *v;
-  Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
-  Tensorbroker__V1__NewVersion nv = TENSORBROKER__V1__NEW_VERSION__INIT;
   struct tbd_subgroup *g;
   struct tbd_sub *sub;
   struct tbd_wait *w, *wtmp;
@@ -607,11 +664,7 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
   }
   HASH_FIND_STR(r->subgroups, channel, g);
   if (g != NULL) {
-    n.body_case = TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION;
-    n.new_version = &nv;
-    nv.channel = ch->name;
-    nv.version = v->number;
-    DL_FOREACH2(g->members, sub, gnext) { tbd__emit_notice(r, sub->s, &n); }
+    DL_FOREACH2(g->members, sub, gnext) { new_version_notify(r, sub->s, v); }
   }
   channel_trim(r, ch);
   return 0;

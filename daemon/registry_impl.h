@@ -145,6 +145,7 @@ struct tbd_session {
   uint64_t mark;              /* to notify each session once */
   int contract;
   uint32_t memory_kinds;
+  bool prefetch;              /* Hello.prefetch: buffers in NewVersion */
   uint32_t nleases, nbuffers, nevents, nsubs;
   uint64_t implicit_stream_calls;
   uint64_t requests;

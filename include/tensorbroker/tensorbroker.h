@@ -108,6 +108,14 @@ struct tb_connect_options {
    * 1000000; tb_client_connect() gives TB_EINVAL for a value out of range,
    * here or in that variable (which must be a plain decimal number). */
   int spin_us;
+  /* 0 (default): opening ahead. When a subscribed channel gets a version
+   * in a CUDA buffer this session has not seen, the daemon sends the
+   * buffer's handle with the new-version notice, and the library opens it
+   * (and the version's ready event) as it reads that notice, on the thread
+   * reading it if a CUDA context is current there: the acquire that
+   * follows finds them open (docs/cuda.md, "Opening ahead"). Non-zero: the
+   * notices carry no buffers, and acquires open what they need. */
+  int no_prefetch;
 };
 
 /* Fill *opts with the defaults. */

@@ -761,12 +761,12 @@ static int client_check(ClientObject *self) {
 
 static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"socket", "name", "stream_contract", "timeout_ms", "spin_us",
-                           NULL};
+                           "prefetch", NULL};
   const char *socket_path = NULL, *name = NULL;
   PyObject *contract = NULL;
-  int timeout_ms = 0, spin_us = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzOii:Client", kwlist, &socket_path, &name,
-                                   &contract, &timeout_ms, &spin_us))
+  int timeout_ms = 0, spin_us = 0, prefetch = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzOiip:Client", kwlist, &socket_path, &name,
+                                   &contract, &timeout_ms, &spin_us, &prefetch))
     return -1;
   if (self->c != NULL) {
     PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
@@ -778,6 +778,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   opts.client_name = name;
   opts.timeout_ms = timeout_ms;
   opts.spin_us = spin_us;
+  opts.no_prefetch = !prefetch;
   if (contract != NULL && contract != Py_None) {
     if (PyLong_Check(contract)) {
       opts.stream_contract = (int)PyLong_AsLong(contract);

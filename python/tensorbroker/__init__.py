@@ -124,12 +124,19 @@ class Client:
     spin_us: busy polling: poll the socket this many microseconds before
         sleeping in a wait (0: $TENSORBROKER_SPIN_US, else none). Spends
         CPU for latency; see docs/benchmarks.md "Busy polling".
+    prefetch: opening ahead (default True): on a subscribed channel, a
+        version in a CUDA buffer this session has not seen arrives with the
+        buffer's handle in its new-version notice, and the library opens the
+        buffer (and the version's ready event) as it reads that notice, when
+        a CUDA context is current on the reading thread. False: acquires
+        open what they need. See docs/cuda.md "Opening ahead".
     """
 
     def __init__(self, socket=None, name=None, stream_contract="spec", timeout=None,
-                 spin_us=0):
+                 spin_us=0, prefetch=True):
         timeout_ms = 0 if timeout is None else max(1, int(math.ceil(timeout * 1000)))
-        self._c = _native.Client(socket, name, stream_contract, timeout_ms, int(spin_us))
+        self._c = _native.Client(socket, name, stream_contract, timeout_ms, int(spin_us),
+                                 bool(prefetch))
         self._pins = {}          # (channel, version) -> CUDA tensor kept alive
         self._notices = deque()  # notices read while collecting pins
         self.last_publish_zero_copy = None

@@ -233,6 +233,26 @@ static int hello(struct tbd_registry *r, struct tbd_session *s,
   return send_req(r, s, &q, NULL, 0, NULL);
 }
 
+/* A session whose Hello asks for prefetch (CUDA buffers in NewVersion). */
+static struct tbd_session *session_prefetch(struct tbd_registry *r,
+                                            pid_t pid) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
+  struct tbd_session *s;
+
+  assert_tb_ok(tbd_session_open(r, pid, 1000, 1000, NULL, &s));
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+  q.hello = &h;
+  h.protocol_version = 1;
+  h.client_name = "prefetcher";
+  h.memory_kinds =
+      (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) |
+      (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC);
+  h.prefetch = true;
+  assert_tb_ok(send_req(r, s, &q, NULL, 0, NULL));
+  return s;
+}
+
 static struct tbd_session *session(struct tbd_registry *r, pid_t pid) {
   struct tbd_session *s;
 
@@ -277,6 +297,33 @@ static int reg_buffer_fd(struct tbd_registry *r, struct tbd_session *s,
 static uint64_t buffer(struct tbd_registry *r, struct tbd_session *s) {
   uint64_t id = 0;
   assert_tb_ok(reg_buffer_fd(r, s, 4096, memfd(4096, true), &id));
+  return id;
+}
+
+/* A CUDA_IPC buffer with a made-up handle whose first byte is tag. */
+static uint64_t cuda_buffer(struct tbd_registry *r, struct tbd_session *s,
+                            uint8_t tag) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__BufferRegister b =
+      TENSORBROKER__V1__BUFFER_REGISTER__INIT;
+  Tensorbroker__V1__Device d = TENSORBROKER__V1__DEVICE__INIT;
+  uint8_t handle[64] = {tag}, uuid[16] = {9, 9};
+  struct cap *c;
+  uint64_t id;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
+  q.buffer_register = &b;
+  b.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
+  b.size = 4096;
+  b.device = &d;
+  d.type = kDLCUDA;
+  d.uuid.data = uuid;
+  d.uuid.len = sizeof(uuid);
+  b.cuda_ipc_handle.data = handle;
+  b.cuda_ipc_handle.len = sizeof(handle);
+  assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
+  id = c->m->reply->buffer_register->buffer_id;
+  cap_free(c);
   return id;
 }
 
@@ -843,6 +890,118 @@ static void test_subscriptions(void **state) {
   reg_free(r);
 }
 
+/* Hello.prefetch: a subscriber hears of each CUDA buffer once, in the
+ * NewVersion notice of its first version, with the ready event; then gets
+ * its BufferRetired like a session that acquired it. Others, and host
+ * buffers, get plain notices. */
+static void test_prefetch_notices(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session_prefetch(r, 11),
+                     *o = session(r, 12);
+  uint64_t b1 = cuda_buffer(r, p, 0x11), b2 = cuda_buffer(r, p, 0x22),
+           hb = buffer(r, p), e = event(r, p);
+  struct pub gpu = {.dev_type = kDLCUDA, .meta_len = 3, .event = e};
+  Tensorbroker__V1__NewVersion *nv;
+  struct cap *m;
+
+  (void)state;
+  assert_tb_ok(simple(r, c, SUBSCRIBE, "g", 0));
+  assert_tb_ok(simple(r, o, SUBSCRIBE, "g", 0));
+  assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
+  m = take_notice(c, N_NEW);
+  assert_non_null(m);
+  nv = m->m->notice->new_version;
+  assert_int_equal(nv->version, 1);
+  assert_non_null(nv->buffer);
+  assert_int_equal(nv->buffer->buffer_id, b1);
+  assert_int_equal(nv->buffer->kind,
+                   TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC);
+  assert_int_equal(nv->buffer->cuda_ipc_handle.len, 64);
+  assert_int_equal(nv->buffer->cuda_ipc_handle.data[0], 0x11);
+  assert_int_equal(nv->buffer->size, 4096);
+  assert_non_null(nv->ready_event);
+  assert_int_equal(nv->ready_event->event_id, e);
+  assert_int_equal(nv->ready_event->cuda_ipc_event_handle.len, 64);
+  cap_free(m);
+  m = take_notice(o, N_NEW); /* no prefetch asked: a plain notice */
+  assert_non_null(m);
+  assert_null(m->m->notice->new_version->buffer);
+  assert_null(m->m->notice->new_version->ready_event);
+  cap_free(m);
+  /* the same buffer again: no handle; a new one: its handle */
+  assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
+  m = take_notice(c, N_NEW);
+  assert_non_null(m);
+  assert_null(m->m->notice->new_version->buffer);
+  assert_null(m->m->notice->new_version->ready_event);
+  cap_free(m);
+  assert_tb_ok(publish_ex(r, p, "g", b2, &gpu, NULL));
+  m = take_notice(c, N_NEW);
+  assert_non_null(m);
+  assert_non_null(m->m->notice->new_version->buffer);
+  assert_int_equal(m->m->notice->new_version->buffer->buffer_id, b2);
+  assert_int_equal(m->m->notice->new_version->buffer->cuda_ipc_handle.data[0],
+                   0x22);
+  cap_free(m);
+  publish(r, p, "g", hb, 0); /* host memory travels with the acquire */
+  m = take_notice(c, N_NEW);
+  assert_non_null(m);
+  assert_null(m->m->notice->new_version->buffer);
+  cap_free(m);
+  assert_int_equal(drop_notices(o, N_NEW), 3);
+  /* b1 retired, none of its versions left: the prefetching session, which
+   * never acquired it, is told; the other is not */
+  assert_tb_ok(simple(r, p, UNREGISTER, NULL, b1));
+  m = take_notice(c, N_RETIRED);
+  assert_non_null(m);
+  assert_int_equal(m->m->notice->buffer_retired->buffer_id, b1);
+  cap_free(m);
+  assert_null(take_notice(o, N_RETIRED));
+  reg_free(r);
+}
+
+/* Out of memory while a prefetching subscriber's notice is built: the
+ * publish succeeds, the notice goes without the buffer, and the buffer is
+ * not counted as sent (the next notice carries it). */
+static void test_alloc_failure_prefetch(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session_prefetch(r, 11);
+  struct pub gpu = {.dev_type = kDLCUDA, .meta_len = 3};
+  int degraded = 0, rc;
+
+  (void)state;
+  assert_tb_ok(simple(r, c, SUBSCRIBE, "g", 0));
+  for (unsigned long n = 1;; n++) {
+    uint64_t b = cuda_buffer(r, p, (uint8_t)n);
+    struct cap *m;
+    tbd_alloc_fail_at(n, 0);
+    rc = publish_ex(r, p, "g", b, &gpu, NULL);
+    tbd_alloc_fail_at(0, 0);
+    assert_true(n < 100);
+    if (rc != 0) {
+      assert_int_equal(rc, TB_ENOMEM);
+      assert_null(take_notice(c, N_NEW));
+      continue;
+    }
+    m = take_notice(c, N_NEW);
+    assert_non_null(m);
+    if (m->m->notice->new_version->buffer != NULL) {
+      cap_free(m);
+      break; /* past the last allocation */
+    }
+    cap_free(m);
+    degraded++;
+    assert_tb_ok(publish_ex(r, p, "g", b, &gpu, NULL));
+    m = take_notice(c, N_NEW);
+    assert_non_null(m);
+    assert_non_null(m->m->notice->new_version->buffer);
+    assert_int_equal(m->m->notice->new_version->buffer->buffer_id, b);
+    cap_free(m);
+  }
+  assert_true(degraded >= 1);
+  reg_free(r);
+}
+
 static void test_limits(void **state) {
   struct tbd_limits lim;
   struct tbd_registry *r;
@@ -1090,6 +1249,8 @@ int main(void) {
       T(test_modes),
       T(test_second_publisher_busy),
       T(test_subscriptions),
+      T(test_prefetch_notices),
+      T(test_alloc_failure_prefetch),
       T(test_limits),
       T(test_buffer_register_checks),
       T(test_wait_free),

@@ -9,7 +9,10 @@
  *    version is leased and still reads correctly;
  *  - the consumer's done event is made while its first acquire's request is
  *    in flight (one cuEventCreate during an acquire of a channel that does
- *    not exist), and its first CUDA acquire uses it (no second one). */
+ *    not exist), and its first CUDA acquire uses it (no second one);
+ *  - opening ahead: the consumer (subscribed) opens each new buffer as it
+ *    reads the new-version notice, before it acquires; the acquires then
+ *    open no memory and no event. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -81,14 +84,29 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   tb__cuda_counters(&k0);
   for (unsigned r = 0; r < 3; r++) {
     struct tb_lease_info li;
+    struct tb_notice nt;
+    struct tb_cuda_counters kn;
+    unsigned long want = r < 2 ? 1 : 2;
     tbg_child_hear(ch, "go", NULL, 0);
+    tbg_wait_notice(c, TB_NOTICE_NEW_VERSION, &nt);
+    if (nt.version != r + 1)
+      TBG_FAIL("notice of version %llu, expected %u",
+               (unsigned long long)nt.version, r + 1);
+    tb__cuda_counters(&kn);
+    if (kn.ipc_open_mem - k0.ipc_open_mem != want)
+      TBG_FAIL("after %u new-version notices: %lu cuIpcOpenMemHandle calls, "
+               "expected %lu (a new buffer opened as its notice is read)",
+               r + 1, kn.ipc_open_mem - k0.ipc_open_mem, want);
     TBG_OK(c, tbg_acquire(c, "gpu/cache", TB_ACQUIRE_NEXT, ver, s, &t));
     TBG_OK(c, tb_lease_info(t, &li));
     ver = li.version;
     if (tbg_count(&g, tbg_tensor_ptr(t, N), 11 + r, N, s) != 0)
       TBG_FAIL("version %llu: wrong data", (unsigned long long)ver);
     tb__cuda_counters(&k);
-    unsigned long want = r < 2 ? 1 : 2;
+    if (k.ipc_open_event != kn.ipc_open_event)
+      TBG_FAIL("acquire %u opened %lu events after the notice (expected 0: "
+               "opened ahead, or finished and never opened)",
+               r + 1, k.ipc_open_event - kn.ipc_open_event);
     if (k.ipc_open_mem - k0.ipc_open_mem != want)
       TBG_FAIL("after %u acquires: %lu cuIpcOpenMemHandle calls, expected "
                "%lu", r + 1, k.ipc_open_mem - k0.ipc_open_mem, want);

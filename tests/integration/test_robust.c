@@ -313,6 +313,128 @@ static void test_never_reads(void **state) {
   tb_client_disconnect(p);
 }
 
+/* A raw request that must succeed; returns its reply (caller frees),
+ * skipping the notices that come before it. */
+static tb__server_message *raw_ok(int fd, tb__request *r, uint64_t id) {
+  tb__server_message *m;
+
+  r->request_id = id;
+  raw_send_req(fd, r);
+  while ((m = raw_recv(fd)) != NULL &&
+         m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE)
+    tb__server_message_free(m);
+  assert_non_null(m);
+  assert_int_equal(m->body_case, TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY);
+  assert_int_equal(m->reply->status, 0);
+  assert_true(m->reply->request_id == id);
+  return m;
+}
+
+static uint64_t raw_cuda_buffer(int fd, uint64_t id, uint8_t tag) {
+  Tensorbroker__V1__BufferRegister b = TENSORBROKER__V1__BUFFER_REGISTER__INIT;
+  Tensorbroker__V1__Device d = TENSORBROKER__V1__DEVICE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  uint8_t handle[64] = {tag}, uuid[16] = {7};
+  tb__server_message *m;
+  uint64_t bid;
+
+  b.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
+  b.size = 4096;
+  b.device = &d;
+  d.type = kDLCUDA;
+  d.uuid.data = uuid;
+  d.uuid.len = sizeof(uuid);
+  b.cuda_ipc_handle.data = handle;
+  b.cuda_ipc_handle.len = sizeof(handle);
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
+  r.buffer_register = &b;
+  m = raw_ok(fd, &r, id);
+  bid = m->reply->buffer_register->buffer_id;
+  tb__server_message_free(m);
+  return bid;
+}
+
+static void raw_publish(int fd, uint64_t id, const char *ch, uint64_t bid) {
+  Tensorbroker__V1__Publish p = TENSORBROKER__V1__PUBLISH__INIT;
+  Tensorbroker__V1__Layout l = TENSORBROKER__V1__LAYOUT__INIT;
+  Tensorbroker__V1__Device d = TENSORBROKER__V1__DEVICE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  int64_t shape[1] = {16};
+
+  p.channel = (char *)ch;
+  p.buffer_id = bid;
+  p.layout = &l;
+  l.device = &d;
+  d.type = kDLCUDA;
+  l.dtype_code = kDLFloat;
+  l.dtype_bits = 32;
+  l.dtype_lanes = 1;
+  l.shape = shape;
+  l.n_shape = 1;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_PUBLISH;
+  r.publish = &p;
+  tb__server_message_free(raw_ok(fd, &r, id));
+}
+
+/* Opening ahead without a GPU: a CUDA buffer arrives in the new-version
+ * notices of a subscribed client (the default, prefetch) and the library
+ * reads them as usual (no CUDA context here: nothing is opened); the
+ * buffer then counts as sent to that session, which is told when it
+ * retires. A client with
+ * no_prefetch gets plain notices and no retirement. The producer speaks
+ * the wire (a CUDA publish through the library needs a GPU). */
+static void test_prefetch_notices_without_gpu(void **state) {
+  const struct tbt_daemon *d = *state;
+  Tensorbroker__V1__BufferUnregister u =
+      TENSORBROKER__V1__BUFFER_UNREGISTER__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  struct tb_connect_options o;
+  struct tb_status st;
+  struct tb_notice n;
+  tb_client *ahead, *plain;
+  uint64_t b1, b2;
+  int fd, retired = 0;
+
+  assert_tb_ok(tbt_connect(d, "ahead", &ahead));
+  tb_connect_options_init(&o);
+  o.socket_path = d->sock;
+  o.client_name = "plain";
+  o.timeout_ms = TBT_TIMEOUT_MS;
+  o.no_prefetch = 1;
+  assert_tb_ok(tb_client_connect(&o, &plain));
+  assert_tb_ok(tb_subscribe(ahead, "pf/x"));
+  assert_tb_ok(tb_subscribe(plain, "pf/x"));
+  fd = raw_connect(d);
+  raw_hello(fd);
+  b1 = raw_cuda_buffer(fd, 2, 0x11);
+  b2 = raw_cuda_buffer(fd, 3, 0x22);
+  raw_publish(fd, 4, "pf/x", b1);
+  raw_publish(fd, 5, "pf/x", b2); /* b1's version leaves the history */
+  u.buffer_id = b1;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER;
+  r.buffer_unregister = &u;
+  tb__server_message_free(raw_ok(fd, &r, 6)); /* b1 retires now */
+  for (int i = 1; i <= 2; i++) {
+    assert_tb_ok(tb_client_poll_notice(ahead, &n, TBT_TIMEOUT_MS));
+    assert_int_equal(n.type, TB_NOTICE_NEW_VERSION);
+    assert_int_equal(n.version, (uint64_t)i);
+    assert_tb_ok(tb_client_poll_notice(plain, &n, TBT_TIMEOUT_MS));
+    assert_int_equal(n.type, TB_NOTICE_NEW_VERSION);
+    assert_int_equal(n.version, (uint64_t)i);
+  }
+  assert_tb_ok(tb_client_poll_notice(ahead, &n, TBT_TIMEOUT_MS));
+  assert_int_equal(n.type, TB_NOTICE_BUFFER_RETIRED);
+  assert_int_equal(n.buffer_id, b1);
+  /* everything the daemon sent before this reply has been read */
+  assert_tb_ok(tb_daemon_status(plain, &st));
+  while (tb_client_poll_notice(plain, &n, 0) == 0)
+    retired += n.type == TB_NOTICE_BUFFER_RETIRED;
+  assert_int_equal(retired, 0);
+  close(fd);
+  tb_client_disconnect(plain);
+  tb_client_disconnect(ahead);
+}
+
 static int setup_small_outq(void **state) {
   static const char *const extra[] = {"--max-outq", "4096", NULL};
   struct tbt_daemon *d = calloc(1, sizeof(*d));
@@ -336,6 +458,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_unexpected_fds, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_silent_clients, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_never_reads, setup_small_outq, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_prefetch_notices_without_gpu, tbt_setup,
+                                      tbt_teardown),
   };
   return cmocka_run_group_tests_name("robust", tests, NULL, NULL);
 }

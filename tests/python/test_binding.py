@@ -193,6 +193,22 @@ def test_busy_polling_client():
             expect_error(lambda: cons.acquire("bp/a", after=1, timeout=0.05), "TB_ETIMEDOUT")
 
 
+def test_prefetch_option():
+    # opening ahead concerns CUDA buffers only; either setting exchanges host
+    # tensors the same way (the C tests check what the daemon sends)
+    with daemon() as sock:
+        with tb.Client(socket=sock) as prod, tb.Client(socket=sock, prefetch=False) as off, \
+                tb.Client(socket=sock, prefetch=True) as on:
+            off.subscribe("pf/a")
+            on.subscribe("pf/a")
+            prod.publish("pf/a", np.arange(3.0))
+            for cons in (off, on):
+                n = cons.poll_notice(timeout=5)
+                assert n is not None and n["type"] == "new_version", n
+                with cons.acquire("pf/a") as l:
+                    assert np.array_equal(np.from_dlpack(l), np.arange(3.0))
+
+
 def test_errors():
     with daemon() as sock, tb.Client(socket=sock) as prod:
         a = np.zeros(4)
