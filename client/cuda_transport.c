@@ -696,13 +696,13 @@ void tb__cuda_prefetch(struct tb_client *c,
   struct tb__map *m;
   tb_cu_context ctx = NULL;
   tb_cu_event ev;
-  char why[256] = "";
+  char why[256] = "", kept[TB__LAST_ERROR_MAX];
+  size_t kept_len;
   int dev, rc;
 
-  /* Never the first to load the driver or to make a context current, and
-   * never over an error the caller is about to report. */
+  /* never the first to load the driver or to make a context current */
   if (bi->kind != TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC ||
-      c->last_error_len != 0 || !tb__cuda_loaded() ||
+      !tb__cuda_loaded() ||
       tb__cuda_current_device(&dev, &ctx, why, sizeof(why)) < 0)
     return;
   m = tb__map_get(k, bi->buffer_id, bi->generation);
@@ -712,6 +712,9 @@ void tb__cuda_prefetch(struct tb_client *c,
     pthread_mutex_unlock(&k->lock);
     return;
   }
+  /* the caller's last error stays what it was (tb_client_last_error) */
+  kept_len = c->last_error_len;
+  memcpy(kept, c->last_error, sizeof(kept));
   /* the mapping an acquire on this thread's device would make (view_in,
    * as acquire_default does), kept in the cache without a lease */
   rc = tb__cuda_map_open(c, bi, &m);
@@ -739,7 +742,8 @@ void tb__cuda_prefetch(struct tb_client *c,
     pthread_mutex_unlock(&k->lock);
   }
   /* a failure is met again, and reported, by the acquire that needs it */
-  tb__clear_error(c);
+  memcpy(c->last_error, kept, sizeof(kept));
+  c->last_error_len = kept_len;
 }
 
 /* A consumer's done event whose registration is in flight. */
