@@ -96,6 +96,10 @@ struct gpu_shared {
   unsigned long waits, counted;
   unsigned long long ns_open_mem, ns_open_event, ns_wait;
   unsigned long long ns_rt; /* acquires' daemon round trips */
+  /* cold rows: the IPC opens (memory + event) inside each timed acquire,
+   * from the driver counters read just outside its timed window */
+  uint64_t opens_in[1024];
+  uint64_t rt_in[1024]; /* the same acquires' times (rt[] gets sorted) */
   unsigned long records, creates; /* consumer's cuEventRecord/Create calls */
   unsigned long long ns_record, ns_create;
   unsigned long prod_records; /* producer's cuEventRecord calls, warm rows */
@@ -112,6 +116,14 @@ struct counts {
 static void counts_now(struct counts *c) {
   tb__cuda_counters(&c->k);
   tb__acquire_counters(&c->acq, &c->acq_ns);
+}
+
+/* Nanoseconds in cuIpcOpenMemHandle + cuIpcOpenEventHandle between two
+ * readings of the counters. */
+static uint64_t opens_between(const struct tb_cuda_counters *a,
+                              const struct tb_cuda_counters *b) {
+  return (b->ipc_open_mem_ns - a->ipc_open_mem_ns) +
+         (b->ipc_open_event_ns - a->ipc_open_event_ns);
 }
 
 /* The consumer's counters over [c0, c1] for n acquires. */
@@ -515,9 +527,12 @@ static int tb_gpu_consumer(void *p) {
         counts_now(&k0);
       if (tbb_read_byte(a->go_rd, &b) < 0)
         goto out;
+      struct tb_cuda_counters o0, o1;
+      tb__cuda_counters(&o0);
       uint64_t t0 = tbb_now_ns();
       rc = tb_acquire(c, "bench/gpu/coldbuf", &o, &t);
       uint64_t t1 = tbb_now_ns();
+      tb__cuda_counters(&o1);
       if (rc < 0) {
         fprintf(stderr, "gpu consumer: new-buffer acquire: %s\n",
                 tb_strerror(rc));
@@ -528,8 +543,11 @@ static int tb_gpu_consumer(void *p) {
       g.cu->cuStreamSynchronize(g.stream);
       if (tbb_write_byte(a->sv, 'a') < 0)
         goto out;
-      if (i >= a->sh->warm)
+      if (i >= a->sh->warm) {
         a->sh->rt[i - a->sh->warm] = t1 - t0;
+        a->sh->opens_in[i - a->sh->warm] = opens_between(&o0, &o1);
+        a->sh->rt_in[i - a->sh->warm] = t1 - t0;
+      }
     }
     counts_now(&k1);
     note_counters(a->sh, &k0, &k1, a->sh->iters);
@@ -542,9 +560,12 @@ static int tb_gpu_consumer(void *p) {
       rc = tbb_connect(a->sock, "bench-gpu-cold", TB_CONTRACT_SPEC, &c);
       if (rc < 0)
         goto out;
+      struct tb_cuda_counters o0, o1;
+      tb__cuda_counters(&o0);
       uint64_t t0 = tbb_now_ns();
       rc = tb_acquire(c, "bench/gpu/cold", &o, &t);
       uint64_t t1 = tbb_now_ns();
+      tb__cuda_counters(&o1);
       if (rc < 0) {
         fprintf(stderr, "gpu consumer: cold acquire: %s\n", tb_strerror(rc));
         goto out;
@@ -554,8 +575,11 @@ static int tb_gpu_consumer(void *p) {
       g.cu->cuStreamSynchronize(g.stream);
       tb_client_disconnect(c);
       c = NULL;
-      if (i >= a->sh->warm)
+      if (i >= a->sh->warm) {
         a->sh->rt[i - a->sh->warm] = t1 - t0;
+        a->sh->opens_in[i - a->sh->warm] = opens_between(&o0, &o1);
+        a->sh->rt_in[i - a->sh->warm] = t1 - t0;
+      }
     }
     counts_now(&k1);
     note_counters(a->sh, &k0, &k1, a->sh->warm + a->sh->iters);
@@ -695,6 +719,42 @@ static size_t run_torch(uint64_t *out, size_t cap, long iters) {
   unlink(file);
   rmdir(dir);
   return n;
+}
+
+/* A cold row's acquires against the opens they made themselves (the open
+ * cost moves a lot from pass to pass and from buffer to buffer, so the
+ * rows of the raw program, run before, are not the same opens): a row of
+ * those opens, the ratio of the p50s, and the p50 of what each acquire
+ * took beyond its own opens. */
+static void cold_own_opens(struct gpu_shared *sh, size_t n, const char *row,
+                           const char *tag) {
+  static uint64_t total[1024], beyond[1024];
+  struct tbb_summary st, sb;
+  char name[96];
+
+  if (n > 1024)
+    n = 1024;
+  for (size_t i = 0; i < n; i++) {
+    total[i] = sh->rt_in[i];
+    beyond[i] = sh->rt_in[i] > sh->opens_in[i]
+                    ? sh->rt_in[i] - sh->opens_in[i]
+                    : 0;
+  }
+  tbb_summarise(total, n, &st);
+  tbb_summarise(beyond, n, &sb);
+  snprintf(name, sizeof(name), "tb cold, %s: its IPC opens", tag);
+  tbb_row_latency(name, sh->opens_in, n, NULL);
+  {
+    struct tbb_summary so;
+    static uint64_t o2[1024];
+    memcpy(o2, sh->opens_in, n * sizeof(*o2));
+    tbb_summarise(o2, n, &so);
+    tbb_note("%s: p50 %.1f us against p50 %.1f us of the IPC opens inside "
+             "the same acquires (%.2fx); p50 of each acquire beyond its own "
+             "opens %.1f us",
+             row, st.p50_us, so.p50_us,
+             so.p50_us > 0 ? st.p50_us / so.p50_us : 0, sb.p50_us);
+  }
 }
 
 /* Where a cold acquire's time went, from the consumer's counters. */
@@ -867,6 +927,8 @@ void tbb_scenario_gpu_handoff(void) {
              "the Acquire's request travels) and registers it (while the "
              "memory handle opens)",
              sh->opens_mem, sh->opens_event, sh->warm + sh->iters);
+    cold_own_opens(sh, n, "tb cold acquire, new client",
+                   "new client");
     cold_breakdown(sh, "new client", 0);
   } else {
     tbb_failed("tb cold acquire, new client");
@@ -881,6 +943,9 @@ void tbb_scenario_gpu_handoff(void) {
              "cuIpcOpenEventHandle calls over %ld acquires (1 each "
              "expected)",
              sh->opens_mem, sh->opens_event, sh->iters);
+    cold_own_opens(sh, n,
+                   "tb cold acquire, new buffer+event, connected client",
+                   "new buffer");
     cold_breakdown(sh, "new buffer", 0);
   } else {
     tbb_failed("tb cold acquire, new buffer+event");
@@ -897,6 +962,10 @@ void tbb_scenario_gpu_handoff(void) {
              "timed acquires made %lu cuIpcOpenMemHandle and %lu "
              "cuIpcOpenEventHandle calls over %ld acquires",
              sh->opens_mem, sh->opens_event, sh->iters);
+    cold_own_opens(sh, n,
+                   "tb cold acquire, new buffer+event, subscribed client "
+                   "(opening ahead)",
+                   "opening ahead");
     cold_breakdown(sh, "new buffer, opening ahead", 1);
   } else {
     tbb_failed("tb cold acquire, new buffer+event, opening ahead");
@@ -913,6 +982,8 @@ void tbb_scenario_gpu_handoff(void) {
       if (run_tb_pair(&ds, sh, COLD_BYTES, 1, 0) == 0) {
         tbb_row_latency("tb cold acquire, new client, busy polling", sh->rt,
                         n, "raw cuIpcOpenMemHandle+cuIpcOpenEventHandle");
+        cold_own_opens(sh, n, "tb cold acquire, new client, busy polling",
+                       "new client, busy polling");
         cold_breakdown(sh, "new client, busy polling", 0);
       } else {
         tbb_failed("tb cold acquire, new client, busy polling");
@@ -923,6 +994,10 @@ void tbb_scenario_gpu_handoff(void) {
                         sh->rt, n,
                         "raw open of new handles (new buffer+event each "
                         "round)");
+        cold_own_opens(sh, n,
+                       "tb cold acquire, new buffer+event, connected "
+                       "client, busy polling",
+                       "new buffer, busy polling");
         cold_breakdown(sh, "new buffer, busy polling", 0);
       } else {
         tbb_failed("tb cold acquire, new buffer+event, busy polling");
