@@ -165,7 +165,7 @@ void tbb_row_values(const char *name, int count, const char *const *keys,
 }
 
 void tbb_note(const char *fmt, ...) {
-  char buf[512];
+  char buf[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(buf, sizeof(buf), fmt, ap);
@@ -187,7 +187,7 @@ void tbb_skip(const char *why) {
 int tbb_failures;
 
 void tbb_failed(const char *fmt, ...) {
-  char buf[512];
+  char buf[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(buf, sizeof(buf), fmt, ap);

@@ -96,6 +96,7 @@ struct gpu_shared {
   unsigned long waits, counted;
   unsigned long long ns_open_mem, ns_open_event, ns_wait;
   unsigned long long ns_rt; /* acquires' daemon round trips */
+  unsigned long long ns_after, ns_prefetch; /* tb_acquire_counters */
   /* cold rows: the IPC opens (memory + event) inside each timed acquire,
    * from the driver counters read just outside its timed window */
   uint64_t opens_in[1024];
@@ -109,13 +110,12 @@ struct gpu_shared {
 /* The consumer's driver counters and its acquires' daemon round trips. */
 struct counts {
   struct tb_cuda_counters k;
-  unsigned long acq;
-  unsigned long long acq_ns;
+  struct tb_acquire_counters a;
 };
 
 static void counts_now(struct counts *c) {
   tb__cuda_counters(&c->k);
-  tb__acquire_counters(&c->acq, &c->acq_ns);
+  tb__acquire_counters(&c->a);
 }
 
 /* Nanoseconds in cuIpcOpenMemHandle + cuIpcOpenEventHandle between two
@@ -130,7 +130,9 @@ static uint64_t opens_between(const struct tb_cuda_counters *a,
 static void note_counters(struct gpu_shared *sh, const struct counts *c0,
                           const struct counts *c1, long n) {
   const struct tb_cuda_counters *k0 = &c0->k, *k1 = &c1->k;
-  sh->ns_rt = c1->acq_ns - c0->acq_ns;
+  sh->ns_rt = c1->a.wait_ns - c0->a.wait_ns;
+  sh->ns_after = c1->a.after_ns - c0->a.after_ns;
+  sh->ns_prefetch = c1->a.prefetch_ns - c0->a.prefetch_ns;
   sh->opens_mem = k1->ipc_open_mem - k0->ipc_open_mem;
   sh->opens_event = k1->ipc_open_event - k0->ipc_open_event;
   sh->waits = k1->stream_wait - k0->stream_wait;
@@ -758,8 +760,7 @@ static void cold_own_opens(struct gpu_shared *sh, size_t n, const char *row,
 }
 
 /* Where a cold acquire's time went, from the consumer's counters. */
-static void cold_breakdown(const struct gpu_shared *sh, const char *what,
-                           int ahead) {
+static void cold_breakdown(const struct gpu_shared *sh, const char *what) {
   double n = sh->counted ? (double)sh->counted : 1, mean = 0;
   for (long i = 0; i < sh->iters; i++)
     mean += (double)sh->rt[i];
@@ -767,22 +768,17 @@ static void cold_breakdown(const struct gpu_shared *sh, const char *what,
   double om = (double)sh->ns_open_mem / n, oe = (double)sh->ns_open_event / n,
          w = (double)sh->ns_wait / n;
   double ec = (double)sh->ns_create / n, er = (double)sh->ns_record / n;
-  double rt = (double)sh->ns_rt / n;
-  /* opening ahead: the opens happen while the Acquire's reply is awaited;
-   * what is shown is the wait they did not cover */
-  if (ahead)
-    rt -= om + oe;
-  tbb_note("%s, mean per acquire: %.1f us in all; the Acquire's round trip "
-           "to the daemon%s %.1f; cuIpcOpenMemHandle %.1f, "
-           "cuIpcOpenEventHandle %.1f, cuStreamWaitEvent %.1f (%lu calls), "
-           "cuEventCreate %.1f (%lu calls), cuEventRecord %.1f (%lu calls); "
-           "the rest (library, other driver calls, the done event's "
-           "registration) %.1f",
-           what, mean / 1e3,
-           ahead ? " beyond the opens made while it travels" : "", rt / 1e3,
-           om / 1e3, oe / 1e3, w / 1e3,
-           sh->waits, ec / 1e3, sh->creates, er / 1e3, sh->records,
-           (mean - rt - om - oe - w - ec - er) / 1e3);
+  double rt = (double)sh->ns_rt / n, pf = (double)sh->ns_prefetch / n,
+         af = (double)sh->ns_after / n;
+  tbb_note("%s, mean per acquire: %.1f us in all = sending the Acquire and "
+           "waiting for its reply %.1f (opening ahead, while waiting, %.1f) "
+           "+ after the reply %.1f + before sending %.1f; driver time in "
+           "all: cuIpcOpenMemHandle %.1f, cuIpcOpenEventHandle %.1f, "
+           "cuStreamWaitEvent %.1f (%lu calls), cuEventCreate %.1f (%lu "
+           "calls), cuEventRecord %.1f (%lu calls)",
+           what, mean / 1e3, rt / 1e3, pf / 1e3, af / 1e3,
+           (mean - rt - af) / 1e3, om / 1e3, oe / 1e3, w / 1e3, sh->waits,
+           ec / 1e3, sh->creates, er / 1e3, sh->records);
 }
 
 void tbb_scenario_gpu_handoff(void) {
@@ -929,7 +925,7 @@ void tbb_scenario_gpu_handoff(void) {
              sh->opens_mem, sh->opens_event, sh->warm + sh->iters);
     cold_own_opens(sh, n, "tb cold acquire, new client",
                    "new client");
-    cold_breakdown(sh, "new client", 0);
+    cold_breakdown(sh, "new client");
   } else {
     tbb_failed("tb cold acquire, new client");
   }
@@ -946,7 +942,7 @@ void tbb_scenario_gpu_handoff(void) {
     cold_own_opens(sh, n,
                    "tb cold acquire, new buffer+event, connected client",
                    "new buffer");
-    cold_breakdown(sh, "new buffer", 0);
+    cold_breakdown(sh, "new buffer");
   } else {
     tbb_failed("tb cold acquire, new buffer+event");
   }
@@ -966,7 +962,7 @@ void tbb_scenario_gpu_handoff(void) {
                    "tb cold acquire, new buffer+event, subscribed client "
                    "(opening ahead)",
                    "opening ahead");
-    cold_breakdown(sh, "new buffer, opening ahead", 1);
+    cold_breakdown(sh, "new buffer, opening ahead");
   } else {
     tbb_failed("tb cold acquire, new buffer+event, opening ahead");
   }
@@ -984,7 +980,7 @@ void tbb_scenario_gpu_handoff(void) {
                         n, "raw cuIpcOpenMemHandle+cuIpcOpenEventHandle");
         cold_own_opens(sh, n, "tb cold acquire, new client, busy polling",
                        "new client, busy polling");
-        cold_breakdown(sh, "new client, busy polling", 0);
+        cold_breakdown(sh, "new client, busy polling");
       } else {
         tbb_failed("tb cold acquire, new client, busy polling");
       }
@@ -998,7 +994,7 @@ void tbb_scenario_gpu_handoff(void) {
                        "tb cold acquire, new buffer+event, connected "
                        "client, busy polling",
                        "new buffer, busy polling");
-        cold_breakdown(sh, "new buffer, busy polling", 0);
+        cold_breakdown(sh, "new buffer, busy polling");
       } else {
         tbb_failed("tb cold acquire, new buffer+event, busy polling");
       }

@@ -150,11 +150,20 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
 int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
                     tb__server_message **out, int *fds, int *nfds);
 
-/* Process-wide: tb_acquire calls that sent a request, and the nanoseconds
- * they spent on the daemon's round trip (from sending the request to
- * holding the decoded reply, less tb__cuda_acquire_early's work meanwhile).
- * For tb-bench's account of where a cold acquire's time goes. */
-void tb__acquire_counters(unsigned long *calls, unsigned long long *wait_ns);
+/* Process-wide, for tb-bench's account of where a cold acquire's time
+ * goes (CLOCK_MONOTONIC nanoseconds): */
+struct tb_acquire_counters {
+  unsigned long calls;            /* tb_acquire calls that sent a request */
+  unsigned long long wait_ns;     /* from sending it to holding the decoded
+                                     reply, less tb__cuda_acquire_early's
+                                     work meanwhile (notices read in the
+                                     wait, and their prefetch, included) */
+  unsigned long long after_ns;    /* successful ones: from the reply to the
+                                     return */
+  unsigned long long prefetch_ns; /* in tb__cuda_prefetch (any call) */
+};
+void tb__acquire_counters(struct tb_acquire_counters *out);
+void tb__count_prefetch(uint64_t ns);
 
 /* Free a message that tb__call returned. */
 void tb__msg_free(struct tb_client *c, tb__server_message *m);

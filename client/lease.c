@@ -294,15 +294,17 @@ static int build_tensor(struct tb_client *c,
   return 0;
 }
 
-/* Acquires sent, and the time they spent between sending the request and
- * holding the decoded reply, less what tb__cuda_acquire_early did
- * meanwhile (tb__acquire_counters). */
+/* Where acquires spend their time (tb__acquire_counters). */
 static atomic_ulong acq_calls;
-static atomic_ullong acq_wait_ns;
+static atomic_ullong acq_wait_ns, acq_after_ns, acq_prefetch_ns;
 
-void tb__acquire_counters(unsigned long *calls, unsigned long long *wait_ns) {
-  *calls = atomic_load(&acq_calls);
-  *wait_ns = atomic_load(&acq_wait_ns);
+void tb__count_prefetch(uint64_t ns) { atomic_fetch_add(&acq_prefetch_ns, ns); }
+
+void tb__acquire_counters(struct tb_acquire_counters *out) {
+  out->calls = atomic_load(&acq_calls);
+  out->wait_ns = atomic_load(&acq_wait_ns);
+  out->after_ns = atomic_load(&acq_after_ns);
+  out->prefetch_ns = atomic_load(&acq_prefetch_ns);
 }
 
 int tb_acquire(tb_client *c, const char *channel,
@@ -318,7 +320,7 @@ int tb_acquire(tb_client *c, const char *channel,
   struct tb__lease *l = NULL;
   struct tb__cuda_acq cuda;
   int fds[TB__MAX_FDS], nfds = 0, rc, implicit = 0;
-  uint64_t lo = 0, hi = 0, id = 0, t0, t1, t2;
+  uint64_t lo = 0, hi = 0, id = 0, t0, t1, t2, t3;
   char why[160];
 
   if (c == NULL || out == NULL)
@@ -377,8 +379,9 @@ int tb_acquire(tb_client *c, const char *channel,
   t2 = tb__now_ns();
   rc = tb__await_reply(c, id, o.timeout_ms < 0 ? -1 : o.timeout_ms, &m, fds,
                        &nfds);
+  t3 = tb__now_ns();
   atomic_fetch_add(&acq_calls, 1);
-  atomic_fetch_add(&acq_wait_ns, (t1 - t0) + (tb__now_ns() - t2));
+  atomic_fetch_add(&acq_wait_ns, (t1 - t0) + (t3 - t2));
   if (rc < 0)
     goto out_unlock;
 
@@ -479,6 +482,7 @@ int tb_acquire(tb_client *c, const char *channel,
   tb__conn_ref(c->conn);
   *out = &l->m;
   rc = 0;
+  atomic_fetch_add(&acq_after_ns, tb__now_ns() - t3);
   goto out_free_reply;
 
 out_put_map:
