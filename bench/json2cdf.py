@@ -5,10 +5,19 @@ starting with its quoted name), or with 'count' just how many there are.
 
   json2cdf.py FILE SECTION [count] [MATCH]
 
-MATCH keeps only rows whose name contains it."""
+MATCH keeps only rows whose name contains it; "a|b" keeps those containing
+either, and a leading "!" keeps the others instead."""
 import json
 import signal
 import sys
+
+
+def matches(name, match):
+    if not match:
+        return True
+    negate = match.startswith("!")
+    alts = (match[1:] if negate else match).split("|")
+    return any(a in name for a in alts) != negate
 
 
 def rows(path, section, match):
@@ -18,7 +27,7 @@ def rows(path, section, match):
         if s.get("id") != section:
             continue
         for r in s.get("rows", []):
-            if "cdf" in r and (not match or match in r["name"]):
+            if "cdf" in r and matches(r["name"], match):
                 yield r
 
 
