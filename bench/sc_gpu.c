@@ -783,6 +783,34 @@ static void cold_breakdown(const struct gpu_shared *sh, const char *what) {
            ec / 1e3, sh->creates, er / 1e3, sh->records);
 }
 
+/* A cold row: the pair in mode cold on daemon d, its row against the raw
+ * row named raw, its own opens and where its time went (tag). 0, or -1
+ * after reporting the failure. */
+static int cold_row(const struct tbb_daemon *d, struct gpu_shared *sh,
+                    size_t n, int cold, const char *row, const char *raw,
+                    const char *tag) {
+  if (run_tb_pair(d, sh, COLD_BYTES, cold, 0) != 0) {
+    tbb_failed("%s", row);
+    return -1;
+  }
+  tbb_row_latency(row, sh->rt, n, raw);
+  cold_own_opens(sh, n, row, tag);
+  cold_breakdown(sh, tag);
+  return 0;
+}
+
+/* A daemon that busy-polls TBB_BUSY_POLL_US after each request. */
+static int busy_daemon_start(struct tbb_daemon *ds) {
+  char us[16];
+  snprintf(us, sizeof(us), "%d", TBB_BUSY_POLL_US);
+  const char *extra[] = {"--busy-poll", us, NULL};
+  if (tbb_daemon_start(ds, extra) < 0) {
+    tbb_failed("daemon with --busy-poll did not start");
+    return -1;
+  }
+  return 0;
+}
+
 void tbb_scenario_gpu_handoff(void) {
   tbb_section("4", "GPU hand-off, 4 MiB CUDA tensor",
               "warm: producer memsets 64 B + publishes on its stream, the "
@@ -875,11 +903,8 @@ void tbb_scenario_gpu_handoff(void) {
    * (spin_us) poll their sockets for a while before they sleep, so that a
    * hand-off costs no process wake-ups. */
   {
-    char us[16];
-    snprintf(us, sizeof(us), "%d", TBB_BUSY_POLL_US);
-    const char *extra[] = {"--busy-poll", us, NULL};
     struct tbb_daemon ds;
-    if (tbb_daemon_start(&ds, extra) == 0) {
+    if (busy_daemon_start(&ds) == 0) {
       tbb_spin_us = TBB_BUSY_POLL_US;
       int rc = run_tb_pair(&ds, sh, HANDOFF_BYTES, 0, 1);
       tbb_spin_us = 0;
@@ -897,27 +922,25 @@ void tbb_scenario_gpu_handoff(void) {
         tbb_failed("tb warm hand-off, producer idle, busy polling");
       }
       tbb_daemon_stop(&ds);
-    } else {
-      tbb_failed("daemon with --busy-poll did not start");
     }
   }
 
   sh->iters = tbb_scale(100, 30, 10);
   sh->warm = 2;
   n = (size_t)sh->iters;
+  static const char raw_same[] = "raw cuIpcOpenMemHandle+cuIpcOpenEventHandle",
+                    raw_new[] = "raw open of new handles (new buffer+event "
+                                "each round)";
   if (run_raw_pair(sh, COLD_BYTES, 1, 0) == 0)
-    tbb_row_latency("raw cuIpcOpenMemHandle+cuIpcOpenEventHandle", sh->rt, n,
-                    NULL);
+    tbb_row_latency(raw_same, sh->rt, n, NULL);
   else
     tbb_failed("raw cold open");
   if (run_raw_pair(sh, COLD_BYTES, 2, 0) == 0)
-    tbb_row_latency("raw open of new handles (new buffer+event each round)",
-                    sh->rt, n, NULL);
+    tbb_row_latency(raw_new, sh->rt, n, NULL);
   else
     tbb_failed("raw cold open of new handles");
-  if (run_tb_pair(&d, sh, COLD_BYTES, 1, 0) == 0) {
-    tbb_row_latency("tb cold acquire, new client", sh->rt, n,
-                    "raw cuIpcOpenMemHandle+cuIpcOpenEventHandle");
+  if (cold_row(&d, sh, n, 1, "tb cold acquire, new client", raw_same,
+               "new client") == 0)
     tbb_note("new-client cold acquires made %lu cuIpcOpenMemHandle and %lu "
              "cuIpcOpenEventHandle calls over %ld acquires (1 each = "
              "really cold; the same handles each time, as in the raw row "
@@ -925,34 +948,19 @@ void tbb_scenario_gpu_handoff(void) {
              "the Acquire's request travels) and registers it (while the "
              "memory handle opens)",
              sh->opens_mem, sh->opens_event, sh->iters);
-    cold_own_opens(sh, n, "tb cold acquire, new client",
-                   "new client");
-    cold_breakdown(sh, "new client");
-  } else {
-    tbb_failed("tb cold acquire, new client");
-  }
-  if (run_tb_pair(&d, sh, COLD_BYTES, 2, 0) == 0) {
-    tbb_row_latency("tb cold acquire, new buffer+event, connected client",
-                    sh->rt, n,
-                    "raw open of new handles (new buffer+event each round)");
+  if (cold_row(&d, sh, n, 2,
+               "tb cold acquire, new buffer+event, connected client", raw_new,
+               "new buffer") == 0)
     tbb_note("the per-buffer cost of a long-running consumer: each round "
              "the producer publishes a new allocation from a new stream; "
              "the timed acquires made %lu cuIpcOpenMemHandle and %lu "
              "cuIpcOpenEventHandle calls over %ld acquires (1 each "
              "expected)",
              sh->opens_mem, sh->opens_event, sh->iters);
-    cold_own_opens(sh, n,
-                   "tb cold acquire, new buffer+event, connected client",
-                   "new buffer");
-    cold_breakdown(sh, "new buffer");
-  } else {
-    tbb_failed("tb cold acquire, new buffer+event");
-  }
-  if (run_tb_pair(&d, sh, COLD_BYTES, 3, 0) == 0) {
-    tbb_row_latency("tb cold acquire, new buffer+event, subscribed client "
-                    "(opening ahead)",
-                    sh->rt, n,
-                    "raw open of new handles (new buffer+event each round)");
+  if (cold_row(&d, sh, n, 3,
+               "tb cold acquire, new buffer+event, subscribed client "
+               "(opening ahead)",
+               raw_new, "opening ahead") == 0)
     tbb_note("the same with the consumer subscribed: the new-version notice "
              "carries the new buffer and its ready event, and the library "
              "opens them as the acquire reads that notice, while the daemon "
@@ -960,64 +968,24 @@ void tbb_scenario_gpu_handoff(void) {
              "timed acquires made %lu cuIpcOpenMemHandle and %lu "
              "cuIpcOpenEventHandle calls over %ld acquires",
              sh->opens_mem, sh->opens_event, sh->iters);
-    cold_own_opens(sh, n,
-                   "tb cold acquire, new buffer+event, subscribed client "
-                   "(opening ahead)",
-                   "opening ahead");
-    cold_breakdown(sh, "new buffer, opening ahead");
-  } else {
-    tbb_failed("tb cold acquire, new buffer+event, opening ahead");
-  }
   /* The cold rows again with busy polling (daemon and clients, as above):
    * what is left of the daemon's round trip when no process sleeps. */
   {
-    char us[16];
-    snprintf(us, sizeof(us), "%d", TBB_BUSY_POLL_US);
-    const char *extra[] = {"--busy-poll", us, NULL};
     struct tbb_daemon ds;
-    if (tbb_daemon_start(&ds, extra) == 0) {
+    if (busy_daemon_start(&ds) == 0) {
       tbb_spin_us = TBB_BUSY_POLL_US;
-      if (run_tb_pair(&ds, sh, COLD_BYTES, 1, 0) == 0) {
-        tbb_row_latency("tb cold acquire, new client, busy polling", sh->rt,
-                        n, "raw cuIpcOpenMemHandle+cuIpcOpenEventHandle");
-        cold_own_opens(sh, n, "tb cold acquire, new client, busy polling",
-                       "new client, busy polling");
-        cold_breakdown(sh, "new client, busy polling");
-      } else {
-        tbb_failed("tb cold acquire, new client, busy polling");
-      }
-      if (run_tb_pair(&ds, sh, COLD_BYTES, 2, 0) == 0) {
-        tbb_row_latency("tb cold acquire, new buffer+event, connected "
-                        "client, busy polling",
-                        sh->rt, n,
-                        "raw open of new handles (new buffer+event each "
-                        "round)");
-        cold_own_opens(sh, n,
-                       "tb cold acquire, new buffer+event, connected "
-                       "client, busy polling",
-                       "new buffer, busy polling");
-        cold_breakdown(sh, "new buffer, busy polling");
-      } else {
-        tbb_failed("tb cold acquire, new buffer+event, busy polling");
-      }
-      if (run_tb_pair(&ds, sh, COLD_BYTES, 3, 0) == 0) {
-        tbb_row_latency("tb cold acquire, new buffer+event, subscribed "
-                        "client (opening ahead), busy polling",
-                        sh->rt, n,
-                        "raw open of new handles (new buffer+event each "
-                        "round)");
-        cold_own_opens(sh, n,
-                       "tb cold acquire, new buffer+event, subscribed "
-                       "client (opening ahead), busy polling",
-                       "opening ahead, busy polling");
-        cold_breakdown(sh, "new buffer, opening ahead, busy polling");
-      } else {
-        tbb_failed("tb cold acquire, opening ahead, busy polling");
-      }
+      cold_row(&ds, sh, n, 1, "tb cold acquire, new client, busy polling",
+               raw_same, "new client, busy polling");
+      cold_row(&ds, sh, n, 2,
+               "tb cold acquire, new buffer+event, connected client, busy "
+               "polling",
+               raw_new, "new buffer, busy polling");
+      cold_row(&ds, sh, n, 3,
+               "tb cold acquire, new buffer+event, subscribed client "
+               "(opening ahead), busy polling",
+               raw_new, "opening ahead, busy polling");
       tbb_spin_us = 0;
       tbb_daemon_stop(&ds);
-    } else {
-      tbb_failed("daemon with --busy-poll did not start");
     }
   }
   tbb_daemon_stop(&d);

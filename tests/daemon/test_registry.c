@@ -22,6 +22,7 @@
 #include "log.h"
 #include "registry.h"
 #include "tb_proto.h"
+#include "fake_cuda.h"
 
 typedef Tensorbroker__V1__Request req_t;
 typedef Tensorbroker__V1__ServerMessage msg_t;
@@ -304,23 +305,13 @@ static uint64_t buffer(struct tbd_registry *r, struct tbd_session *s) {
 static uint64_t cuda_buffer(struct tbd_registry *r, struct tbd_session *s,
                             uint8_t tag) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  Tensorbroker__V1__BufferRegister b =
-      TENSORBROKER__V1__BUFFER_REGISTER__INIT;
-  Tensorbroker__V1__Device d = TENSORBROKER__V1__DEVICE__INIT;
-  uint8_t handle[64] = {tag}, uuid[16] = {9, 9};
+  struct tbt_fake_cuda f;
   struct cap *c;
   uint64_t id;
 
+  tbt_fake_cuda_init(&f, tag);
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
-  q.buffer_register = &b;
-  b.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
-  b.size = 4096;
-  b.device = &d;
-  d.type = kDLCUDA;
-  d.uuid.data = uuid;
-  d.uuid.len = sizeof(uuid);
-  b.cuda_ipc_handle.data = handle;
-  b.cuda_ipc_handle.len = sizeof(handle);
+  q.buffer_register = &f.reg;
   assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
   id = c->m->reply->buffer_register->buffer_id;
   cap_free(c);

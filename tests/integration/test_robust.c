@@ -12,6 +12,7 @@
 
 #include "harness.h"
 #include "tb_proto.h"
+#include "fake_cuda.h"
 
 static int raw_connect(const struct tbt_daemon *d) {
   struct sockaddr_un a;
@@ -331,23 +332,14 @@ static tb__server_message *raw_ok(int fd, tb__request *r, uint64_t id) {
 }
 
 static uint64_t raw_cuda_buffer(int fd, uint64_t id, uint8_t tag) {
-  Tensorbroker__V1__BufferRegister b = TENSORBROKER__V1__BUFFER_REGISTER__INIT;
-  Tensorbroker__V1__Device d = TENSORBROKER__V1__DEVICE__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  uint8_t handle[64] = {tag}, uuid[16] = {7};
+  struct tbt_fake_cuda f;
   tb__server_message *m;
   uint64_t bid;
 
-  b.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
-  b.size = 4096;
-  b.device = &d;
-  d.type = kDLCUDA;
-  d.uuid.data = uuid;
-  d.uuid.len = sizeof(uuid);
-  b.cuda_ipc_handle.data = handle;
-  b.cuda_ipc_handle.len = sizeof(handle);
+  tbt_fake_cuda_init(&f, tag);
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
-  r.buffer_register = &b;
+  r.buffer_register = &f.reg;
   m = raw_ok(fd, &r, id);
   bid = m->reply->buffer_register->buffer_id;
   tb__server_message_free(m);
