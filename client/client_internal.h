@@ -150,8 +150,8 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
 int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
                     tb__server_message **out, int *fds, int *nfds);
 
-/* Process-wide, for tb-bench's account of where a cold acquire's time
- * goes (CLOCK_MONOTONIC nanoseconds): */
+/* The calling thread's, for tb-bench's account of where a cold acquire's
+ * time goes (CLOCK_MONOTONIC nanoseconds): */
 struct tb_acquire_counters {
   unsigned long calls;            /* tb_acquire calls that sent a request */
   unsigned long long wait_ns;     /* from sending it to holding the decoded

@@ -115,6 +115,7 @@ static int own_event_find(const uint8_t *handle, tb_cu_event *ev) {
 struct tb__cuda_client {
   struct tb__cuda_reg *regs;
   struct tb__cuda_ev *ready;
+  int has_done; /* a done event is registered (k->cuda->done not empty) */
   /* A done event made ahead by tb__cuda_acquire_early, not registered
    * yet (ev NULL: none); done_event_begin takes it for its device. */
   struct {
@@ -819,17 +820,13 @@ static int done_event_begin(struct tb_client *c, int device,
 }
 
 void tb__cuda_acquire_early(struct tb_client *c) {
-  struct tb__conn *k = c->conn;
   struct tb__cuda_client *cc;
   char why[256] = "";
-  int dev, have;
+  int dev;
 
   /* only a client without any done event yet: a warm acquire pays nothing
    * (another device's done event is made by the acquire that needs it) */
-  pthread_mutex_lock(&k->lock);
-  have = k->cuda != NULL && k->cuda->done != NULL;
-  pthread_mutex_unlock(&k->lock);
-  if (have || (c->cuda != NULL && c->cuda->spare.ev != NULL))
+  if (c->cuda != NULL && (c->cuda->has_done || c->cuda->spare.ev != NULL))
     return;
   /* never the first to load the driver, nor to make a context current */
   if (!tb__cuda_loaded() ||
@@ -862,6 +859,8 @@ static int done_event_finish(struct tb_client *c, struct done_pending *pd) {
   pthread_mutex_lock(&k->lock);
   LL_PREPEND(k->cuda->done, e);
   pthread_mutex_unlock(&k->lock);
+  if (c->cuda != NULL)
+    c->cuda->has_done = 1;
   return 0;
 }
 
