@@ -234,9 +234,10 @@ static int hello(struct tbd_registry *r, struct tbd_session *s,
   return send_req(r, s, &q, NULL, 0, NULL);
 }
 
-/* A session whose Hello asks for prefetch (CUDA buffers in NewVersion). */
-static struct tbd_session *session_prefetch(struct tbd_registry *r,
-                                            pid_t pid) {
+/* A session whose Hello asks for prefetch (CUDA buffers in NewVersion);
+ * cuda: whether it also says it can map CUDA memory. */
+static struct tbd_session *session_prefetch_kinds(struct tbd_registry *r,
+                                                  pid_t pid, bool cuda) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
   struct tbd_session *s;
@@ -248,10 +249,15 @@ static struct tbd_session *session_prefetch(struct tbd_registry *r,
   h.client_name = "prefetcher";
   h.memory_kinds =
       (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) |
-      (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC);
+      (cuda ? 1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC : 0);
   h.prefetch = true;
   assert_tb_ok(send_req(r, s, &q, NULL, 0, NULL));
   return s;
+}
+
+static struct tbd_session *session_prefetch(struct tbd_registry *r,
+                                            pid_t pid) {
+  return session_prefetch_kinds(r, pid, true);
 }
 
 static struct tbd_session *session(struct tbd_registry *r, pid_t pid) {
@@ -888,7 +894,8 @@ static void test_subscriptions(void **state) {
 static void test_prefetch_notices(void **state) {
   struct tbd_registry *r = reg_new(NULL);
   struct tbd_session *p = session(r, 10), *c = session_prefetch(r, 11),
-                     *o = session(r, 12);
+                     *o = session(r, 12),
+                     *h = session_prefetch_kinds(r, 13, false);
   uint64_t b1 = cuda_buffer(r, p, 0x11), b2 = cuda_buffer(r, p, 0x22),
            hb = buffer(r, p), e = event(r, p);
   struct pub gpu = {.dev_type = kDLCUDA, .meta_len = 3, .event = e};
@@ -898,7 +905,13 @@ static void test_prefetch_notices(void **state) {
   (void)state;
   assert_tb_ok(simple(r, c, SUBSCRIBE, "g", 0));
   assert_tb_ok(simple(r, o, SUBSCRIBE, "g", 0));
+  assert_tb_ok(simple(r, h, SUBSCRIBE, "g", 0));
   assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
+  /* prefetch asked by a session that cannot map CUDA memory: plain */
+  m = take_notice(h, N_NEW);
+  assert_non_null(m);
+  assert_null(m->m->notice->new_version->buffer);
+  cap_free(m);
   m = take_notice(c, N_NEW);
   assert_non_null(m);
   nv = m->m->notice->new_version;
@@ -940,6 +953,7 @@ static void test_prefetch_notices(void **state) {
   assert_null(m->m->notice->new_version->buffer);
   cap_free(m);
   assert_int_equal(drop_notices(o, N_NEW), 3);
+  assert_int_equal(drop_notices(h, N_NEW), 3);
   /* b1 retired, none of its versions left: the prefetching session, which
    * never acquired it, is told; the other is not */
   assert_tb_ok(simple(r, p, UNREGISTER, NULL, b1));
@@ -948,6 +962,7 @@ static void test_prefetch_notices(void **state) {
   assert_int_equal(m->m->notice->buffer_retired->buffer_id, b1);
   cap_free(m);
   assert_null(take_notice(o, N_RETIRED));
+  assert_null(take_notice(h, N_RETIRED));
   reg_free(r);
 }
 
