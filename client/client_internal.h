@@ -151,7 +151,9 @@ int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
                     tb__server_message **out, int *fds, int *nfds);
 
 /* The calling thread's, for tb-bench's account of where a cold acquire's
- * time goes (CLOCK_MONOTONIC nanoseconds): */
+ * time goes (CLOCK_MONOTONIC nanoseconds). Counting starts in a thread
+ * when it first reads the counters (before that they stay 0 and acquires
+ * read no clock for them); tb__acquire_counting() says whether it has. */
 struct tb_acquire_counters {
   unsigned long calls;            /* tb_acquire calls that sent a request */
   unsigned long long wait_ns;     /* from sending it to holding the decoded
@@ -164,6 +166,7 @@ struct tb_acquire_counters {
 };
 void tb__acquire_counters(struct tb_acquire_counters *out);
 void tb__count_prefetch(uint64_t ns);
+int tb__acquire_counting(void);
 
 /* Free a message that tb__call returned. */
 void tb__msg_free(struct tb_client *c, tb__server_message *m);

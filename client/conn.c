@@ -176,10 +176,11 @@ static void handle_notice(struct tb_client *c,
     copy_str(n.channel, sizeof(n.channel), no->new_version->channel);
     n.version = no->new_version->version;
     if (no->new_version->buffer != NULL) {
-      uint64_t t0 = tb__now_ns();
+      uint64_t t0 = tb__acquire_counting() ? tb__now_ns() : 0;
       tb__cuda_prefetch(c, no->new_version->buffer,
                         no->new_version->ready_event);
-      tb__count_prefetch(tb__now_ns() - t0);
+      if (t0 != 0)
+        tb__count_prefetch(tb__now_ns() - t0);
     }
     break;
   case TENSORBROKER__V1__NOTICE__BODY_VERSION_FREE:

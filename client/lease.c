@@ -294,12 +294,22 @@ static int build_tensor(struct tb_client *c,
 }
 
 /* Where this thread's acquires spend their time (tb__acquire_counters):
- * per thread, so that counting costs no shared cache line. */
+ * per thread, so that counting costs no shared cache line, and only in a
+ * thread that has asked for the counters, so that an application's
+ * acquires read no clocks for it. */
 static _Thread_local struct tb_acquire_counters acq;
+static _Thread_local int acq_on;
+
+#define ACQ_NOW() (acq_on ? tb__now_ns() : 0)
 
 void tb__count_prefetch(uint64_t ns) { acq.prefetch_ns += ns; }
 
-void tb__acquire_counters(struct tb_acquire_counters *out) { *out = acq; }
+int tb__acquire_counting(void) { return acq_on; }
+
+void tb__acquire_counters(struct tb_acquire_counters *out) {
+  acq_on = 1;
+  *out = acq;
+}
 
 int tb_acquire(tb_client *c, const char *channel,
                const struct tb_acquire_options *opts,
@@ -364,16 +374,16 @@ int tb_acquire(tb_client *c, const char *channel,
   aq.implicit_stream = 0;
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
   r.acquire = &aq;
-  t0 = tb__now_ns();
+  t0 = ACQ_NOW();
   rc = tb__send_request(c, &r, NULL, 0, &id);
   if (rc < 0)
     goto out_unlock;
-  t1 = tb__now_ns();
+  t1 = ACQ_NOW();
   tb__cuda_acquire_early(c); /* while the daemon answers */
-  t2 = tb__now_ns();
+  t2 = ACQ_NOW();
   rc = tb__await_reply(c, id, o.timeout_ms < 0 ? -1 : o.timeout_ms, &m, fds,
                        &nfds);
-  t3 = tb__now_ns();
+  t3 = ACQ_NOW();
   acq.calls++;
   acq.wait_ns += (t1 - t0) + (t3 - t2);
   if (rc < 0)
@@ -476,7 +486,7 @@ int tb_acquire(tb_client *c, const char *channel,
   tb__conn_ref(c->conn);
   *out = &l->m;
   rc = 0;
-  acq.after_ns += tb__now_ns() - t3;
+  acq.after_ns += ACQ_NOW() - t3;
   goto out_free_reply;
 
 out_put_map:
