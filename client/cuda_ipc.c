@@ -605,22 +605,14 @@ int tb__cuda_device_by_uuid(const uint8_t uuid[16], int *ordinal,
   tb_cu_device dev, cur_dev;
   tb_cu_result r;
   char text[48];
-  int n = 0, found = -1, rc;
+  int found = -1, rc;
 
   rc = tb_cu_get(&cu, why, whylen);
   if (rc != 0)
     return rc;
-  rc = tb_uuid_find(cu, uuid, &found, &n, why, whylen);
+  rc = tb__cuda_find_uuid(uuid, &found, why, whylen);
   if (rc != 0)
     return rc;
-  if (found < 0) {
-    tb_uuid_text(uuid, text, sizeof text);
-    tb_why(why, whylen,
-           "the tensor lives on %s, which is not among this process's %d "
-           "visible CUDA devices (check CUDA_VISIBLE_DEVICES)",
-           text, n);
-    return TB_EDEVICE;
-  }
   r = cu->cuDeviceGet(&dev, found);
   if (r != 0)
     return tb_cu_fail(why, whylen, "cuDeviceGet", r);

@@ -501,6 +501,24 @@ static struct tbd_version *find_match(struct tbd_channel *ch, int mode,
                                       uint64_t version);
 static int buffer_info_pack(struct tbd_buffer *b);
 
+/* b's packed BufferInfo as the value of a length-delimited field (the
+ * length, then the bytes, then fd_attached = true when attach), into out,
+ * which has room for b->info_len + 16 bytes. Returns the length. Replies
+ * and notices carry it as an "unknown" field, which protobuf-c copies
+ * verbatim: no unpack, re-pack or re-size per message. */
+static size_t buffer_info_field(const struct tbd_buffer *b, bool attach,
+                                uint8_t *out) {
+  size_t len = tb__put_varint(out, b->info_len + (attach ? 2 : 0));
+
+  memcpy(out + len, b->info, b->info_len);
+  len += b->info_len;
+  if (attach) { /* BufferInfo.fd_attached = 8, varint true */
+    out[len++] = 8u << 3;
+    out[len++] = 1;
+  }
+  return len;
+}
+
 /* A subscriber's NewVersion notice. A session that asked for prefetch
  * (Hello.prefetch) also gets the version's CUDA buffer, the first time it
  * hears of it, and the ready event with it: it may open both before it
@@ -517,7 +535,6 @@ static void new_version_notify(struct tbd_registry *r, struct tbd_session *s,
   uint8_t bibuf[256]; /* a BufferInfo is < 170 bytes */
   struct tbd_buffer *b = v->buf;
   struct tbd_sent *sent = NULL;
-  size_t len;
 
   n.body_case = TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION;
   n.new_version = &nv;
@@ -530,7 +547,7 @@ static void new_version_notify(struct tbd_registry *r, struct tbd_session *s,
     goto out_emit;
   HASH_FIND(hh, s->sent, &b->id, sizeof(b->id), sent);
   if (sent != NULL || buffer_info_pack(b) < 0 ||
-      b->info_len + 10 > sizeof(bibuf))
+      b->info_len + 16 > sizeof(bibuf))
     goto out_emit;
   sent = tbd_calloc(1, sizeof(*sent));
   if (sent == NULL)
@@ -542,12 +559,9 @@ static void new_version_notify(struct tbd_registry *r, struct tbd_session *s,
     tbd_free(sent);
     goto out_emit;
   }
-  /* as lease_grant does: the packed bytes, as an "unknown" field 3 */
-  len = tb__put_varint(bibuf, b->info_len);
-  memcpy(bibuf + len, b->info, b->info_len);
   uf.tag = 3; /* NewVersion.buffer */
   uf.wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
-  uf.len = len + b->info_len;
+  uf.len = buffer_info_field(b, false, bibuf);
   uf.data = bibuf;
   nv.base.n_unknown_fields = 1;
   nv.base.unknown_fields = &uf;
@@ -748,7 +762,6 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__Device edev;
   ProtobufCMessageUnknownField pre[2];
   uint8_t bistack[256], *bibuf = bistack; /* a BufferInfo is < 170 bytes */
-  size_t bilen;
   struct tbd_buffer *b = v->buf;
   struct tbd_lease *l;
   struct tbd_sent *sent, *newsent = NULL;
@@ -767,7 +780,7 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   }
   if (buffer_info_pack(b) < 0)
     goto out_free_sent;
-  /* the BufferInfo value: length, the packed bytes, fd_attached if true */
+  /* room for buffer_info_field */
   if (b->info_len + 16 > sizeof(bistack)) {
     bibuf = tbd_malloc(b->info_len + 16);
     if (bibuf == NULL)
@@ -815,16 +828,9 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   pre[0].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
   pre[0].len = v->layout_len;
   pre[0].data = v->layout;
-  bilen = tb__put_varint(bibuf, b->info_len + (attach ? 2 : 0));
-  memcpy(bibuf + bilen, b->info, b->info_len);
-  bilen += b->info_len;
-  if (attach) { /* BufferInfo.fd_attached = 8, varint true */
-    bibuf[bilen++] = 8u << 3;
-    bibuf[bilen++] = 1;
-  }
   pre[1].tag = 4; /* AcquireReply.buffer */
   pre[1].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
-  pre[1].len = bilen;
+  pre[1].len = buffer_info_field(b, attach, bibuf);
   pre[1].data = bibuf;
   ar.base.n_unknown_fields = 2;
   ar.base.unknown_fields = pre;

@@ -887,6 +887,16 @@ static void test_subscriptions(void **state) {
   reg_free(r);
 }
 
+/* s's next notice is a NewVersion without a buffer or a ready event. */
+static void expect_plain_new(struct tbd_session *s) {
+  struct cap *m = take_notice(s, N_NEW);
+
+  assert_non_null(m);
+  assert_null(m->m->notice->new_version->buffer);
+  assert_null(m->m->notice->new_version->ready_event);
+  cap_free(m);
+}
+
 /* Hello.prefetch: a subscriber hears of each CUDA buffer once, in the
  * NewVersion notice of its first version, with the ready event; then gets
  * its BufferRetired like a session that acquired it. Others, and host
@@ -908,10 +918,7 @@ static void test_prefetch_notices(void **state) {
   assert_tb_ok(simple(r, h, SUBSCRIBE, "g", 0));
   assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
   /* prefetch asked by a session that cannot map CUDA memory: plain */
-  m = take_notice(h, N_NEW);
-  assert_non_null(m);
-  assert_null(m->m->notice->new_version->buffer);
-  cap_free(m);
+  expect_plain_new(h);
   m = take_notice(c, N_NEW);
   assert_non_null(m);
   nv = m->m->notice->new_version;
@@ -927,18 +934,10 @@ static void test_prefetch_notices(void **state) {
   assert_int_equal(nv->ready_event->event_id, e);
   assert_int_equal(nv->ready_event->cuda_ipc_event_handle.len, 64);
   cap_free(m);
-  m = take_notice(o, N_NEW); /* no prefetch asked: a plain notice */
-  assert_non_null(m);
-  assert_null(m->m->notice->new_version->buffer);
-  assert_null(m->m->notice->new_version->ready_event);
-  cap_free(m);
+  expect_plain_new(o); /* no prefetch asked */
   /* the same buffer again: no handle; a new one: its handle */
   assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
-  m = take_notice(c, N_NEW);
-  assert_non_null(m);
-  assert_null(m->m->notice->new_version->buffer);
-  assert_null(m->m->notice->new_version->ready_event);
-  cap_free(m);
+  expect_plain_new(c);
   assert_tb_ok(publish_ex(r, p, "g", b2, &gpu, NULL));
   m = take_notice(c, N_NEW);
   assert_non_null(m);
@@ -948,10 +947,7 @@ static void test_prefetch_notices(void **state) {
                    0x22);
   cap_free(m);
   publish(r, p, "g", hb, 0); /* host memory travels with the acquire */
-  m = take_notice(c, N_NEW);
-  assert_non_null(m);
-  assert_null(m->m->notice->new_version->buffer);
-  cap_free(m);
+  expect_plain_new(c);
   assert_int_equal(drop_notices(o, N_NEW), 3);
   assert_int_equal(drop_notices(h, N_NEW), 3);
   /* b1 retired, none of its versions left: the prefetching session, which
