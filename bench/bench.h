@@ -106,11 +106,21 @@ void tbb_daemon_stop(struct tbb_daemon *d);
 int tbb_connect(const char *sock, const char *name, int contract,
                 tb_client **out);
 /* tb_connect_options.spin_us for the clients tbb_connect makes (children
- * forked after it is set). 0: none. */
+ * forked after it is set). 0: the library's default (50 us with 4 or more
+ * CPUs, else none); -1: none. */
 extern int tbb_spin_us;
 /* Busy polling in the "busy polling" rows: daemon --busy-poll and the
  * clients' spin_us, in microseconds. */
 #define TBB_BUSY_POLL_US 200
+
+/* How a row's processes wait: the defaults (the daemon's --busy-poll auto,
+ * the clients' spin_us 0), no polling at all (--busy-poll 0, spin_us -1),
+ * or busy polling (TBB_BUSY_POLL_US for both). */
+enum tbb_polling { TBB_POLL_DEFAULT, TBB_POLL_NONE, TBB_POLL_BUSY };
+/* Start a daemon for rows of that kind (reports a failure itself). */
+int tbb_daemon_start_polling(struct tbb_daemon *d, enum tbb_polling p);
+/* The spin_us that goes with it. */
+int tbb_polling_spin_us(enum tbb_polling p);
 
 /* utime + stime of pid in nanoseconds, or -1. */
 int64_t tbb_proc_cpu_ns(pid_t pid);

@@ -799,18 +799,6 @@ static int cold_row(const struct tbb_daemon *d, struct gpu_shared *sh,
   return 0;
 }
 
-/* A daemon that busy-polls TBB_BUSY_POLL_US after each request. */
-static int busy_daemon_start(struct tbb_daemon *ds) {
-  char us[16];
-  snprintf(us, sizeof(us), "%d", TBB_BUSY_POLL_US);
-  const char *extra[] = {"--busy-poll", us, NULL};
-  if (tbb_daemon_start(ds, extra) < 0) {
-    tbb_failed("daemon with --busy-poll did not start");
-    return -1;
-  }
-  return 0;
-}
-
 void tbb_scenario_gpu_handoff(void) {
   tbb_section("4", "GPU hand-off, 4 MiB CUDA tensor",
               "warm: producer memsets 64 B + publishes on its stream, the "
@@ -899,30 +887,35 @@ void tbb_scenario_gpu_handoff(void) {
   } else {
     tbb_failed("tb warm hand-off, producer idle");
   }
-  /* The same with busy polling: the daemon (--busy-poll) and both clients
-   * (spin_us) poll their sockets for a while before they sleep, so that a
-   * hand-off costs no process wake-ups. */
-  {
+  /* The same with no polling at all (the daemon --busy-poll 0, the clients
+   * spin_us -1: each hand-off wakes sleeping processes), and with busy
+   * polling (--busy-poll and spin_us TBB_BUSY_POLL_US, so that a hand-off
+   * costs no process wake-up); the rows above run the defaults (a 50 us
+   * window with 4 or more CPUs). */
+  for (enum tbb_polling p = TBB_POLL_NONE; p <= TBB_POLL_BUSY; p++) {
     struct tbb_daemon ds;
-    if (busy_daemon_start(&ds) == 0) {
-      tbb_spin_us = TBB_BUSY_POLL_US;
-      int rc = run_tb_pair(&ds, sh, HANDOFF_BYTES, 0, 1);
-      tbb_spin_us = 0;
-      if (rc == 0) {
-        tbb_row_latency("tb warm hand-off, producer idle, busy polling",
-                        sh->rt, n,
-                        tn ? "torch.multiprocessing queue ping-pong"
-                           : "raw CUDA IPC ping-pong, producer idle");
-        tbb_row_latency("tb one-way, producer idle, busy polling", sh->oneway,
-                        n, NULL);
-        tbb_note("busy polling: tensorbrokerd --busy-poll %d and both "
-                 "clients' spin_us = %d; %lu GPU waits in %lu acquires",
-                 TBB_BUSY_POLL_US, TBB_BUSY_POLL_US, sh->waits, sh->counted);
-      } else {
-        tbb_failed("tb warm hand-off, producer idle, busy polling");
-      }
-      tbb_daemon_stop(&ds);
+    const char *tag = p == TBB_POLL_NONE ? "no polling" : "busy polling";
+    char row[96], one[96];
+    if (tbb_daemon_start_polling(&ds, p) < 0)
+      continue;
+    snprintf(row, sizeof(row), "tb warm hand-off, producer idle, %s", tag);
+    snprintf(one, sizeof(one), "tb one-way, producer idle, %s", tag);
+    tbb_spin_us = tbb_polling_spin_us(p);
+    int rc = run_tb_pair(&ds, sh, HANDOFF_BYTES, 0, 1);
+    tbb_spin_us = 0;
+    if (rc == 0) {
+      tbb_row_latency(row, sh->rt, n,
+                      tn ? "torch.multiprocessing queue ping-pong"
+                         : "raw CUDA IPC ping-pong, producer idle");
+      tbb_row_latency(one, sh->oneway, n, NULL);
+      tbb_note("%s: tensorbrokerd --busy-poll %d and both clients' spin_us "
+               "= %d; %lu GPU waits in %lu acquires",
+               tag, p == TBB_POLL_BUSY ? TBB_BUSY_POLL_US : 0,
+               tbb_polling_spin_us(p), sh->waits, sh->counted);
+    } else {
+      tbb_failed("%s", row);
     }
+    tbb_daemon_stop(&ds);
   }
 
   sh->iters = tbb_scale(100, 30, 10);
@@ -968,26 +961,32 @@ void tbb_scenario_gpu_handoff(void) {
              "timed acquires made %lu cuIpcOpenMemHandle and %lu "
              "cuIpcOpenEventHandle calls over %ld acquires",
              sh->opens_mem, sh->opens_event, sh->iters);
-  /* The cold rows again with busy polling (daemon and clients, as above):
-   * what is left of the daemon's round trip when no process sleeps. */
-  {
+  /* The cold rows again with no polling and with busy polling (daemon and
+   * clients, as above). */
+  for (enum tbb_polling p = TBB_POLL_NONE; p <= TBB_POLL_BUSY; p++) {
     struct tbb_daemon ds;
-    if (busy_daemon_start(&ds) == 0) {
-      tbb_spin_us = TBB_BUSY_POLL_US;
-      cold_row(&ds, sh, n, 1, "tb cold acquire, new client, busy polling",
-               raw_same, "new client, busy polling");
-      cold_row(&ds, sh, n, 2,
-               "tb cold acquire, new buffer+event, connected client, busy "
-               "polling",
-               raw_new, "new buffer, busy polling");
-      cold_row(&ds, sh, n, 3,
-               "tb cold acquire, new buffer+event, subscribed client "
-               "(opening ahead), busy polling",
-               raw_new, "opening ahead, busy polling");
-      tbb_spin_us = 0;
-      tbb_daemon_stop(&ds);
-    }
+    const char *tag = p == TBB_POLL_NONE ? "no polling" : "busy polling";
+    char row[3][128], what[3][64];
+    if (tbb_daemon_start_polling(&ds, p) < 0)
+      continue;
+    snprintf(row[0], sizeof(row[0]), "tb cold acquire, new client, %s", tag);
+    snprintf(row[1], sizeof(row[1]),
+             "tb cold acquire, new buffer+event, connected client, %s", tag);
+    snprintf(row[2], sizeof(row[2]),
+             "tb cold acquire, new buffer+event, subscribed client (opening "
+             "ahead), %s",
+             tag);
+    snprintf(what[0], sizeof(what[0]), "new client, %s", tag);
+    snprintf(what[1], sizeof(what[1]), "new buffer, %s", tag);
+    snprintf(what[2], sizeof(what[2]), "opening ahead, %s", tag);
+    tbb_spin_us = tbb_polling_spin_us(p);
+    for (int k = 0; k < 3; k++)
+      cold_row(&ds, sh, n, k + 1, row[k], k == 0 ? raw_same : raw_new,
+               what[k]);
+    tbb_spin_us = 0;
+    tbb_daemon_stop(&ds);
   }
+
   tbb_daemon_stop(&d);
   tbb_shared_free(sh, sizeof(*sh));
 }

@@ -267,54 +267,52 @@ void tbb_scenario_handoff(void) {
   sh->rt = tbb_shared_alloc(bytes);
   sh->oneway = tbb_shared_alloc(bytes);
   sh->pub = tbb_shared_alloc(bytes);
-  struct tbb_daemon d, ds;
-  char us[16];
-  snprintf(us, sizeof(us), "%d", TBB_BUSY_POLL_US);
-  const char *extra[] = {"--busy-poll", us, NULL};
-  if (tbb_daemon_start(&d, NULL) < 0) {
-    tbb_failed("daemon did not start");
-    goto out;
-  }
-  if (tbb_daemon_start(&ds, extra) < 0) {
-    tbb_failed("daemon with --busy-poll did not start");
-    tbb_daemon_stop(&d);
-    goto out;
-  }
   /* Busy polling only unpinned: processes spinning on one CPU would only
-   * take it from each other. */
+   * take it from each other. The defaults do not poll on one CPU (nor on
+   * fewer than 4), so "one core" runs the defaults; "unpinned" too, and,
+   * to show what the default window does, with no polling at all. */
   struct {
     const char *label;
-    int cpu, spin;
-  } modes[] = {{"one core", tbb_opt.cpu_a, 0},
-               {"unpinned", -1, 0},
-               {"unpinned, busy polling", -1, 1}};
+    int cpu;
+    enum tbb_polling poll;
+  } modes[] = {{"one core", tbb_opt.cpu_a, TBB_POLL_DEFAULT},
+               {"unpinned, no polling", -1, TBB_POLL_NONE},
+               {"unpinned", -1, TBB_POLL_DEFAULT},
+               {"unpinned, busy polling", -1, TBB_POLL_BUSY}};
   for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
     char base[96], name[96];
-    if (modes[m].spin && tbb_opt.ncpus < 4) {
+    int spin = modes[m].poll == TBB_POLL_BUSY;
+    if (spin && tbb_opt.ncpus < 4) {
       tbb_note("busy polling: skipped, fewer than 4 CPUs (three processes "
                "spin)");
       continue;
     }
-    if (modes[m].spin)
+    if (spin)
       tbb_note("busy polling: raw processes poll with MSG_DONTWAIT; "
                "tensorbrokerd --busy-poll %d, clients' spin_us = %d",
                TBB_BUSY_POLL_US, TBB_BUSY_POLL_US);
     snprintf(base, sizeof(base), "raw ping-pong [%s]", modes[m].label);
-    if (run_raw(sh, modes[m].cpu, 0, modes[m].spin) == 0)
+    if (run_raw(sh, modes[m].cpu, 0, spin) == 0)
       tbb_row_latency(base, sh->rt, (size_t)iters, NULL);
     else
       tbb_failed("%s", base);
     snprintf(name, sizeof(name), "raw relay via a third process [%s]",
              modes[m].label);
-    if (run_raw(sh, modes[m].cpu, 1, modes[m].spin) == 0)
+    if (run_raw(sh, modes[m].cpu, 1, spin) == 0)
       tbb_row_latency(name, sh->rt, (size_t)iters, base);
     else
       tbb_failed("%s", name);
     char channel[64];
     snprintf(channel, sizeof(channel), HO_CHANNEL "/%zu", m);
     snprintf(name, sizeof(name), "tb hand-off [%s]", modes[m].label);
-    tbb_spin_us = modes[m].spin ? TBB_BUSY_POLL_US : 0;
-    int rc = run_tb(sh, modes[m].spin ? &ds : &d, modes[m].cpu, channel);
+    /* a daemon for each row: it reads its CPUs at its first request (the
+     * default polling window needs 4 or more), and then once a second */
+    struct tbb_daemon d;
+    if (tbb_daemon_start_polling(&d, modes[m].poll) < 0)
+      continue;
+    tbb_spin_us = tbb_polling_spin_us(modes[m].poll);
+    int rc = run_tb(sh, &d, modes[m].cpu, channel);
+    tbb_daemon_stop(&d);
     tbb_spin_us = 0;
     if (rc == 0) {
       tbb_row_latency(name, sh->rt, (size_t)iters, base);
@@ -328,9 +326,7 @@ void tbb_scenario_handoff(void) {
       tbb_failed("%s", name);
     }
   }
-  tbb_daemon_stop(&ds);
-  tbb_daemon_stop(&d);
-out:
+
   tbb_shared_free(sh->rt, bytes);
   tbb_shared_free(sh->oneway, bytes);
   tbb_shared_free(sh->pub, bytes);

@@ -273,12 +273,6 @@ void tbb_scenario_rtt(void) {
 
   long iters = tbb_scale(50000, 10000, 500);
   uint64_t *lat = tbb_shared_alloc(sizeof(uint64_t) * (size_t)iters);
-  struct tbb_daemon d;
-  if (tbb_daemon_start(&d, NULL) < 0) {
-    tbb_failed("daemon did not start");
-    tbb_shared_free(lat, sizeof(uint64_t) * (size_t)iters);
-    return;
-  }
 
   struct {
     const char *label;
@@ -316,11 +310,18 @@ void tbb_scenario_rtt(void) {
     else
       tbb_failed("%s", name);
     snprintf(name, sizeof(name), "tb acquire+release [%s]", modes[m].label);
+    /* a daemon for each pinning: it reads its CPUs at its first request
+     * (the default polling window needs 4 or more), and then once a second */
+    struct tbb_daemon d;
+    if (tbb_daemon_start(&d, NULL) < 0) {
+      tbb_failed("daemon did not start");
+      continue;
+    }
     if (run_tb(&d, modes[m].cpu_c, modes[m].cpu_s, iters, lat) == 0)
       tbb_row_latency(name, lat, (size_t)iters, base);
     else
       tbb_failed("%s", name);
+    tbb_daemon_stop(&d);
   }
-  tbb_daemon_stop(&d);
   tbb_shared_free(lat, sizeof(uint64_t) * (size_t)iters);
 }

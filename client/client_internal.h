@@ -99,6 +99,10 @@ struct tb_client {
   int rcvtimeo_ms; /* SO_RCVTIMEO now set on the socket; 0: none (forever),
                       -1: unknown (setsockopt failed: use poll) */
   uint64_t spin_ns; /* poll this long before sleeping in a wait; 0: never */
+  int spin_auto;    /* the default window: only while CPUs are to spare */
+  int spin_cpus_ok; /* auto: may run on TB__POLL_AUTO_CPUS CPUs or more */
+  uint64_t spin_checked_ns; /* auto: when spin_cpus_ok was last read */
+  uint64_t polled_waits;    /* waits that polled first (tests read it) */
   int prefetch;     /* Hello.prefetch (tb_connect_options.no_prefetch) */
   uint32_t max_message;
   uint32_t max_ndim;
@@ -165,6 +169,9 @@ struct tb_acquire_counters {
   unsigned long long prefetch_ns; /* in tb__cuda_prefetch (any call) */
 };
 void tb__acquire_counters(struct tb_acquire_counters *out);
+
+/* How many of c's waits polled before sleeping (spin_us): for tests. */
+uint64_t tb__client_polled_waits(const struct tb_client *c);
 void tb__count_prefetch(uint64_t ns);
 int tb__acquire_counting(void);
 

@@ -366,6 +366,28 @@ static long spin_recv(struct tb_client *c, uint64_t deadline, int *fds,
   return -EAGAIN;
 }
 
+/* Whether this wait polls first. The default window follows the CPUs the
+ * process may use (read again at most once a second: affinity and cpusets
+ * change at run time); a window the caller chose always applies. */
+static int spin_now(struct tb_client *c) {
+  uint64_t now;
+
+  if (c->spin_ns == 0)
+    return 0;
+  if (!c->spin_auto)
+    return 1;
+  now = tb__now_ns();
+  if (c->spin_checked_ns == 0 || now - c->spin_checked_ns >= 1000000000u) {
+    c->spin_cpus_ok = tb__cpus_allowed() >= TB__POLL_AUTO_CPUS;
+    c->spin_checked_ns = now;
+  }
+  return c->spin_cpus_ok;
+}
+
+uint64_t tb__client_polled_waits(const struct tb_client *c) {
+  return c->polled_waits;
+}
+
 /* Wait for one datagram until deadline (UINT64_MAX: forever), read and
  * decode it. Notices are handled here; a reply is returned in *out with its
  * fds. Returns 1 with *out set (a reply), 2 for a handled notice or a wake-
@@ -381,7 +403,8 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
   if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
     return tb__set_error(c, TB_EDISCONNECTED,
                          "connection to the daemon lost earlier");
-  if (c->spin_ns != 0) {
+  if (spin_now(c)) {
+    c->polled_waits++;
     n = spin_recv(c, deadline, fds, &got);
     if (n != -EAGAIN && n != -EWOULDBLOCK)
       goto received;
@@ -635,7 +658,7 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
   const char *name;
   struct tb_client *c;
   struct tb__conn *k;
-  int rc, fd = -1;
+  int rc, fd = -1, spin_auto = 0;
 
   if (out == NULL)
     return TB_EINVAL;
@@ -649,6 +672,8 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
   if (o.stream_contract < TB_CONTRACT_SPEC ||
       o.stream_contract > TB_CONTRACT_EXPLICIT)
     return TB_EINVAL;
+  if (o.spin_us < -1 || o.spin_us > TB__SPIN_US_MAX)
+    return TB_EINVAL;
   if (o.spin_us == 0) {
     const char *e = getenv("TENSORBROKER_SPIN_US");
     if (e != NULL && *e) {
@@ -656,11 +681,15 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
       long v = strtol(e, &end, 10);
       if (*end || v < 0 || v > TB__SPIN_US_MAX)
         return TB_EINVAL;
+      spin_auto = 0;
       o.spin_us = (int)v;
+    } else {
+      spin_auto = 1;
+      o.spin_us = TB__POLL_AUTO_US;
     }
+  } else if (o.spin_us < 0) {
+    o.spin_us = 0; /* -1: never */
   }
-  if (o.spin_us < 0 || o.spin_us > TB__SPIN_US_MAX)
-    return TB_EINVAL;
   name = o.client_name != NULL ? o.client_name : program_name();
   if (name == NULL)
     name = "";
@@ -715,6 +744,7 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
   c->next_request_id = 1;
   c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : TB__DEFAULT_TIMEOUT_MS;
   c->spin_ns = (uint64_t)o.spin_us * 1000;
+  c->spin_auto = spin_auto;
   c->prefetch = !o.no_prefetch;
   c->max_message = TB__DEFAULT_MAX_MESSAGE;
   c->max_ndim = TB__DEFAULT_MAX_NDIM;

@@ -28,9 +28,11 @@ const struct tbd_limit_desc tbd_limit_table[] = {
           "bytes queued for a slow session before it is dropped"),
     {"hello-timeout", offsetof(struct tbd_limits, hello_timeout_ms), 10000, 0,
      3600000, "milliseconds a new connection has to say Hello (0: no limit)"},
-    {"busy-poll", offsetof(struct tbd_limits, busy_poll_us), 0, 0, 1000000,
-     "microseconds the daemon keeps polling after activity before it sleeps "
-     "(0: sleep at once; spends CPU for latency)"},
+    {"busy-poll", offsetof(struct tbd_limits, busy_poll_us), TB__POLL_AUTO_US,
+     0, 1000000,
+     "microseconds the daemon keeps polling after a request before it "
+     "sleeps (0: sleep at once; spends CPU for latency); the default, also "
+     "'auto', polls only while the daemon may use 4 or more CPUs"},
 };
 
 const unsigned tbd_limit_count =
@@ -44,4 +46,5 @@ uint32_t *tbd_limit_field(struct tbd_limits *l,
 void tbd_limits_default(struct tbd_limits *l) {
   for (unsigned i = 0; i < tbd_limit_count; i++)
     *tbd_limit_field(l, &tbd_limit_table[i]) = tbd_limit_table[i].def;
+  l->busy_poll_auto = 1;
 }

@@ -21,6 +21,10 @@ struct tbd_limits {
   uint32_t max_outq;          /* bytes queued per session */
   uint32_t hello_timeout_ms;  /* a new connection's time to say Hello; 0: none */
   uint32_t busy_poll_us;      /* keep polling this long after activity; 0: off */
+  /* not in the table: */
+  uint32_t busy_poll_auto; /* 1 (default, or --busy-poll auto): poll only
+                              while the daemon may run on
+                              TB__POLL_AUTO_CPUS CPUs or more */
 };
 
 /* One row per limit: flag name, field, default, smallest and largest value

@@ -173,9 +173,18 @@ static int parse_options(int argc, char **argv, struct options *o) {
     default:
       if (c >= OPT_LIMIT_BASE && c < OPT_LIMIT_BASE + (int)tbd_limit_count) {
         const struct tbd_limit_desc *d = &tbd_limit_table[c - OPT_LIMIT_BASE];
+        int busy_poll = d->offset == offsetof(struct tbd_limits, busy_poll_us);
+        if (busy_poll && strcmp(optarg, "auto") == 0) {
+          o->lim.busy_poll_us = d->def;
+          o->lim.busy_poll_auto = 1;
+          break;
+        }
+        if (busy_poll)
+          o->lim.busy_poll_auto = 0;
         if (parse_u32(optarg, 10, d->min, d->max, &v) < 0) {
           fprintf(stderr, "tensorbrokerd: --%s: '%s' is not a number in "
-                          "%u..%u\n", d->flag, optarg, d->min, d->max);
+                          "%u..%u%s\n", d->flag, optarg, d->min, d->max,
+                  busy_poll ? " or 'auto'" : "");
           return 2;
         }
         *tbd_limit_field(&o->lim, d) = v;
@@ -356,6 +365,14 @@ int main(int argc, char **argv) {
 
   tbd_info("tensorbrokerd %s listening on %s (mode %04o, pid %d)",
            TB_VERSION_STRING, o.socket, o.mode, (int)getpid());
+  if (o.lim.busy_poll_us == 0)
+    tbd_info("busy polling off");
+  else if (o.lim.busy_poll_auto)
+    tbd_info("busy polling: %u us after each request while it may use %d "
+             "or more CPUs (now %d)", o.lim.busy_poll_us, TB__POLL_AUTO_CPUS,
+             tb__cpus_allowed());
+  else
+    tbd_info("busy polling: %u us after each request", o.lim.busy_poll_us);
   signal_ready(o.ready_fd);
 
   uv_run(&loop, UV_RUN_DEFAULT);

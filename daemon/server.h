@@ -24,6 +24,8 @@ struct tbd_server {
   uv_check_t check;          /* reads the sessions marked readable */
   uv_idle_t spin;            /* --busy-poll: active while the loop polls */
   uint64_t spin_until_ns;
+  uint64_t spin_checked_ns;  /* auto: when spin_cpus_ok was last read */
+  int spin_cpus_ok;          /* auto: the daemon may use enough CPUs */
   uint8_t *rxbuf;            /* lim.max_message bytes */
   uint8_t *txbuf;            /* TB__MAX_MESSAGE_HARD bytes */
   struct tb__arena arena;    /* the request being handled is decoded here */

@@ -131,4 +131,11 @@ long tb__wire_recv(int sock, void *buf, size_t cap, int *fds, int *nfds,
 uint64_t tb__now_ms(void);
 uint64_t tb__now_ns(void); /* CLOCK_MONOTONIC in nanoseconds */
 
+/* The default polling windows (client spin_us, daemon --busy-poll): used
+ * only while the process may run on at least TB__POLL_AUTO_CPUS CPUs. */
+#define TB__POLL_AUTO_US 50
+#define TB__POLL_AUTO_CPUS 4
+/* CPUs the calling thread may run on (sched_getaffinity); 1 when unknown. */
+int tb__cpus_allowed(void);
+
 #endif /* TB_PROTO_H */

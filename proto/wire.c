@@ -4,6 +4,8 @@
 #include "tb_proto.h"
 
 #include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -94,4 +96,26 @@ uint64_t tb__now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Polling pays only when the process it waits for can run meanwhile on
+ * another CPU; the default windows (client spin_us, daemon --busy-poll)
+ * therefore apply only to a process that may use this many CPUs. */
+int tb__cpus_allowed(void) {
+  for (size_t ncpu = 1024; ncpu <= (1u << 20); ncpu *= 8) {
+    size_t sz = CPU_ALLOC_SIZE(ncpu);
+    cpu_set_t *set = CPU_ALLOC(ncpu);
+    int n = -1;
+
+    if (set == NULL)
+      return 1;
+    if (sched_getaffinity(0, sz, set) == 0)
+      n = CPU_COUNT_S(sz, set);
+    CPU_FREE(set);
+    if (n >= 0)
+      return n > 0 ? n : 1;
+    if (errno != EINVAL)
+      return 1; /* unknown: behave as on one CPU (no polling) */
+  }
+  return 1;
 }

@@ -101,12 +101,16 @@ struct tb_connect_options {
    * call asks for itself (acquire's timeout is added). <=0: 30000. */
   int timeout_ms;
   /* Before sleeping in a wait for the daemon (a reply, a parked NEXT
-   * acquire), keep polling the socket for up to this many microseconds.
-   * This trades CPU for latency: a reply that arrives within the window
-   * costs no process wake-up (docs/benchmarks.md, "Busy polling"). 0: the
-   * value of $TENSORBROKER_SPIN_US, else 0 (sleep at once). At most
-   * 1000000; tb_client_connect() gives TB_EINVAL for a value out of range,
-   * here or in that variable (which must be a plain decimal number). */
+   * acquire, a notice), keep polling the socket for up to this many
+   * microseconds: a datagram that arrives within the window costs no
+   * process wake-up (docs/benchmarks.md, "Busy polling"). 0 (default): the
+   * value of $TENSORBROKER_SPIN_US if set (a plain decimal number; "0"
+   * turns polling off), else 50 microseconds while the process may run on
+   * 4 or more CPUs and none on fewer (where polling would only take the CPU
+   * from the daemon it waits for; the CPU count is read again at most once
+   * a second). -1: never poll. 1..1000000: poll that long in every wait,
+   * whatever the CPUs. Other values, here or in that variable, make
+   * tb_client_connect() give TB_EINVAL. */
   int spin_us;
   /* 0 (default): opening ahead. When a subscribed channel gets a version
    * in a CUDA buffer this session has not seen, the daemon sends the

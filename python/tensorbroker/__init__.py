@@ -122,8 +122,10 @@ class Client:
     timeout: longest wait for any reply, in seconds (None: 30 s); acquire's
         own timeout is added.
     spin_us: busy polling: poll the socket this many microseconds before
-        sleeping in a wait (0: $TENSORBROKER_SPIN_US, else none). Spends
-        CPU for latency; see docs/benchmarks.md "Busy polling".
+        sleeping in a wait. 0 (default): $TENSORBROKER_SPIN_US if set, else
+        50 while the process may run on 4 or more CPUs and none on fewer;
+        -1: never. Spends CPU for latency; see docs/benchmarks.md "Busy
+        polling".
     prefetch: opening ahead (default True): on a subscribed channel, a
         version in a CUDA buffer this session has not seen arrives with the
         buffer's handle in its new-version notice, and the library opens the

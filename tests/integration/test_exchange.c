@@ -4,9 +4,11 @@
 #include "tb_test.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
 
 #include "harness.h"
+#include "tb_proto.h"
 
 #define BUFSZ (64 * 1024)
 
@@ -678,7 +680,7 @@ static void test_busy_poll(void **state) {
 
   /* bad values are refused, from the options and from the environment */
   assert_tb_ok(tbt_daemon_start(&d, extra));
-  assert_tb_err(connect_spin(&d, -1, &c), TB_EINVAL);
+  assert_tb_err(connect_spin(&d, -2, &c), TB_EINVAL);
   assert_tb_err(connect_spin(&d, 1000001, &c), TB_EINVAL);
   setenv("TENSORBROKER_SPIN_US", "lots", 1);
   assert_tb_err(connect_spin(&d, 0, &c), TB_EINVAL);
@@ -741,6 +743,168 @@ static void test_busy_poll(void **state) {
   tbt_daemon_cleanup(&d);
 }
 
+/* ---- polling by default: 50 us while the process may use 4+ CPUs ---- */
+
+/* the library's count of c's waits that polled first (client/conn.c) */
+uint64_t tb__client_polled_waits(const tb_client *c);
+
+#define QUIET_WAITS 100 /* waits for a notice that never comes, 2 ms each */
+
+static int cpus_allowed(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0)
+    return -1;
+  return CPU_COUNT(&set);
+}
+
+/* Connect with spin_us (0: the default), wait QUIET_WAITS times 2 ms for a
+ * notice that does not come, and return how many of those waits polled
+ * before sleeping (the library counts them), or -1. */
+static long polled_waits(const char *sock, int spin_us) {
+  struct tbt_daemon d;
+  struct tb_notice n;
+  tb_client *c;
+  uint64_t p0;
+  long polled = -1;
+
+  memset(&d, 0, sizeof(d));
+  snprintf(d.sock, sizeof(d.sock), "%s", sock);
+  if (connect_spin(&d, spin_us, &c) < 0)
+    return -1;
+  p0 = tb__client_polled_waits(c);
+  for (int i = 0; i < QUIET_WAITS; i++)
+    if (tb_client_poll_notice(c, &n, 2) != TB_EAGAIN)
+      goto out;
+  polled = (long)(tb__client_polled_waits(c) - p0);
+out:
+  tb_client_disconnect(c);
+  return polled;
+}
+
+/* Child: pinned to one CPU, a default client must not poll. */
+static int pinned_waiter(struct tbt_chan *ch, void *arg) {
+  cpu_set_t one;
+  int cpu = sched_getcpu();
+  long n;
+
+  CPU_ZERO(&one);
+  CPU_SET(cpu >= 0 ? cpu : 0, &one);
+  TBT_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0);
+  n = polled_waits(arg, 0);
+  TBT_CHECK(n >= 0);
+  TBT_CHECK_OK(tbt_send(ch->wr, "polled %ld", n));
+  return 0;
+}
+
+/* voluntary_ctxt_switches of pid's main thread (/proc/PID/status): how
+ * often the daemon went to sleep. -1 when unreadable. */
+static long proc_sleeps(pid_t pid) {
+  char path[64], line[128];
+  long n = -1;
+  FILE *f;
+
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  f = fopen(path, "re");
+  if (f == NULL)
+    return -1;
+  while (fgets(line, sizeof(line), f) != NULL)
+    if (sscanf(line, "voluntary_ctxt_switches: %ld", &n) == 1)
+      break;
+  fclose(f);
+  return n;
+}
+
+/* How often a daemon started with extra goes to sleep over QUIET_WAITS
+ * status requests sent 10 us after the previous reply (the client polls
+ * for replies and waits those 10 us on the clock: a daemon that polls for
+ * longer than that after a request never sleeps in between, one that does
+ * not poll sleeps before each). -1 on failure. */
+static long daemon_sleeps(const char *const *extra) {
+  struct tbt_daemon d;
+  struct tb_status st;
+  tb_client *c;
+  long s0, s1;
+
+  assert_tb_ok(tbt_daemon_start(&d, extra));
+  assert_tb_ok(connect_spin(&d, 1000, &c));
+  assert_tb_ok(tb_daemon_status(c, &st));
+  s0 = proc_sleeps(d.pid);
+  for (int i = 0; i < QUIET_WAITS; i++) {
+    uint64_t t0 = tb__now_ns();
+    while (tb__now_ns() - t0 < 10000)
+      ;
+    assert_tb_ok(tb_daemon_status(c, &st));
+  }
+  s1 = proc_sleeps(d.pid);
+  tb_client_disconnect(c);
+  assert_int_equal(tbt_daemon_stop(&d), 0);
+  tbt_daemon_cleanup(&d);
+  return s0 < 0 || s1 < s0 ? -1 : s1 - s0;
+}
+
+static void test_default_polling(void **state) {
+  const char *off[] = {"--busy-poll", "0", NULL};
+  const char *auto_[] = {"--busy-poll", "auto", NULL};
+  const char *bad[] = {"--busy-poll", "sometimes", NULL};
+  const char *poll300[] = {"--busy-poll", "300", NULL};
+  struct tbt_daemon d;
+  struct tbt_child ch;
+  char line[64];
+  long never, def, chosen, env0, env70, pinned, d_off, d_def, d_auto, d_300;
+  int cpus = cpus_allowed(), spare, st = 0;
+  (void)state;
+
+  assert_true(cpus >= 1);
+  spare = cpus >= 4;
+  unsetenv("TENSORBROKER_SPIN_US");
+  assert_tb_ok(tbt_daemon_start(&d, off));
+  never = polled_waits(d.sock, -1);
+  def = polled_waits(d.sock, 0);
+  chosen = polled_waits(d.sock, 50); /* whatever the CPUs */
+  setenv("TENSORBROKER_SPIN_US", "0", 1);
+  env0 = polled_waits(d.sock, 0); /* "0" in the environment: off */
+  setenv("TENSORBROKER_SPIN_US", "70", 1);
+  env70 = polled_waits(d.sock, 0); /* a number: whatever the CPUs */
+  unsetenv("TENSORBROKER_SPIN_US");
+  assert_tb_ok(tbt_child_start(&ch, pinned_waiter, d.sock));
+  assert_tb_ok(tbt_recv(ch.rd, line, sizeof(line), TBT_TIMEOUT_MS));
+  assert_int_equal(sscanf(line, "polled %ld", &pinned), 1);
+  assert_int_equal(tbt_child_wait(&ch, TBT_TIMEOUT_MS), 0);
+  assert_int_equal(tbt_daemon_stop(&d), 0);
+  tbt_daemon_cleanup(&d);
+  print_message("waits that polled, of %d, on %d CPUs: never %ld, default "
+                "%ld, 50 us chosen %ld, $TENSORBROKER_SPIN_US=0 %ld, =70 %ld, "
+                "default on one CPU %ld\n",
+                QUIET_WAITS, cpus, never, def, chosen, env0, env70, pinned);
+  assert_int_equal(never, 0);
+  assert_int_equal(def, spare ? QUIET_WAITS : 0);
+  assert_int_equal(chosen, QUIET_WAITS);
+  assert_int_equal(env0, 0);
+  assert_int_equal(env70, QUIET_WAITS);
+  assert_int_equal(pinned, 0);
+
+  /* The daemon. --busy-poll 300 shows what polling looks like here. */
+  assert_true(tbt_daemon_start_at(&d, "/tmp/tb-never.sock", bad, &st) < 0);
+  assert_int_equal(st, 2); /* refused at the option, socket untouched */
+  d_off = daemon_sleeps(off);
+  d_def = daemon_sleeps(NULL);
+  d_auto = daemon_sleeps(auto_);
+  d_300 = daemon_sleeps(poll300);
+  print_message("daemon sleeps in %d requests, %d CPUs: --busy-poll 0 %ld, "
+                "default %ld, auto %ld, 300 %ld\n",
+                QUIET_WAITS, cpus, d_off, d_def, d_auto, d_300);
+  assert_true(d_off >= 0 && d_def >= 0 && d_auto >= 0 && d_300 >= 0);
+  assert_true(d_off >= QUIET_WAITS / 2);
+  assert_true(d_300 < QUIET_WAITS / 2);
+  if (spare) {
+    assert_true(d_def < QUIET_WAITS / 2);
+    assert_true(d_auto < QUIET_WAITS / 2);
+  } else {
+    assert_true(d_def >= QUIET_WAITS / 2);
+    assert_true(d_auto >= QUIET_WAITS / 2);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_intact, tbt_setup, tbt_teardown),
@@ -752,6 +916,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_next_parked, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_timeouts, tbt_setup, tbt_teardown),
       cmocka_unit_test(test_busy_poll),
+      cmocka_unit_test(test_default_polling),
   };
   return cmocka_run_group_tests_name("exchange", tests, NULL, NULL);
 }

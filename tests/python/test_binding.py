@@ -182,7 +182,7 @@ def test_timeouts():
 
 def test_busy_polling_client():
     with daemon() as sock:
-        expect_error(lambda: tb.Client(socket=sock, spin_us=-1), "TB_EINVAL")
+        expect_error(lambda: tb.Client(socket=sock, spin_us=-2), "TB_EINVAL")
         expect_error(lambda: tb.Client(socket=sock, spin_us=2000000), "TB_EINVAL")
         with tb.Client(socket=sock) as prod, tb.Client(socket=sock, spin_us=300) as cons:
             prod.publish("bp/a", np.arange(5.0))
@@ -191,6 +191,12 @@ def test_busy_polling_client():
                     assert np.array_equal(np.from_dlpack(l), np.arange(5.0))
             # polling neither cuts nor stretches a timeout
             expect_error(lambda: cons.acquire("bp/a", after=1, timeout=0.05), "TB_ETIMEDOUT")
+            # -1: never poll (the C tests count which waits polled)
+            with tb.Client(socket=sock, spin_us=-1) as never:
+                with never.acquire("bp/a") as l:
+                    assert np.array_equal(np.from_dlpack(l), np.arange(5.0))
+                expect_error(lambda: never.acquire("bp/a", after=1, timeout=0.05),
+                             "TB_ETIMEDOUT")
 
 
 def test_prefetch_option():
