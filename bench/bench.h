@@ -110,12 +110,13 @@ int tbb_connect(const char *sock, const char *name, int contract,
  * CPUs, else none); -1: none. */
 extern int tbb_spin_us;
 /* Busy polling in the "busy polling" rows: daemon --busy-poll and the
- * clients' spin_us, in microseconds. */
+ * clients' spin_us, in microseconds (tb-bench --busy-poll-us changes it). */
 #define TBB_BUSY_POLL_US 200
+extern int tbb_busy_poll_us; /* TBB_BUSY_POLL_US, or --busy-poll-us */
 
 /* How a row's processes wait: the defaults (the daemon's --busy-poll auto,
  * the clients' spin_us 0), no polling at all (--busy-poll 0, spin_us -1),
- * or busy polling (TBB_BUSY_POLL_US for both). */
+ * or busy polling (tbb_busy_poll_us for both). */
 enum tbb_polling { TBB_POLL_DEFAULT, TBB_POLL_NONE, TBB_POLL_BUSY };
 /* Start a daemon for rows of that kind (reports a failure itself). */
 int tbb_daemon_start_polling(struct tbb_daemon *d, enum tbb_polling p);

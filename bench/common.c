@@ -454,12 +454,13 @@ void tbb_daemon_stop(struct tbb_daemon *d) {
 }
 
 int tbb_spin_us;
+int tbb_busy_poll_us = TBB_BUSY_POLL_US;
 
 int tbb_daemon_start_polling(struct tbb_daemon *d, enum tbb_polling p) {
   char us[16];
   const char *extra[] = {"--busy-poll", us, NULL};
 
-  snprintf(us, sizeof(us), "%d", p == TBB_POLL_BUSY ? TBB_BUSY_POLL_US : 0);
+  snprintf(us, sizeof(us), "%d", p == TBB_POLL_BUSY ? tbb_busy_poll_us : 0);
   if (tbb_daemon_start(d, p == TBB_POLL_DEFAULT ? NULL : extra) < 0) {
     tbb_failed("daemon%s did not start",
                p == TBB_POLL_DEFAULT ? "" : p == TBB_POLL_NONE
@@ -471,7 +472,7 @@ int tbb_daemon_start_polling(struct tbb_daemon *d, enum tbb_polling p) {
 }
 
 int tbb_polling_spin_us(enum tbb_polling p) {
-  return p == TBB_POLL_BUSY ? TBB_BUSY_POLL_US : p == TBB_POLL_NONE ? -1 : 0;
+  return p == TBB_POLL_BUSY ? tbb_busy_poll_us : p == TBB_POLL_NONE ? -1 : 0;
 }
 
 int tbb_connect(const char *sock, const char *name, int contract,

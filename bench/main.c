@@ -29,7 +29,9 @@ static void usage(FILE *f) {
           "  --cpus A,B         the CPUs used for pinning (default: the first\n"
           "                     two this process may use)\n"
           "  --daemon PATH      tensorbrokerd to start (default: $TB_DAEMON,\n"
-          "                     else the one built with tb-bench)\n");
+          "                     else the one built with tb-bench)\n"
+          "  --busy-poll-us N   the window of the \"busy polling\" rows (daemon\n"
+          "                     --busy-poll and clients' spin_us; default 200)\n");
 }
 
 static int parse_long(const char *s, long *out) {
@@ -102,6 +104,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tb-bench: bad --pin '%s'\n", v);
         return 2;
       }
+      i++;
+    } else if (!strcmp(a, "--busy-poll-us") && v) {
+      long x;
+      if (parse_long(v, &x) < 0 || x < 1 || x > 1000000) {
+        fprintf(stderr, "tb-bench: bad --busy-poll-us '%s' (1..1000000)\n",
+                v);
+        return 2;
+      }
+      tbb_busy_poll_us = (int)x;
       i++;
     } else if (!strcmp(a, "--cpus") && v) {
       long x, y;

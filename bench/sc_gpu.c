@@ -96,7 +96,7 @@ struct gpu_shared {
   unsigned long waits, counted;
   unsigned long long ns_open_mem, ns_open_event, ns_wait;
   unsigned long long ns_rt; /* acquires' daemon round trips */
-  unsigned long long ns_after, ns_prefetch; /* tb_acquire_counters */
+  unsigned long long ns_after, ns_prefetch, ns_send; /* tb_acquire_counters */
   /* cold rows: the IPC opens (memory + event) inside each timed acquire,
    * from the driver counters read just outside its timed window */
   uint64_t opens_in[1024];
@@ -133,6 +133,7 @@ static void note_counters(struct gpu_shared *sh, const struct counts *c0,
   sh->ns_rt = c1->a.wait_ns - c0->a.wait_ns;
   sh->ns_after = c1->a.after_ns - c0->a.after_ns;
   sh->ns_prefetch = c1->a.prefetch_ns - c0->a.prefetch_ns;
+  sh->ns_send = c1->a.send_ns - c0->a.send_ns;
   sh->opens_mem = k1->ipc_open_mem - k0->ipc_open_mem;
   sh->opens_event = k1->ipc_open_event - k0->ipc_open_event;
   sh->waits = k1->stream_wait - k0->stream_wait;
@@ -771,14 +772,15 @@ static void cold_breakdown(const struct gpu_shared *sh, const char *what) {
          w = (double)sh->ns_wait / n;
   double ec = (double)sh->ns_create / n, er = (double)sh->ns_record / n;
   double rt = (double)sh->ns_rt / n, pf = (double)sh->ns_prefetch / n,
-         af = (double)sh->ns_after / n;
+         af = (double)sh->ns_after / n, sd = (double)sh->ns_send / n;
   tbb_note("%s, mean per acquire: %.1f us in all = sending the Acquire and "
-           "waiting for its reply %.1f (opening ahead, while waiting, %.1f) "
+           "waiting for its reply %.1f (sending %.1f; opening ahead, while "
+           "waiting, %.1f) "
            "+ after the reply %.1f + before sending %.1f; driver time in "
            "all: cuIpcOpenMemHandle %.1f, cuIpcOpenEventHandle %.1f, "
            "cuStreamWaitEvent %.1f (%lu calls), cuEventCreate %.1f (%lu "
            "calls), cuEventRecord %.1f (%lu calls)",
-           what, mean / 1e3, rt / 1e3, pf / 1e3, af / 1e3,
+           what, mean / 1e3, rt / 1e3, sd / 1e3, pf / 1e3, af / 1e3,
            (mean - rt - af) / 1e3, om / 1e3, oe / 1e3, w / 1e3, sh->waits,
            ec / 1e3, sh->creates, er / 1e3, sh->records);
 }
@@ -889,7 +891,7 @@ void tbb_scenario_gpu_handoff(void) {
   }
   /* The same with no polling at all (the daemon --busy-poll 0, the clients
    * spin_us -1: each hand-off wakes sleeping processes), and with busy
-   * polling (--busy-poll and spin_us TBB_BUSY_POLL_US, so that a hand-off
+   * polling (--busy-poll and spin_us tbb_busy_poll_us, so that a hand-off
    * costs no process wake-up); the rows above run the defaults (a 50 us
    * window with 4 or more CPUs). */
   for (enum tbb_polling p = TBB_POLL_NONE; p <= TBB_POLL_BUSY; p++) {
@@ -910,7 +912,7 @@ void tbb_scenario_gpu_handoff(void) {
       tbb_row_latency(one, sh->oneway, n, NULL);
       tbb_note("%s: tensorbrokerd --busy-poll %d and both clients' spin_us "
                "= %d; %lu GPU waits in %lu acquires",
-               tag, p == TBB_POLL_BUSY ? TBB_BUSY_POLL_US : 0,
+               tag, p == TBB_POLL_BUSY ? tbb_busy_poll_us : 0,
                tbb_polling_spin_us(p), sh->waits, sh->counted);
     } else {
       tbb_failed("%s", row);

@@ -290,7 +290,7 @@ void tbb_scenario_handoff(void) {
     if (spin)
       tbb_note("busy polling: raw processes poll with MSG_DONTWAIT; "
                "tensorbrokerd --busy-poll %d, clients' spin_us = %d",
-               TBB_BUSY_POLL_US, TBB_BUSY_POLL_US);
+               tbb_busy_poll_us, tbb_busy_poll_us);
     snprintf(base, sizeof(base), "raw ping-pong [%s]", modes[m].label);
     if (run_raw(sh, modes[m].cpu, 0, spin) == 0)
       tbb_row_latency(base, sh->rt, (size_t)iters, NULL);

@@ -167,6 +167,7 @@ struct tb_acquire_counters {
   unsigned long long after_ns;    /* successful ones: from the reply to the
                                      return */
   unsigned long long prefetch_ns; /* in tb__cuda_prefetch (any call) */
+  unsigned long long send_ns;     /* sending the Acquire (in wait_ns) */
 };
 void tb__acquire_counters(struct tb_acquire_counters *out);
 

@@ -386,6 +386,7 @@ int tb_acquire(tb_client *c, const char *channel,
   t3 = ACQ_NOW();
   acq.calls++;
   acq.wait_ns += (t1 - t0) + (t3 - t2);
+  acq.send_ns += t1 - t0;
   if (rc < 0)
     goto out_unlock;
 
