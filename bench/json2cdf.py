@@ -6,13 +6,16 @@ starting with its quoted name), or with 'count' just how many there are.
   json2cdf.py FILE SECTION [count] [MATCH]
 
 MATCH keeps only rows whose name contains it; "a|b" keeps those containing
-either, and a leading "!" keeps the others instead."""
+either, a leading "!" keeps the others instead, and "x&y" keeps the rows
+that pass both x and y (e.g. "cold|open&!polling")."""
 import json
 import signal
 import sys
 
 
 def matches(name, match):
+    if "&" in match:
+        return all(matches(name, m) for m in match.split("&"))
     if not match:
         return True
     negate = match.startswith("!")
