@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -361,6 +362,9 @@ static long spin_recv(struct tb_client *c, uint64_t deadline, int *fds,
                       MSG_DONTWAIT);
     if (n != -EAGAIN && n != -EWOULDBLOCK)
       return n;
+    /* let whatever else wants this CPU run (the daemon, another client):
+     * on an idle CPU this returns at once */
+    sched_yield();
     now = tb__now_ns();
   } while (now < end);
   return -EAGAIN;

@@ -6,6 +6,7 @@
 #include "server.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +226,8 @@ static void on_spin(uv_idle_t *h) {
 
   if (tb__now_ns() >= srv->spin_until_ns)
     uv_idle_stop(h);
+  else
+    sched_yield(); /* a client waiting for this CPU runs first */
 }
 
 /* Whether the default window applies: the daemon may run on enough CPUs
