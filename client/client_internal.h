@@ -100,8 +100,7 @@ struct tb_client {
                       -1: unknown (setsockopt failed: use poll) */
   uint64_t spin_ns; /* poll this long before sleeping in a wait; 0: never */
   int spin_auto;    /* the default window: only while CPUs are to spare */
-  int spin_cpus_ok; /* auto: may run on TB__POLL_AUTO_CPUS CPUs or more */
-  uint64_t spin_checked_ns; /* auto: when spin_cpus_ok was last read */
+  struct tb__poll_cpus spin_cpus; /* auto: CPUs to spare? */
   uint64_t polled_waits;    /* waits that polled first (tests read it) */
   int prefetch;     /* Hello.prefetch (tb_connect_options.no_prefetch) */
   uint32_t max_message;

@@ -370,22 +370,12 @@ static long spin_recv(struct tb_client *c, uint64_t deadline, int *fds,
   return -EAGAIN;
 }
 
-/* Whether this wait polls first. The default window follows the CPUs the
- * process may use (read again at most once a second: affinity and cpusets
- * change at run time); a window the caller chose always applies. */
+/* Whether this wait polls first: the default window only while the
+ * process may use enough CPUs; a window the caller chose always. */
 static int spin_now(struct tb_client *c) {
-  uint64_t now;
-
   if (c->spin_ns == 0)
     return 0;
-  if (!c->spin_auto)
-    return 1;
-  now = tb__now_ns();
-  if (c->spin_checked_ns == 0 || now - c->spin_checked_ns >= 1000000000u) {
-    c->spin_cpus_ok = tb__cpus_allowed() >= TB__POLL_AUTO_CPUS;
-    c->spin_checked_ns = now;
-  }
-  return c->spin_cpus_ok;
+  return !c->spin_auto || tb__poll_cpus_ok(&c->spin_cpus, tb__now_ns());
 }
 
 uint64_t tb__client_polled_waits(const struct tb_client *c) {

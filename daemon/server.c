@@ -230,16 +230,6 @@ static void on_spin(uv_idle_t *h) {
     sched_yield(); /* a client waiting for this CPU runs first */
 }
 
-/* Whether the default window applies: the daemon may run on enough CPUs
- * (read again at most once a second, as affinity and cpusets change). */
-static int spin_cpus_ok(struct tbd_server *srv, uint64_t now) {
-  if (srv->spin_checked_ns == 0 || now - srv->spin_checked_ns >= 1000000000u) {
-    srv->spin_cpus_ok = tb__cpus_allowed() >= TB__POLL_AUTO_CPUS;
-    srv->spin_checked_ns = now;
-  }
-  return srv->spin_cpus_ok;
-}
-
 /* A request was read: poll for busy_poll_us from now (--busy-poll; by
  * default only with CPUs to spare). */
 static void busy(struct tbd_server *srv) {
@@ -248,7 +238,7 @@ static void busy(struct tbd_server *srv) {
   if (srv->lim.busy_poll_us == 0 || srv->stopping)
     return;
   now = tb__now_ns();
-  if (srv->lim.busy_poll_auto && !spin_cpus_ok(srv, now))
+  if (srv->lim.busy_poll_auto && !tb__poll_cpus_ok(&srv->spin_cpus, now))
     return;
   srv->spin_until_ns = now + (uint64_t)srv->lim.busy_poll_us * 1000;
   if (!uv_is_active((uv_handle_t *)&srv->spin))

@@ -24,8 +24,7 @@ struct tbd_server {
   uv_check_t check;          /* reads the sessions marked readable */
   uv_idle_t spin;            /* --busy-poll: active while the loop polls */
   uint64_t spin_until_ns;
-  uint64_t spin_checked_ns;  /* auto: when spin_cpus_ok was last read */
-  int spin_cpus_ok;          /* auto: the daemon may use enough CPUs */
+  struct tb__poll_cpus spin_cpus; /* --busy-poll auto: CPUs to spare? */
   uint8_t *rxbuf;            /* lim.max_message bytes */
   uint8_t *txbuf;            /* TB__MAX_MESSAGE_HARD bytes */
   struct tb__arena arena;    /* the request being handled is decoded here */

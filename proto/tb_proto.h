@@ -138,4 +138,13 @@ uint64_t tb__now_ns(void); /* CLOCK_MONOTONIC in nanoseconds */
 /* CPUs the calling thread may run on (sched_getaffinity); 1 when unknown. */
 int tb__cpus_allowed(void);
 
+/* Whether the default polling window applies now: the thread may run on
+ * TB__POLL_AUTO_CPUS CPUs or more. The answer is kept and read again at
+ * most once a second (affinity and cpusets change at run time). */
+struct tb__poll_cpus {
+  uint64_t checked_ns; /* when ok was last read; 0: never */
+  int ok;
+};
+int tb__poll_cpus_ok(struct tb__poll_cpus *p, uint64_t now_ns);
+
 #endif /* TB_PROTO_H */

@@ -98,6 +98,14 @@ uint64_t tb__now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+int tb__poll_cpus_ok(struct tb__poll_cpus *p, uint64_t now_ns) {
+  if (p->checked_ns == 0 || now_ns - p->checked_ns >= 1000000000u) {
+    p->ok = tb__cpus_allowed() >= TB__POLL_AUTO_CPUS;
+    p->checked_ns = now_ns;
+  }
+  return p->ok;
+}
+
 /* Polling pays only when the process it waits for can run meanwhile on
  * another CPU; the default windows (client spin_us, daemon --busy-poll)
  * therefore apply only to a process that may use this many CPUs. */
