@@ -101,7 +101,7 @@ struct tb_client {
   uint64_t spin_ns; /* poll this long before sleeping in a wait; 0: never */
   int spin_auto;    /* the default window: only while CPUs are to spare */
   struct tb__poll_cpus spin_cpus; /* auto: CPUs to spare? */
-  uint64_t polled_waits;    /* waits that polled first (tests read it) */
+  uint64_t polled_waits; /* waits that polled first (tests read it) */
   int prefetch;     /* Hello.prefetch (tb_connect_options.no_prefetch) */
   uint32_t max_message;
   uint32_t max_ndim;
