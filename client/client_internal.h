@@ -169,11 +169,11 @@ struct tb_acquire_counters {
   unsigned long long send_ns;     /* sending the Acquire (in wait_ns) */
 };
 void tb__acquire_counters(struct tb_acquire_counters *out);
+void tb__count_prefetch(uint64_t ns);
+int tb__acquire_counting(void);
 
 /* How many of c's waits polled before sleeping (spin_us): for tests. */
 uint64_t tb__client_polled_waits(const struct tb_client *c);
-void tb__count_prefetch(uint64_t ns);
-int tb__acquire_counting(void);
 
 /* Free a message that tb__call returned. */
 void tb__msg_free(struct tb_client *c, tb__server_message *m);

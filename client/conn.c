@@ -348,11 +348,11 @@ static int poll_readable(struct tb_client *c, uint64_t deadline) {
 }
 
 /* Busy polling (spin_us): read without sleeping until a datagram arrives,
- * spin_ns pass or the deadline comes. Returns what the last recv returned:
- * a length, or -EAGAIN when nothing came. */
-static long spin_recv(struct tb_client *c, uint64_t deadline, int *fds,
-                      int *got) {
-  uint64_t now = tb__now_ns(), end = now + c->spin_ns;
+ * spin_ns pass from now or the deadline comes. Returns what the last recv
+ * returned: a length, or -EAGAIN when nothing came. */
+static long spin_recv(struct tb_client *c, uint64_t now, uint64_t deadline,
+                      int *fds, int *got) {
+  uint64_t end = now + c->spin_ns;
   long n;
 
   if (deadline != UINT64_MAX && deadline * 1000000u < end)
@@ -368,14 +368,6 @@ static long spin_recv(struct tb_client *c, uint64_t deadline, int *fds,
     now = tb__now_ns();
   } while (now < end);
   return -EAGAIN;
-}
-
-/* Whether this wait polls first: the default window only while the
- * process may use enough CPUs; a window the caller chose always. */
-static int spin_now(struct tb_client *c) {
-  if (c->spin_ns == 0)
-    return 0;
-  return !c->spin_auto || tb__poll_cpus_ok(&c->spin_cpus, tb__now_ns());
 }
 
 uint64_t tb__client_polled_waits(const struct tb_client *c) {
@@ -397,11 +389,16 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
   if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
     return tb__set_error(c, TB_EDISCONNECTED,
                          "connection to the daemon lost earlier");
-  if (spin_now(c)) {
-    c->polled_waits++;
-    n = spin_recv(c, deadline, fds, &got);
-    if (n != -EAGAIN && n != -EWOULDBLOCK)
-      goto received;
+  /* the default window only while the process may use enough CPUs; a
+   * window the caller chose always */
+  if (c->spin_ns != 0) {
+    uint64_t now = tb__now_ns();
+    if (!c->spin_auto || tb__poll_cpus_ok(&c->spin_cpus, now)) {
+      c->polled_waits++;
+      n = spin_recv(c, now, deadline, fds, &got);
+      if (n != -EAGAIN && n != -EWOULDBLOCK)
+        goto received;
+    }
   }
   flags = arm_recv_timeout(c, deadline);
   if (flags == 0) {
@@ -675,7 +672,6 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
       long v = strtol(e, &end, 10);
       if (*end || v < 0 || v > TB__SPIN_US_MAX)
         return TB_EINVAL;
-      spin_auto = 0;
       o.spin_us = (int)v;
     } else {
       spin_auto = 1;
