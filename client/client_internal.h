@@ -106,6 +106,7 @@ struct tb_client {
   uint32_t max_message;
   uint32_t max_ndim;
   uint32_t max_metadata;
+  uint32_t features; /* HelloReply.features: what the daemon implements */
   uint8_t *rbuf; /* TB__RECV_CAP bytes */
   uint8_t *sbuf; /* TB__RECV_CAP bytes */
   /* Replies are decoded into one of these (a call made while a reply is
@@ -174,6 +175,8 @@ int tb__acquire_counting(void);
 
 /* How many of c's waits polled before sleeping (spin_us): for tests. */
 uint64_t tb__client_polled_waits(const struct tb_client *c);
+/* Pretend the daemon said HelloReply.features: for tests of older daemons. */
+void tb__client_set_features(struct tb_client *c, uint32_t features);
 
 /* Free a message that tb__call returned. */
 void tb__msg_free(struct tb_client *c, tb__server_message *m);

@@ -374,6 +374,10 @@ uint64_t tb__client_polled_waits(const struct tb_client *c) {
   return c->polled_waits;
 }
 
+void tb__client_set_features(struct tb_client *c, uint32_t features) {
+  c->features = features;
+}
+
 /* Wait for one datagram until deadline (UINT64_MAX: forever), read and
  * decode it. Notices are handled here; a reply is returned in *out with its
  * fds. Returns 1 with *out set (a reply), 2 for a handled notice or a wake-
@@ -639,6 +643,7 @@ static int hello(struct tb_client *c, const char *name, int contract) {
     c->max_ndim = m->reply->hello->max_ndim;
   if (m->reply->hello->max_metadata > 0)
     c->max_metadata = m->reply->hello->max_metadata;
+  c->features = m->reply->hello->features;
   tb__msg_free(c, m);
   return 0;
 }

@@ -103,6 +103,50 @@ static int lease_end(struct tb__lease *l, void *stream) {
   return rc;
 }
 
+/* The release that rides with an Acquire (tb_acquire_options.release):
+ * record the done event and fill aq's release fields. When the daemon
+ * cannot take it there (no FEATURE_ACQUIRE_RELEASE), when there is nothing
+ * to send (a copy's lease ended already) or the connection is gone, the
+ * lease ends on its own now instead. On an error the lease has ended
+ * without a done event, as with tb_release(), and no acquire may follow.
+ * The lease's mapping reference moves to *map (put back after the acquire,
+ * so that a buffer acquired again stays mapped); the tensor is freed. */
+static int lease_end_with_acquire(struct tb_client *c, struct tb__lease *l,
+                                  void *stream, Tensorbroker__V1__Acquire *aq,
+                                  struct tb__map **map) {
+  struct tb__conn *k = l->conn;
+  uint64_t done = 0;
+  int imp = 0, rc = 0;
+
+  *map = NULL;
+  if (l->cuda.copy != 0 ||
+      !(c->features & TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE))
+    return lease_end(l, stream);
+  pthread_mutex_lock(&k->lock);
+  if (k->closed || k->dead) {
+    pthread_mutex_unlock(&k->lock);
+    return lease_end(l, stream);
+  }
+  if (l->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
+    rc = tb__cuda_release_record_locked(k, l->cuda.done_device, l->cuda.enter,
+                                        stream, &done, &imp);
+    if (rc < 0) {
+      (void)send_release_locked(k, l->lease_id, 0, l->implicit | imp);
+      tb__map_put_locked(k, l->map);
+      goto out;
+    }
+  }
+  aq->release_lease_id = l->lease_id;
+  aq->release_done_event_id = done;
+  aq->release_implicit_stream = (l->implicit | imp) != 0;
+  *map = l->map;
+out:
+  pthread_mutex_unlock(&k->lock);
+  tb__conn_unref(k);
+  free(l);
+  return rc;
+}
+
 void tb__lease_deleter(DLManagedTensorVersioned *self) {
   if (self != NULL)
     (void)lease_end((struct tb__lease *)self, TB_STREAM_DEFAULT);
@@ -320,7 +364,7 @@ int tb_acquire(tb_client *c, const char *channel,
   const Tensorbroker__V1__AcquireReply *ar;
   const Tensorbroker__V1__BufferInfo *bi;
   tb__server_message *m = NULL;
-  struct tb__map *map = NULL;
+  struct tb__map *map = NULL, *old_map = NULL;
   struct tb__lease *l = NULL;
   struct tb__cuda_acq cuda;
   int fds[TB__MAX_FDS], nfds = 0, rc, implicit = 0;
@@ -341,6 +385,10 @@ int tb_acquire(tb_client *c, const char *channel,
       o.device = -1;
     if (!TB__AO_HAS(n, flags))
       o.flags = 0;
+    if (!TB__AO_HAS(n, release))
+      o.release = NULL;
+    if (!TB__AO_HAS(n, release_stream))
+      o.release_stream = NULL;
   }
   memset(&cuda, 0, sizeof(cuda));
   pthread_mutex_lock(&c->call_lock);
@@ -365,6 +413,13 @@ int tb_acquire(tb_client *c, const char *channel,
                        o.flags & ~TB_ACQUIRE_COPY_TO_DEVICE);
     goto out_unlock;
   }
+  if (o.release != NULL &&
+      (o.release->deleter != tb__lease_deleter ||
+       ((struct tb__lease *)o.release)->conn != c->conn)) {
+    rc = tb__set_error(c, TB_EINVAL, "the tensor to release was not "
+                                     "acquired on this client");
+    goto out_unlock;
+  }
   aq.channel = (char *)channel;
   aq.mode = (Tensorbroker__V1__AcquireMode)o.mode;
   aq.version = o.version;
@@ -375,9 +430,29 @@ int tb_acquire(tb_client *c, const char *channel,
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
   r.acquire = &aq;
   t0 = ACQ_NOW();
+  if (o.release != NULL) {
+    rc = lease_end_with_acquire(c, (struct tb__lease *)o.release,
+                                o.release_stream, &aq, &old_map);
+    if (rc < 0) {
+      rc = tb__set_error(c, rc, "the lease to release ended without a done "
+                                "event (%s); nothing acquired",
+                         tb_strerror(rc));
+      goto out_unlock;
+    }
+  }
   rc = tb__send_request(c, &r, NULL, 0, &id);
-  if (rc < 0)
+  if (rc < 0) {
+    if (aq.release_lease_id != 0 &&
+        !__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE)) {
+      /* the release did not leave with the acquire: send it alone */
+      pthread_mutex_lock(&c->conn->lock);
+      (void)send_release_locked(c->conn, aq.release_lease_id,
+                                aq.release_done_event_id,
+                                aq.release_implicit_stream);
+      pthread_mutex_unlock(&c->conn->lock);
+    }
     goto out_unlock;
+  }
   t1 = ACQ_NOW();
   tb__cuda_acquire_early(c); /* while the daemon answers */
   t2 = ACQ_NOW();
@@ -501,6 +576,11 @@ out_free_reply:
     close(fds[i]);
   tb__msg_free(c, m);
 out_unlock:
+  if (old_map != NULL) {
+    pthread_mutex_lock(&c->conn->lock);
+    tb__map_put_locked(c->conn, old_map);
+    pthread_mutex_unlock(&c->conn->lock);
+  }
   pthread_mutex_unlock(&c->call_lock);
   return rc;
 }

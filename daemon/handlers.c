@@ -108,6 +108,7 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   hr.max_message = r->lim.max_message;
   hr.max_ndim = r->lim.max_ndim;
   hr.max_metadata = r->lim.max_metadata;
+  hr.features = TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE;
   hr.max_name = r->lim.max_name;
   tbd__send_reply(r, s, &rep, NULL, 0);
   return 0;
@@ -372,15 +373,59 @@ static int on_publish(struct tbd_registry *r, struct tbd_session *s,
   return 0;
 }
 
+/* End lease_id of session s with an optional done event, as a Release
+ * does. On an error nothing changed and *what says why (for the reply). */
+static int release_lease(struct tbd_registry *r, struct tbd_session *s,
+                         uint64_t lease_id, uint64_t done_event_id,
+                         const char **what) {
+  struct tbd_lease *l;
+  struct tbd_event *done;
+  int rc;
+
+  HASH_FIND(hh, r->leases, &lease_id, sizeof(lease_id), l);
+  if (l == NULL) {
+    *what = "no such lease";
+    return TB_ENOTFOUND;
+  }
+  if (l->s != s) {
+    *what = "the lease belongs to another session";
+    return TB_EPERM;
+  }
+  rc = own_event(r, s, done_event_id, &done);
+  if (rc < 0) {
+    *what = "its done event is not registered by this session";
+    return rc;
+  }
+  rc = tbd__lease_release(r, l, done);
+  if (rc < 0)
+    *what = "out of memory";
+  return rc;
+}
+
 static int on_acquire(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t id, const Tensorbroker__V1__Acquire *m) {
-  if (m->implicit_stream)
-    s->implicit_stream_calls++;
+  const char *what = NULL;
+  int rc;
+
   if (name_bad(r, s, id, m->channel))
     return TB_ENAME;
   if ((unsigned)m->mode > TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT)
     return tbd__reply_status(r, s, id, TB_EINVAL, "unknown acquire mode %d",
                              (int)m->mode);
+  if (m->release_lease_id != 0) {
+    /* the consumer's previous lease rides with this acquire */
+    rc = release_lease(r, s, m->release_lease_id, m->release_done_event_id,
+                       &what);
+    if (rc < 0)
+      return tbd__reply_status(r, s, id, TB_EINVAL,
+                               "cannot release lease %llu with this acquire: "
+                               "%s",
+                               (unsigned long long)m->release_lease_id, what);
+    if (m->release_implicit_stream)
+      s->implicit_stream_calls++;
+  }
+  if (m->implicit_stream)
+    s->implicit_stream_calls++;
   return tbd__acquire(r, s, id, m->channel, (int)m->mode, m->version,
                       m->timeout_ms);
 }
@@ -388,28 +433,15 @@ static int on_acquire(struct tbd_registry *r, struct tbd_session *s,
 static int on_release(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t id, const Tensorbroker__V1__Release *m) {
   uint64_t rid = m->want_reply ? id : 0;
-  struct tbd_lease *l;
-  struct tbd_event *done;
+  const char *what = NULL;
   int rc;
 
   if (m->implicit_stream)
     s->implicit_stream_calls++;
-  HASH_FIND(hh, r->leases, &m->lease_id, sizeof(m->lease_id), l);
-  if (l == NULL)
-    return tbd__reply_status(r, s, rid, TB_ENOTFOUND, "no lease %llu",
-                             (unsigned long long)m->lease_id);
-  if (l->s != s)
-    return tbd__reply_status(r, s, rid, TB_EPERM,
-                             "lease %llu belongs to another session",
-                             (unsigned long long)m->lease_id);
-  rc = own_event(r, s, m->done_event_id, &done);
+  rc = release_lease(r, s, m->lease_id, m->done_event_id, &what);
   if (rc < 0)
-    return tbd__reply_status(r, s, rid, rc, "done event %llu is not "
-                             "registered by this session",
-                             (unsigned long long)m->done_event_id);
-  rc = tbd__lease_release(r, l, done);
-  if (rc < 0)
-    return tbd__reply_status(r, s, rid, rc, "out of memory");
+    return tbd__reply_status(r, s, rid, rc, "lease %llu: %s",
+                             (unsigned long long)m->lease_id, what);
   return tbd__reply_status(r, s, rid, 0, NULL);
 }
 

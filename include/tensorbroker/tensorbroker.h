@@ -273,6 +273,23 @@ struct tb_acquire_options {
   int device;
   /* TB_ACQUIRE_* flags below; unknown bits are TB_EINVAL. Default 0. */
   unsigned flags;
+  /* A tensor that tb_acquire() on this client returned, to release in the
+   * same message as this acquire: a consumer's loop of "release the last
+   * version, acquire the next" then costs one round trip to the daemon
+   * instead of a one-way Release plus a round trip. The lease ends as
+   * tb_release(release, release_stream) would end it, before the acquire is
+   * looked at and whatever becomes of the acquire (timeout, error), and the
+   * tensor is freed: do not use it afterwards. If the call's own arguments
+   * are refused (TB_EINVAL, TB_ENAME; also TB_EINVAL for a tensor not
+   * acquired on this client) nothing is released. If the CUDA done event
+   * cannot be recorded (TB_ECAPTURE, TB_ESTREAM, TB_ECUDA) the lease ends
+   * without one, as with tb_release(), and that error is returned without
+   * acquiring. A daemon older than this field gets the Release as its own
+   * message first. Default NULL: nothing released. */
+  DLManagedTensorVersioned *release;
+  /* CUDA: the stream the released tensor was read on, for its done event;
+   * NULL follows the contract (tb_release()'s rules). Default NULL. */
+  void *release_stream;
 };
 
 /* With opts->device naming another GPU than the one holding the tensor:

@@ -282,6 +282,7 @@ typedef struct {
   PyObject *shape;    /* tuple */
   int handed_out;     /* capsules given out (informational) */
   int synced;         /* the wait was applied at acquire time */
+  uint64_t owner;     /* serial of the Client it came from */
 } LeaseObject;
 
 static int lease_check(LeaseObject *self) {
@@ -712,6 +713,7 @@ typedef struct {
   int closing; /* close() was called */
   int busy;    /* calls waiting with the GIL released */
   struct BufferObject *buffers; /* live broker buffers (borrowed links) */
+  uint64_t serial; /* this connection's number, never reused (Lease.owner) */
 } ClientObject;
 
 typedef struct BufferObject {
@@ -758,6 +760,9 @@ static int client_check(ClientObject *self) {
     (self)->busy--;                                                            \
     client_maybe_disconnect(self);                                             \
   } while (0)
+
+/* Numbers Client connections for Lease.owner (under the GIL). */
+static uint64_t client_serial;
 
 static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"socket", "name", "stream_contract", "timeout_ms", "spin_us",
@@ -809,6 +814,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
     return -1;
   }
   self->c = c;
+  self->serial = ++client_serial;
   return 0;
 }
 
@@ -1116,13 +1122,56 @@ static int timeout_ms_from_py(PyObject *o, int *out) {
   return 0;
 }
 
-/* acquire(channel, after=None, timeout=None, exact=None) -> Lease */
+/* Take the tensor of lease (an argument of acquire(release=...)) for
+ * tb_acquire_options.release: NULL in *out when a consumer library still
+ * holds a capsule or view (the lease then ends when that goes, as with
+ * Lease.release()). The Lease reads as released afterwards. */
+static int lease_take_for_release(LeaseObject *lease, uint64_t client,
+                                  PyObject *stream, void **stream_out,
+                                  DLManagedTensorVersioned **out) {
+  *out = NULL;
+  if (!PyObject_TypeCheck((PyObject *)lease, (PyTypeObject *)LeaseType)) {
+    PyErr_SetString(PyExc_TypeError, "release= takes a Lease");
+    return -1;
+  }
+  if (lease_check(lease) < 0)
+    return -1;
+  if (lease->owner != client) {
+    raise_tb(TB_EINVAL, "release=: the lease was acquired on another client");
+    return -1;
+  }
+  *stream_out = TB_STREAM_DEFAULT;
+  if (lease->device.device_type != kDLCUDA) {
+    if (stream != Py_None) {
+      PyErr_SetString(PyExc_ValueError, "a host lease takes no release_stream");
+      return -1;
+    }
+  } else if (stream_from_py(stream, stream_out) < 0) {
+    return -1;
+  }
+  struct lease_core *core = lease->core;
+  lease->core = NULL;
+  if (atomic_load(&core->refs) == 1) {
+    *out = core->mt;
+    free(core);
+    return 0;
+  }
+  Py_BEGIN_ALLOW_THREADS
+  core_put(core);
+  Py_END_ALLOW_THREADS
+  return 0;
+}
+
+/* acquire(channel, after=None, timeout=None, exact=None, *, stream,
+ *         release=None, release_stream=None) -> Lease */
 static PyObject *client_acquire(ClientObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"channel", "after", "timeout", "exact", "stream", NULL};
+  static char *kwlist[] = {"channel", "after", "timeout", "exact", "stream",
+                           "release", "release_stream", NULL};
   const char *channel;
   PyObject *after = Py_None, *timeout = Py_None, *exact = Py_None, *stream = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OOO$O:acquire", kwlist, &channel, &after,
-                                   &timeout, &exact, &stream))
+  PyObject *release = Py_None, *release_stream = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OOO$OOO:acquire", kwlist, &channel, &after,
+                                   &timeout, &exact, &stream, &release, &release_stream))
     return NULL;
   if (client_check(self) < 0)
     return NULL;
@@ -1150,13 +1199,37 @@ static PyObject *client_acquire(ClientObject *self, PyObject *args, PyObject *kw
   opts.stream = TB_STREAM_NO_SYNC;
   if (stream != NULL && stream_from_py(stream, &opts.stream) < 0)
     return NULL;
-  DLManagedTensorVersioned *mt = NULL;
+  LeaseObject *old = NULL;
+  if (release != Py_None) {
+    old = (LeaseObject *)release;
+    if (lease_take_for_release(old, self->serial, release_stream, &opts.release_stream,
+                               &opts.release) < 0)
+      return NULL;
+  } else if (release_stream != Py_None) {
+    PyErr_SetString(PyExc_ValueError, "release_stream= goes with release=");
+    return NULL;
+  }
+  DLManagedTensorVersioned *mt = NULL, *rel = opts.release;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
   CLIENT_CALL(self, rc, err, tb_acquire(c_, channel, &opts, &mt));
+  if (rc == TB_ENAME && rel != NULL) {
+    /* refused before anything was released: the Lease stays usable */
+    struct lease_core *core = malloc(sizeof(*core));
+    if (core == NULL) {
+      rel->deleter(rel);
+    } else {
+      core->mt = rel;
+      atomic_init(&core->refs, 1);
+      old->core = core;
+    }
+  }
   if (rc < 0)
     return raise_tb(rc, err);
-  return lease_new_from(mt, stream != NULL);
+  PyObject *lease = lease_new_from(mt, stream != NULL);
+  if (lease != NULL)
+    ((LeaseObject *)lease)->owner = self->serial;
+  return lease;
 }
 
 static PyObject *client_wait_free(ClientObject *self, PyObject *args, PyObject *kw) {

@@ -249,7 +249,8 @@ class Client:
         self._pins.pop((channel, version), None)
 
     # -- consuming -----------------------------------------------------------
-    def acquire(self, channel, after=None, timeout=None, exact=None, stream=_DEFER):
+    def acquire(self, channel, after=None, timeout=None, exact=None, stream=_DEFER,
+                release=None, release_stream=None):
         """Lease a version of channel: the newest (default), the first newer
         than after=, or exactly exact=. timeout in seconds (None: forever,
         0: do not wait). Returns a Lease: pass it to numpy/torch/cupy/jax
@@ -259,10 +260,24 @@ class Client:
         consumer library calls lease.__dlpack__(stream=...). Passing stream=
         (None: the contract's stream, -1, an int or a stream object) applies
         the wait for a CUDA version now instead, and __dlpack__ then adds
-        none."""
-        if stream is _DEFER:
-            return self._c.acquire(channel, after, timeout, exact)
-        return self._c.acquire(channel, after, timeout, exact, stream=_stream_int(stream))
+        none.
+
+        release=: a Lease from this client to release in the same request,
+        as lease.release(stream=release_stream) would (CUDA: its done event
+        on release_stream, None meaning the contract's stream): a loop of
+        "release the last frame, take the next" costs one round trip to the
+        daemon instead of two messages. The lease ends whatever becomes of
+        the acquire (a timeout included); if a consumer library still holds
+        its tensor, it ends when that tensor goes, as with release()."""
+        kw = {}
+        if stream is not _DEFER:
+            kw["stream"] = _stream_int(stream)
+        if release is not None:
+            kw["release"] = release
+            kw["release_stream"] = _stream_int(release_stream)
+        elif release_stream is not None:
+            raise ValueError("release_stream= goes with release=")
+        return self._c.acquire(channel, after, timeout, exact, **kw)
 
     # -- notices -------------------------------------------------------------
     def subscribe(self, channel):

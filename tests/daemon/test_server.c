@@ -515,6 +515,102 @@ static void test_shutdown_notice(void **state) {
   assert_int_equal(access(sock, F_OK), -1);
 }
 
+/* Acquire with release_lease_id: the HelloReply advertises the feature;
+ * the lease rides with the acquire; a release the daemon cannot make (no
+ * such lease, another session's lease, a done event the session does not
+ * own) refuses the whole request with EINVAL and changes nothing. */
+static msg_t *acquire_releasing(int fd, uint64_t release, uint64_t done) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Acquire a = TENSORBROKER__V1__ACQUIRE__INIT;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
+  q.acquire = &a;
+  a.channel = "rel/ch";
+  a.release_lease_id = release;
+  a.release_done_event_id = done;
+  send_req(fd, &q, NULL, 0);
+  return recv_reply(fd, NULL);
+}
+
+static uint32_t daemon_leases(int fd) {
+  msg_t *keep;
+  uint32_t n = status(fd, &keep)->leases;
+
+  tb__server_message_free(keep);
+  return n;
+}
+
+static void test_acquire_release(void **state) {
+  pid_t pid = daemon_start(NULL);
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
+  uint64_t mine, theirs, next;
+  int p, a, b;
+  msg_t *m;
+
+  (void)state;
+  assert_true(pid > 0);
+  p = connect_sock();
+  a = connect_sock();
+  b = connect_sock();
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+  q.hello = &h;
+  h.protocol_version = 1;
+  h.client_name = "test_server";
+  send_req(a, &q, NULL, 0);
+  m = recv_reply(a, NULL);
+  assert_int_equal(m->reply->status, 0);
+  assert_true(m->reply->hello->features &
+              TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE);
+  tb__server_message_free(m);
+  assert_int_equal(hello(p), 0);
+  assert_int_equal(hello(b), 0);
+  publish(p, "rel/ch", register_memfd(p, "x"));
+
+  m = acquire_releasing(a, 0, 0);
+  assert_int_equal(m->reply->status, 0);
+  mine = m->reply->acquire->lease_id;
+  tb__server_message_free(m);
+  assert_int_equal(daemon_leases(p), 1);
+  m = acquire_releasing(b, 0, 0);
+  assert_int_equal(m->reply->status, 0);
+  theirs = m->reply->acquire->lease_id;
+  tb__server_message_free(m);
+  assert_int_equal(daemon_leases(p), 2);
+
+  /* refused, nothing changes: no such lease, b's lease, a foreign event */
+  m = acquire_releasing(a, mine + theirs + 100, 0);
+  assert_int_equal(m->reply->status, TB_EINVAL);
+  assert_non_null(strstr(m->reply->message, "no such lease"));
+  tb__server_message_free(m);
+  m = acquire_releasing(a, theirs, 0);
+  assert_int_equal(m->reply->status, TB_EINVAL);
+  assert_non_null(strstr(m->reply->message, "another session"));
+  tb__server_message_free(m);
+  m = acquire_releasing(a, mine, 12345);
+  assert_int_equal(m->reply->status, TB_EINVAL);
+  assert_non_null(strstr(m->reply->message, "done event"));
+  tb__server_message_free(m);
+  assert_int_equal(daemon_leases(p), 2);
+
+  /* a's lease ends and a new one begins in one request */
+  m = acquire_releasing(a, mine, 0);
+  assert_int_equal(m->reply->status, 0);
+  next = m->reply->acquire->lease_id;
+  tb__server_message_free(m);
+  assert_true(next != mine);
+  assert_int_equal(daemon_leases(p), 2);
+  /* the old lease is gone: releasing it again is refused */
+  m = acquire_releasing(a, mine, 0);
+  assert_int_equal(m->reply->status, TB_EINVAL);
+  tb__server_message_free(m);
+  assert_int_equal(daemon_leases(p), 2);
+  close(a);
+  close(b);
+  close(p);
+  assert_int_equal(daemon_stop(pid, SIGTERM), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
@@ -523,6 +619,7 @@ int main(void) {
       T(test_slow_reader_dropped),
       T(test_shutdown_notice),
       T(test_hello_timeout),
+      T(test_acquire_release),
 #undef T
   };
   signal(SIGPIPE, SIG_IGN);

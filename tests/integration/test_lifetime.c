@@ -204,12 +204,114 @@ static void test_writable_flag(void **state) {
   tb_client_disconnect(p);
 }
 
+/* Library internals for tests (client_internal.h). */
+void tb__client_set_features(tb_client *c, uint32_t features);
+
+static uint64_t own_requests(tb_client *c) {
+  uint64_t n = 0;
+  assert_tb_ok(tbt_own_requests(c, &n));
+  return n;
+}
+
+static uint32_t channel_leases(tb_client *c, const char *ch) {
+  struct tb_channel_info ci;
+  assert_tb_ok(tbt_find_channel(c, ch, &ci));
+  return ci.leases;
+}
+
+static void not_a_lease(DLManagedTensorVersioned *self) { (void)self; }
+
+/* tb_acquire_options.release: the previous lease ends in the same request
+ * as the next acquire (one request where tb_release + tb_acquire make two),
+ * also when the acquire then times out; refused arguments release nothing;
+ * with a daemon that lacks the feature the Release goes first on its own. */
+static void test_acquire_releases_previous(void **state) {
+  struct tbt_daemon *d = *state;
+  tb_client *p, *c, *c2;
+  tb_buffer *b[3];
+  DLManagedTensorVersioned *t1 = NULL, *t2 = NULL, *t3 = NULL, *t4 = NULL,
+                           *t5 = NULL, fake;
+  struct tb_acquire_options o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+  struct tb_lease_info li;
+  uint64_t v, n0;
+  char why[256];
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "consumer", &c));
+  assert_tb_ok(tbt_connect(d, "other", &c2));
+  for (int i = 0; i < 3; i++)
+    assert_tb_ok(tb_host_buffer_create(p, 4096, 0, &b[i]));
+  publish_buf(p, b[0], "rp", 1, &v);
+  assert_tb_ok(tb_acquire(c, "rp", &o, &t1));
+  publish_buf(p, b[1], "rp", 2, &v);
+
+  n0 = own_requests(c);
+  o = acq_opts(TB_ACQUIRE_NEXT, 1, TBT_TIMEOUT_MS);
+  o.release = t1;
+  assert_tb_ok(tb_acquire(c, "rp", &o, &t2));
+  check_bytes(t2, 2);
+  assert_tb_ok(tb_lease_info(t2, &li));
+  assert_int_equal(li.version, 2);
+  /* the Acquire carried the Release: one request (+ the listing's own) */
+  assert_int_equal(own_requests(c) - n0, 2);
+  assert_tb_ok(tb_wait_free(p, "rp", 1, 0, NULL));
+  assert_int_equal(channel_leases(p, "rp"), 1);
+
+  /* the acquire times out; the release happened all the same */
+  o = acq_opts(TB_ACQUIRE_NEXT, 2, 0);
+  o.release = t2;
+  assert_tb_err(tb_acquire(c, "rp", &o, &t3), TB_EAGAIN);
+  assert_null(t3);
+  assert_int_equal(channel_leases(p, "rp"), 0);
+
+  /* refused arguments: nothing is released, the tensors stay usable */
+  o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+  assert_tb_ok(tb_acquire(c, "rp", &o, &t3));
+  assert_tb_ok(tb_acquire(c2, "rp", &o, &t4));
+  o.release = t4; /* another client's tensor */
+  assert_tb_err(tb_acquire(c, "rp", &o, &t5), TB_EINVAL);
+  tb_client_last_error(c, why, sizeof(why));
+  assert_non_null(strstr(why, "not acquired on this client"));
+  memset(&fake, 0, sizeof(fake));
+  fake.deleter = not_a_lease;
+  o.release = &fake;
+  assert_tb_err(tb_acquire(c, "rp", &o, &t5), TB_EINVAL);
+  o.release = t3;
+  assert_tb_err(tb_acquire(c, "rp/../x", &o, &t5), TB_ENAME);
+  o.mode = 7;
+  assert_tb_err(tb_acquire(c, "rp", &o, &t5), TB_EINVAL);
+  assert_null(t5);
+  assert_int_equal(channel_leases(p, "rp"), 2);
+  check_bytes(t3, 2);
+  check_bytes(t4, 2);
+
+  /* a daemon without FEATURE_ACQUIRE_RELEASE: Release, then Acquire */
+  tb__client_set_features(c, 0);
+  publish_buf(p, b[2], "rp", 3, &v);
+  n0 = own_requests(c);
+  o = acq_opts(TB_ACQUIRE_NEXT, 2, TBT_TIMEOUT_MS);
+  o.release = t3;
+  assert_tb_ok(tb_acquire(c, "rp", &o, &t5));
+  check_bytes(t5, 3);
+  assert_int_equal(own_requests(c) - n0, 3);
+  assert_int_equal(channel_leases(p, "rp"), 2); /* t4 and t5 */
+
+  assert_tb_ok(tb_release(t4, NULL));
+  assert_tb_ok(tb_release(t5, NULL));
+  for (int i = 0; i < 3; i++)
+    assert_tb_ok(tb_buffer_destroy(b[i]));
+  tb_client_disconnect(c2);
+  tb_client_disconnect(c);
+  tb_client_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_destroy_while_leased, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_deleter_after_disconnect, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_deleter_other_thread, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_writable_flag, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_acquire_releases_previous, tbt_setup, tbt_teardown),
   };
   return cmocka_run_group_tests_name("lifetime", tests, NULL, NULL);
 }

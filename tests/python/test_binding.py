@@ -325,6 +325,45 @@ def test_dlpack_protocol_on_leases():
         assert channel_leases(cons, "dp/a") == 0
 
 
+def test_acquire_releases_previous_lease():
+    with daemon() as sock, tb.Client(socket=sock) as prod, \
+            tb.Client(socket=sock) as cons, tb.Client(socket=sock) as other:
+        prod.publish("ar/a", np.arange(4))
+        first = cons.acquire("ar/a")
+        v2 = prod.publish("ar/a", np.arange(4) * 2)
+        second = cons.acquire("ar/a", after=first.version, release=first, timeout=5)
+        assert first.released and not second.released
+        assert second.version == v2 and np.from_dlpack(second).tolist() == [0, 2, 4, 6]
+        assert channel_leases(cons, "ar/a") == 1
+        prod.wait_free("ar/a", v2 - 1, timeout=0)   # version 1 is free at once
+        # the acquire times out; the lease was released all the same
+        expect_error(lambda: cons.acquire("ar/a", after=v2, timeout=0, release=second),
+                     "TB_EAGAIN")
+        assert second.released and channel_leases(cons, "ar/a") == 0
+        # refused before anything is released: the lease stays usable
+        third = cons.acquire("ar/a")
+        expect_error(lambda: cons.acquire("ar/../x", release=third), "TB_ENAME")
+        assert not third.released and np.from_dlpack(third).tolist() == [0, 2, 4, 6]
+        foreign = other.acquire("ar/a")
+        expect_error(lambda: cons.acquire("ar/a", release=foreign), "TB_EINVAL")
+        assert not foreign.released
+        expect_raises(lambda: cons.acquire("ar/a", release=np.zeros(1)), TypeError)
+        expect_raises(lambda: cons.acquire("ar/a", release=third, release_stream=5), ValueError)
+        expect_raises(lambda: cons.acquire("ar/a", release_stream=5), ValueError)
+        assert not third.released and channel_leases(cons, "ar/a") == 2
+        # a consumer library still holds the tensor: the lease ends when it goes
+        x = np.from_dlpack(third)
+        fourth = cons.acquire("ar/a", release=third)
+        assert third.released and channel_leases(cons, "ar/a") == 3
+        del x
+        gc.collect()
+        assert channel_leases(cons, "ar/a") == 2
+        expect_error(lambda: cons.acquire("ar/a", release=third), "TB_ESTALE")
+        fourth.release()
+        foreign.release()
+        assert channel_leases(cons, "ar/a") == 0
+
+
 def test_introspection():
     with daemon() as sock, tb.Client(socket=sock, name="intro",
                                      stream_contract="no_sync") as c:
