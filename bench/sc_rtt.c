@@ -6,7 +6,10 @@
  * AF_UNIX SOCK_SEQPACKET socketpair (request = an encoded Acquire, reply =
  * an encoded AcquireReply), the floor for any request/reply over a Unix
  * socket. A second baseline adds the one-way Release datagram, which is
- * exactly the traffic of acquire + release. Both sides are pinned the same
+ * exactly the traffic of acquire + release. A second tensorbroker row has
+ * each acquire release the previous lease in the same request
+ * (tb_acquire_options.release), the traffic of the plain ping-pong. Both
+ * sides are pinned the same
  * way: the consumer and the daemon (or the two raw processes) on one core,
  * then on two different cores. */
 #include "bench.h"
@@ -24,7 +27,7 @@
 #define RTT_ELEMS 64
 
 struct msg_sizes {
-  size_t req, reply, release;
+  size_t req, reply, release, req_releasing;
 };
 
 /* Encoded sizes of the datagrams acquire + release exchange, built with the
@@ -40,6 +43,10 @@ static void wire_sizes(struct msg_sizes *out) {
   req.acquire = &acq;
   long n = tb__request_encode(&req, buf, sizeof(buf));
   out->req = n > 0 ? (size_t)n : 32;
+  acq.release_lease_id = 12345; /* an Acquire that releases the last lease */
+  n = tb__request_encode(&req, buf, sizeof(buf));
+  out->req_releasing = n > 0 ? (size_t)n : 32;
+  acq.release_lease_id = 0;
 
   Tensorbroker__V1__Release rel = TENSORBROKER__V1__RELEASE__INIT;
   rel.lease_id = 12345;
@@ -163,6 +170,7 @@ struct tb_arg {
   const char *sock;
   int cpu;
   long iters, warmup;
+  int releasing; /* each acquire releases the previous lease */
   int ready_wr;
   struct tbb_gate *gate;
   uint64_t *lat;
@@ -213,11 +221,16 @@ static int tb_consumer(void *p) {
   struct tb_acquire_options o;
   tb_acquire_options_init(&o);
   o.mode = TB_ACQUIRE_LATEST;
+  DLManagedTensorVersioned *prev = NULL;
   for (long i = 0; i < a->iters + a->warmup; i++) {
     DLManagedTensorVersioned *t;
     uint64_t t0 = tbb_now_ns();
+    o.release = prev; /* NULL unless a->releasing */
+    prev = NULL;
     rc = tb_acquire(c, RTT_CHANNEL, &o, &t);
-    if (rc == 0)
+    if (rc == 0 && a->releasing)
+      prev = t;
+    else if (rc == 0)
       rc = tb_release(t, NULL);
     uint64_t t1 = tbb_now_ns();
     if (rc < 0) {
@@ -228,18 +241,21 @@ static int tb_consumer(void *p) {
     if (i >= a->warmup)
       a->lat[i - a->warmup] = t1 - t0;
   }
+  if (prev != NULL)
+    tb_release(prev, NULL);
   tb_client_disconnect(c);
   return 0;
 }
 
 static int run_tb(const struct tbb_daemon *d, int cpu_c, int cpu_s, long iters,
-                  uint64_t *lat) {
+                  int releasing, uint64_t *lat) {
   struct tbb_gate gate;
   int ready[2];
   if (tbb_gate_init(&gate) < 0 || tbb_pipe(ready) < 0)
     return -1;
   struct tb_arg a = {.sock = d->sock, .cpu = cpu_c, .iters = iters,
-                     .warmup = iters / 10 + 100, .ready_wr = ready[1],
+                     .warmup = iters / 10 + 100, .releasing = releasing,
+                     .ready_wr = ready[1],
                      .gate = &gate, .lat = lat};
   tbb_pin(d->pid, cpu_s);
   pid_t pp = tbb_spawn(tb_producer, &a);
@@ -267,8 +283,10 @@ void tbb_scenario_rtt(void) {
            "tb: acquire(LATEST)+release of float32[%d] in host memory, timed "
            "in the consumer; raw: SOCK_SEQPACKET socketpair ping-pong, "
            "request %zu B, reply %zu B (+ one-way %zu B release in the "
-           "3-datagram row); ratio = p50 / raw ping-pong p50",
-           RTT_ELEMS, sz.req, sz.reply, sz.release);
+           "3-datagram row); \"releasing the last\": each acquire carries "
+           "the previous lease's release (request %zu B); ratio = p50 / raw "
+           "ping-pong p50",
+           RTT_ELEMS, sz.req, sz.reply, sz.release, sz.req_releasing);
   tbb_section("1", "control-plane round trip, host memory", how);
 
   long iters = tbb_scale(50000, 10000, 500);
@@ -317,7 +335,13 @@ void tbb_scenario_rtt(void) {
       tbb_failed("daemon did not start");
       continue;
     }
-    if (run_tb(&d, modes[m].cpu_c, modes[m].cpu_s, iters, lat) == 0)
+    if (run_tb(&d, modes[m].cpu_c, modes[m].cpu_s, iters, 0, lat) == 0)
+      tbb_row_latency(name, lat, (size_t)iters, base);
+    else
+      tbb_failed("%s", name);
+    snprintf(name, sizeof(name), "tb acquire releasing the last [%s]",
+             modes[m].label);
+    if (run_tb(&d, modes[m].cpu_c, modes[m].cpu_s, iters, 1, lat) == 0)
       tbb_row_latency(name, lat, (size_t)iters, base);
     else
       tbb_failed("%s", name);

@@ -148,6 +148,9 @@ int tb__server_message_decode(const uint8_t *buf, size_t len,
 int tb__server_message_decode_in(struct tb__arena *a, const uint8_t *buf,
                                  size_t len, tb__server_message **out) {
   tb__arena_reset(a);
+  if (tb__server_message_decode_fast(a, buf, len, out) == 1)
+    return 0;
+  tb__arena_reset(a);
   return server_message_unpack(&a->pb, buf, len, out);
 }
 

@@ -630,6 +630,226 @@ static void test_unknown_fields_ignored(void **state) {
   tb__request_free(d);
 }
 
+/* ---- the hand-written AcquireReply decoder against protobuf-c ---- */
+
+static uint64_t rng_next(uint64_t *x) { /* xorshift64* */
+  *x ^= *x >> 12;
+  *x ^= *x << 25;
+  *x ^= *x >> 27;
+  return *x * 2685821657736338717ull;
+}
+
+/* A value of a random magnitude: 0, small, or up to 64 bits. */
+static uint64_t rng_val(uint64_t *x) {
+  uint64_t r = rng_next(x);
+  switch (r & 3) {
+  case 0:
+    return 0;
+  case 1:
+    return (r >> 8) & 0x7f;
+  case 2:
+    return (r >> 8) & 0xffffffffu;
+  default:
+    return rng_next(x);
+  }
+}
+
+struct gen {
+  char channel[48], message[48];
+  uint8_t uuid[3][16], handle[64], ev_handle[64], meta[40];
+  int64_t shape[6], strides[6];
+};
+
+static void rng_ascii(uint64_t *x, char *out, size_t cap) {
+  size_t n = rng_next(x) % cap;
+  for (size_t i = 0; i < n; i++)
+    out[i] = (char)(0x20 + rng_next(x) % 95);
+  out[n] = '\0';
+}
+
+static void rng_bytes(uint64_t *x, uint8_t *out, size_t cap,
+                      ProtobufCBinaryData *bd) {
+  bd->len = rng_next(x) % (cap + 1);
+  bd->data = bd->len ? out : NULL;
+  for (size_t i = 0; i < bd->len; i++)
+    out[i] = (uint8_t)rng_next(x);
+}
+
+/* Encode a random ServerMessage{Reply{AcquireReply}}: each field present or
+ * not, values of every magnitude, negative int32s. */
+static long random_acquire_reply(uint64_t *x, struct gen *g, uint8_t *buf,
+                                 size_t cap) {
+  Tensorbroker__V1__Device d[3] = {TENSORBROKER__V1__DEVICE__INIT,
+                                   TENSORBROKER__V1__DEVICE__INIT,
+                                   TENSORBROKER__V1__DEVICE__INIT};
+  Tensorbroker__V1__Layout lay = TENSORBROKER__V1__LAYOUT__INIT;
+  Tensorbroker__V1__BufferInfo bi = TENSORBROKER__V1__BUFFER_INFO__INIT;
+  Tensorbroker__V1__EventInfo ev = TENSORBROKER__V1__EVENT_INFO__INIT;
+  Tensorbroker__V1__AcquireReply ar = TENSORBROKER__V1__ACQUIRE_REPLY__INIT;
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Srv m = TENSORBROKER__V1__SERVER_MESSAGE__INIT;
+
+  for (int i = 0; i < 3; i++) {
+    d[i].type = (int32_t)rng_val(x);
+    d[i].id = (int32_t)rng_val(x);
+    rng_bytes(x, g->uuid[i], 16, &d[i].uuid);
+  }
+  lay.device = rng_next(x) & 1 ? &d[0] : NULL;
+  lay.dtype_code = (uint32_t)rng_val(x);
+  lay.dtype_bits = (uint32_t)rng_val(x);
+  lay.dtype_lanes = (uint32_t)rng_val(x);
+  lay.n_shape = rng_next(x) % 7;
+  lay.shape = g->shape;
+  lay.n_strides = rng_next(x) % 7;
+  lay.strides = g->strides;
+  for (int i = 0; i < 6; i++) {
+    g->shape[i] = (int64_t)rng_val(x);
+    g->strides[i] = (int64_t)rng_val(x);
+  }
+  lay.byte_offset = rng_val(x);
+  lay.flags = rng_val(x);
+  bi.buffer_id = rng_val(x);
+  bi.generation = (uint32_t)rng_val(x);
+  bi.kind = (Tensorbroker__V1__MemoryKind)(rng_next(x) % 3);
+  bi.size = rng_val(x);
+  bi.device = rng_next(x) & 1 ? &d[1] : NULL;
+  rng_bytes(x, g->handle, 64, &bi.cuda_ipc_handle);
+  bi.writable = rng_next(x) & 1;
+  bi.fd_attached = rng_next(x) & 1;
+  bi.producer_pid = (uint32_t)rng_val(x);
+  ev.event_id = rng_val(x);
+  rng_bytes(x, g->ev_handle, 64, &ev.cuda_ipc_event_handle);
+  ev.device = rng_next(x) & 1 ? &d[2] : NULL;
+  ev.owner_pid = (uint32_t)rng_val(x);
+  ev.complete = rng_next(x) & 1;
+  ar.lease_id = rng_val(x);
+  ar.version = rng_val(x);
+  ar.layout = rng_next(x) % 4 ? &lay : NULL;
+  ar.buffer = rng_next(x) % 4 ? &bi : NULL;
+  ar.ready_event = rng_next(x) & 1 ? &ev : NULL;
+  rng_bytes(x, g->meta, 40, &ar.metadata);
+  rng_ascii(x, g->channel, sizeof(g->channel));
+  ar.channel = g->channel;
+  rep.request_id = rng_val(x);
+  rep.status = (int32_t)rng_val(x);
+  rng_ascii(x, g->message, sizeof(g->message));
+  rep.message = g->message;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_ACQUIRE;
+  rep.acquire = &ar;
+  m.body_case = TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY;
+  m.reply = &rep;
+  return tb__server_message_encode(&m, buf, cap);
+}
+
+/* If the fast decoder takes buf, protobuf-c must take it too, to the same
+ * message (compared by canonical re-encoding). Returns whether it took it. */
+static int fast_agrees(struct tb__arena *a, const uint8_t *buf, size_t len) {
+  uint8_t e1[BUFCAP], e2[BUFCAP];
+  tb__server_message *f = NULL, *p = NULL;
+  long n1, n2;
+
+  tb__arena_reset(a);
+  if (tb__server_message_decode_fast(a, buf, len, &f) != 1)
+    return 0;
+  if (tb__server_message_decode(buf, len, &p) != 0)
+    fail_msg("fast decoder took %zu bytes protobuf-c refuses", len);
+  n1 = tb__server_message_encode(f, e1, sizeof(e1));
+  n2 = tb__server_message_encode(p, e2, sizeof(e2));
+  assert_true(n1 > 0);
+  assert_int_equal(n1, n2);
+  assert_memory_equal(e1, e2, (size_t)n1);
+  assert_string_equal(f->reply->acquire->channel, p->reply->acquire->channel);
+  assert_string_equal(f->reply->message, p->reply->message);
+  tb__server_message_free(p);
+  return 1;
+}
+
+static void test_fast_acquire_reply_decoder(void **state) {
+  (void)state;
+  struct tb__arena a;
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  uint8_t buf[BUFCAP], mut[BUFCAP];
+  struct gen g;
+  int taken_mutants = 0, refused_mutants = 0;
+
+  assert_tb_ok(tb__arena_init(&a, 1024));
+  for (int i = 0; i < 3000; i++) {
+    long n = random_acquire_reply(&x, &g, buf, sizeof(buf));
+    assert_true(n > 0);
+    /* everything the daemon sends for an acquire is the fast decoder's */
+    if (!fast_agrees(&a, buf, (size_t)n))
+      fail_msg("generated AcquireReply %d (%ld bytes) not taken", i, n);
+    /* and through tb__server_message_decode_in */
+    tb__server_message *d = NULL;
+    assert_tb_ok(tb__server_message_decode_in(&a, buf, (size_t)n, &d));
+    assert_int_equal(d->reply->body_case, TENSORBROKER__V1__REPLY__BODY_ACQUIRE);
+    /* corrupted copies: what it takes, protobuf-c reads the same */
+    for (int j = 0; j < 8; j++) {
+      size_t len = (size_t)n, at = rng_next(&x) % (size_t)n;
+      memcpy(mut, buf, (size_t)n);
+      switch (rng_next(&x) % 4) {
+      case 0:
+        mut[at] ^= (uint8_t)(1u << (rng_next(&x) % 8));
+        break;
+      case 1:
+        mut[at] = (uint8_t)rng_next(&x);
+        break;
+      case 2:
+        len = at; /* truncated */
+        break;
+      default:
+        memmove(mut + at + 1, mut + at, (size_t)n - at);
+        mut[at] = (uint8_t)rng_next(&x);
+        len++;
+      }
+      if (fast_agrees(&a, mut, len))
+        taken_mutants++;
+      else
+        refused_mutants++;
+    }
+  }
+  /* both kinds occurred, so both paths of the comparison ran */
+  assert_true(taken_mutants > 1000);
+  assert_true(refused_mutants > 1000);
+
+  /* forms left to protobuf-c: other replies, notices, unknown fields,
+   * unpacked repeated fields; decode_in still decodes them */
+  {
+    Tensorbroker__V1__PublishReply pr = TENSORBROKER__V1__PUBLISH_REPLY__INIT;
+    Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+    Srv m = TENSORBROKER__V1__SERVER_MESSAGE__INIT;
+    tb__server_message *d = NULL;
+    long n;
+
+    pr.version = 3;
+    rep.body_case = TENSORBROKER__V1__REPLY__BODY_PUBLISH;
+    rep.publish = &pr;
+    m.body_case = TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY;
+    m.reply = &rep;
+    n = tb__server_message_encode(&m, buf, sizeof(buf));
+    assert_true(tb__server_message_decode_fast(&a, buf, (size_t)n, &d) <= 0);
+    assert_tb_ok(tb__server_message_decode_in(&a, buf, (size_t)n, &d));
+    assert_true(d->reply->publish->version == 3);
+  }
+  {
+    /* Reply{acquire: AcquireReply{lease_id 5, field 99 = 1}} */
+    static const uint8_t unk[] = {0x0a, 0x07, 0x72, 0x05, 0x08,
+                                  0x05, 0x98, 0x06, 0x01};
+    tb__server_message *d = NULL;
+    assert_true(tb__server_message_decode_fast(&a, unk, sizeof(unk), &d) <= 0);
+    assert_tb_ok(tb__server_message_decode_in(&a, unk, sizeof(unk), &d));
+    assert_true(d->reply->acquire->lease_id == 5);
+    /* Reply{acquire: {layout: {shape: 7 (unpacked)}}} */
+    static const uint8_t unpacked[] = {0x0a, 0x06, 0x72, 0x04, 0x1a, 0x02,
+                                       0x28, 0x07};
+    assert_true(tb__server_message_decode_fast(&a, unpacked, sizeof(unpacked), &d) <= 0);
+    assert_tb_ok(tb__server_message_decode_in(&a, unpacked, sizeof(unpacked), &d));
+    assert_int_equal(d->reply->acquire->layout->n_shape, 1);
+    assert_true(d->reply->acquire->layout->shape[0] == 7);
+  }
+  tb__arena_fini(&a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_request_round_trips),
@@ -641,6 +861,7 @@ int main(void) {
       cmocka_unit_test(test_truncated),
       cmocka_unit_test(test_encode_too_small),
       cmocka_unit_test(test_unknown_fields_ignored),
+      cmocka_unit_test(test_fast_acquire_reply_decoder),
   };
   return cmocka_run_group_tests_name("codec", tests, NULL, NULL);
 }
