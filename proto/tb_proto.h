@@ -76,6 +76,10 @@ int tb__server_message_decode_in(struct tb__arena *a, const uint8_t *buf,
  * garbage: reset it). */
 int tb__server_message_decode_fast(struct tb__arena *a, const uint8_t *buf,
                                    size_t len, tb__server_message **out);
+/* Its daemon-side twin, which tb__request_decode_in tries first: a Request
+ * whose body is an Acquire or a Release. */
+int tb__request_decode_fast(struct tb__arena *a, const uint8_t *buf,
+                            size_t len, tb__request **out);
 
 /* Protobuf varints: the bytes v takes (1..10), and writing them at p
  * (returns the count). */

@@ -850,6 +850,118 @@ static void test_fast_acquire_reply_decoder(void **state) {
   tb__arena_fini(&a);
 }
 
+/* The daemon's Request{Acquire | Release} decoder against protobuf-c, as
+ * above. */
+static int fast_request_agrees(struct tb__arena *a, const uint8_t *buf,
+                               size_t len) {
+  uint8_t e1[BUFCAP], e2[BUFCAP];
+  tb__request *f = NULL, *p = NULL;
+  long n1, n2;
+
+  tb__arena_reset(a);
+  if (tb__request_decode_fast(a, buf, len, &f) != 1)
+    return 0;
+  if (tb__request_decode(buf, len, &p) != 0)
+    fail_msg("fast decoder took %zu bytes protobuf-c refuses", len);
+  n1 = tb__request_encode(f, e1, sizeof(e1));
+  n2 = tb__request_encode(p, e2, sizeof(e2));
+  assert_true(n1 > 0);
+  assert_int_equal(n1, n2);
+  assert_memory_equal(e1, e2, (size_t)n1);
+  if (f->body_case == TENSORBROKER__V1__REQUEST__BODY_ACQUIRE)
+    assert_string_equal(f->acquire->channel, p->acquire->channel);
+  tb__request_free(p);
+  return 1;
+}
+
+static void test_fast_request_decoder(void **state) {
+  (void)state;
+  struct tb__arena a;
+  uint64_t x = 0x2545f4914f6cdd1dull;
+  uint8_t buf[BUFCAP], mut[BUFCAP];
+  char channel[48];
+  int taken_mutants = 0, refused_mutants = 0;
+
+  assert_tb_ok(tb__arena_init(&a, 1024));
+  for (int i = 0; i < 3000; i++) {
+    Tensorbroker__V1__Acquire aq = TENSORBROKER__V1__ACQUIRE__INIT;
+    Tensorbroker__V1__Release rel = TENSORBROKER__V1__RELEASE__INIT;
+    Req r = TENSORBROKER__V1__REQUEST__INIT;
+    long n;
+
+    r.request_id = rng_val(&x);
+    if (i & 1) {
+      rng_ascii(&x, channel, sizeof(channel));
+      aq.channel = channel;
+      aq.mode = (Tensorbroker__V1__AcquireMode)(int32_t)rng_val(&x);
+      aq.version = rng_val(&x);
+      aq.timeout_ms = (int64_t)rng_val(&x);
+      aq.implicit_stream = rng_next(&x) & 1;
+      aq.release_lease_id = rng_val(&x);
+      aq.release_done_event_id = rng_val(&x);
+      aq.release_implicit_stream = rng_next(&x) & 1;
+      r.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
+      r.acquire = &aq;
+    } else {
+      rel.lease_id = rng_val(&x);
+      rel.done_event_id = rng_val(&x);
+      rel.want_reply = rng_next(&x) & 1;
+      rel.implicit_stream = rng_next(&x) & 1;
+      r.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
+      r.release = &rel;
+    }
+    n = tb__request_encode(&r, buf, sizeof(buf));
+    assert_true(n > 0);
+    /* the hand-written encoder writes protobuf-c's bytes */
+    assert_int_equal((size_t)n, tensorbroker__v1__request__get_packed_size(&r));
+    assert_int_equal(tensorbroker__v1__request__pack(&r, mut), (size_t)n);
+    assert_memory_equal(buf, mut, (size_t)n);
+    if (!fast_request_agrees(&a, buf, (size_t)n))
+      fail_msg("generated request %d (%ld bytes) not taken", i, n);
+    for (int j = 0; j < 8; j++) {
+      size_t len = (size_t)n, at = rng_next(&x) % (size_t)n;
+      memcpy(mut, buf, (size_t)n);
+      switch (rng_next(&x) % 4) {
+      case 0:
+        mut[at] ^= (uint8_t)(1u << (rng_next(&x) % 8));
+        break;
+      case 1:
+        mut[at] = (uint8_t)rng_next(&x);
+        break;
+      case 2:
+        len = at;
+        break;
+      default:
+        memmove(mut + at + 1, mut + at, (size_t)n - at);
+        mut[at] = (uint8_t)rng_next(&x);
+        len++;
+      }
+      if (fast_request_agrees(&a, mut, len))
+        taken_mutants++;
+      else
+        refused_mutants++;
+    }
+  }
+  assert_true(taken_mutants > 1000);
+  assert_true(refused_mutants > 1000);
+  {
+    /* other requests are protobuf-c's, and still decoded */
+    Tensorbroker__V1__Status st = TENSORBROKER__V1__STATUS__INIT;
+    Req r = TENSORBROKER__V1__REQUEST__INIT;
+    tb__request *d = NULL;
+    long n;
+
+    r.request_id = 9;
+    r.body_case = TENSORBROKER__V1__REQUEST__BODY_STATUS;
+    r.status = &st;
+    n = tb__request_encode(&r, buf, sizeof(buf));
+    assert_true(tb__request_decode_fast(&a, buf, (size_t)n, &d) <= 0);
+    assert_tb_ok(tb__request_decode_in(&a, buf, (size_t)n, &d));
+    assert_int_equal(d->body_case, TENSORBROKER__V1__REQUEST__BODY_STATUS);
+  }
+  tb__arena_fini(&a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_request_round_trips),
@@ -862,6 +974,7 @@ int main(void) {
       cmocka_unit_test(test_encode_too_small),
       cmocka_unit_test(test_unknown_fields_ignored),
       cmocka_unit_test(test_fast_acquire_reply_decoder),
+      cmocka_unit_test(test_fast_request_decoder),
   };
   return cmocka_run_group_tests_name("codec", tests, NULL, NULL);
 }
