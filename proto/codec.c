@@ -235,6 +235,112 @@ static size_t reply_head(const Tensorbroker__V1__Reply *r, uint8_t *out) {
   return n;
 }
 
+/* ---- AcquireReply by hand ----
+ * The daemon's every acquire answer, written in protobuf-c's form: known
+ * fields by number (zero values, empty strings and bytes left out), then
+ * the unknown fields verbatim in their order (the daemon puts the layout
+ * and the buffer there, packed once). A writer with p == NULL only counts. */
+struct wr {
+  uint8_t *p;
+  size_t n;
+};
+
+static void wr_bytes(struct wr *w, const void *data, size_t len) {
+  if (w->p != NULL && len > 0)
+    memcpy(w->p + w->n, data, len);
+  w->n += len;
+}
+
+static void wr_varint(struct wr *w, uint64_t v) {
+  uint8_t tmp[10];
+  wr_bytes(w, tmp, tb__put_varint(tmp, v));
+}
+
+static void wr_u64(struct wr *w, uint32_t field, uint64_t v) {
+  if (v == 0)
+    return;
+  wr_varint(w, (uint64_t)field << 3);
+  wr_varint(w, v);
+}
+
+static void wr_len(struct wr *w, uint32_t field, const void *data, size_t len) {
+  if (len == 0)
+    return;
+  wr_varint(w, ((uint64_t)field << 3) | 2u);
+  wr_varint(w, len);
+  wr_bytes(w, data, len);
+}
+
+/* Device and EventInfo without unknown fields; size first, then bytes. */
+static void wr_device(struct wr *w, uint32_t field,
+                      const Tensorbroker__V1__Device *d) {
+  struct wr c = {NULL, 0};
+
+  for (int pass = 0; pass < 2; pass++) {
+    struct wr *o = pass == 0 ? &c : w;
+    if (pass == 1) {
+      wr_varint(w, ((uint64_t)field << 3) | 2u);
+      wr_varint(w, c.n);
+    }
+    wr_u64(o, 1, (uint64_t)(int64_t)d->type);
+    wr_u64(o, 2, (uint64_t)(int64_t)d->id);
+    wr_len(o, 3, d->uuid.data, d->uuid.len);
+  }
+}
+
+static void wr_event(struct wr *w, uint32_t field,
+                     const Tensorbroker__V1__EventInfo *e) {
+  struct wr c = {NULL, 0};
+
+  for (int pass = 0; pass < 2; pass++) {
+    struct wr *o = pass == 0 ? &c : w;
+    if (pass == 1) {
+      wr_varint(w, ((uint64_t)field << 3) | 2u);
+      wr_varint(w, c.n);
+    }
+    wr_u64(o, 1, e->event_id);
+    wr_len(o, 2, e->cuda_ipc_event_handle.data, e->cuda_ipc_event_handle.len);
+    if (e->device != NULL)
+      wr_device(o, 3, e->device);
+    wr_u64(o, 4, e->owner_pid);
+    wr_u64(o, 5, e->complete != 0);
+  }
+}
+
+/* 0 when the message has a form left to protobuf-c. */
+static int acquire_reply_mine(const Tensorbroker__V1__AcquireReply *ar) {
+  if (ar->layout != NULL || ar->buffer != NULL)
+    return 0;
+  if (ar->ready_event != NULL &&
+      (ar->ready_event->base.n_unknown_fields != 0 ||
+       (ar->ready_event->device != NULL &&
+        ar->ready_event->device->base.n_unknown_fields != 0)))
+    return 0;
+  for (size_t i = 0; i < ar->base.n_unknown_fields; i++)
+    if (ar->base.unknown_fields[i].tag == 0)
+      return 0;
+  return 1;
+}
+
+static size_t acquire_reply_put(const Tensorbroker__V1__AcquireReply *ar,
+                                uint8_t *out) {
+  struct wr w = {out, 0};
+
+  wr_u64(&w, 1, ar->lease_id);
+  wr_u64(&w, 2, ar->version);
+  if (ar->ready_event != NULL)
+    wr_event(&w, 5, ar->ready_event);
+  wr_len(&w, 6, ar->metadata.data, ar->metadata.len);
+  if (ar->channel != NULL)
+    wr_len(&w, 7, ar->channel, strlen(ar->channel));
+  for (size_t i = 0; i < ar->base.n_unknown_fields; i++) {
+    const ProtobufCMessageUnknownField *u = &ar->base.unknown_fields[i];
+    wr_varint(&w, ((uint64_t)u->tag << 3) | (uint64_t)u->wire_type);
+    wr_bytes(&w, u->data, u->len);
+  }
+  return w.n;
+}
+
 /* protobuf-c sizes a nested message once for each message around it (pack
  * asks every submessage for its size before packing it), so a reply three
  * levels down was sized three times, plus once for the cap check. Here the
@@ -272,6 +378,22 @@ long tb__server_message_encode(const tb__server_message *m, uint8_t *buf,
   }
   if (mid != NULL && body_field != 0)
     body = oneof_body(mid, body_field);
+  if (is_reply && body != NULL &&
+      body_field == TENSORBROKER__V1__REPLY__BODY_ACQUIRE &&
+      mid->n_unknown_fields == 0 && m->base.n_unknown_fields == 0 &&
+      acquire_reply_mine(m->reply->acquire)) {
+    head = reply_head(&h.reply, NULL);
+    body_len = acquire_reply_put(m->reply->acquire, NULL);
+    mid_len = head + len_field_size(body_field, body_len);
+    n = len_field_size(mid_field, mid_len);
+    if (n > cap)
+      return TB_ELIMIT;
+    n = put_len_field(buf, mid_field, mid_len);
+    n += reply_head(&h.reply, buf + n);
+    n += put_len_field(buf + n, body_field, body_len);
+    n += acquire_reply_put(m->reply->acquire, buf + n);
+    return (long)n;
+  }
   if (body == NULL || mid->n_unknown_fields != 0 ||
       m->base.n_unknown_fields != 0) {
     n = tensorbroker__v1__server_message__get_packed_size(m);
