@@ -5,9 +5,10 @@
  * With --cuda it reads CUDA frames (producer --cuda) on its own stream on
  * GPU 0: tb_acquire() makes that stream wait for the producer's ready
  * event, cuMemcpyDtoHAsync on the same stream copies the frame back, the
- * host waits for the stream, checks the checksum, and tb_release(t, stream)
- * hands the producer a done event recorded on it. CUDA is reached through
- * cuda_loader.c (dlopen of libcuda.so.1).
+ * host waits for the stream and checks the checksum; the next acquire
+ * releases the frame (tb_acquire_options.release, one request for both)
+ * and hands the producer a done event recorded on that stream. CUDA is
+ * reached through cuda_loader.c (dlopen of libcuda.so.1).
  *
  *   consumer [--socket PATH] [--channel NAME] [--timeout MS] [--ready-fd N]
  *            [--cuda] [--cuda-check]
@@ -191,6 +192,7 @@ int main(int argc, char **argv) {
     close(ready_fd);
   }
 
+  DLManagedTensorVersioned *prev = NULL; /* the last frame, still leased */
   for (;;) {
     /* NEXT after the last version seen: the oldest one the channel still
      * holds, so a consumer that falls behind by less than the history
@@ -206,6 +208,13 @@ int main(int argc, char **argv) {
     ao.timeout_ms = (int)timeout_ms;
     if (use_cuda)
       ao.stream = stream; /* made to wait for the producer's ready event */
+    /* The last frame's lease ends in the same request, before the wait
+     * for the next one (--cuda: with a done event recorded on our stream,
+     * after the copy that read it; the producer's stream waits for it
+     * before rewriting the buffer). */
+    ao.release = prev;
+    ao.release_stream = use_cuda ? stream : NULL;
+    prev = NULL;
     rc = tb_acquire(c, channel, &ao, &m);
     if (rc == TB_ECLOSED)
       break; /* the producer left and we have seen everything it kept */
@@ -265,20 +274,16 @@ int main(int argc, char **argv) {
     }
     received++;
     last = info.version;
-    if (use_cuda) {
-      /* Ends the lease with a done event recorded on our stream, after the
-       * copy: the producer's stream waits for it before rewriting. */
-      rc = tb_release(m, stream);
-      if (rc < 0) {
-        fprintf(stderr, "consumer: release: %s\n", tb_strerror(rc));
-        failed = 1;
-        break;
-      }
-    } else {
-      m->deleter(m); /* ends the lease: the producer may reuse the buffer */
-    }
+    prev = m; /* released by the next acquire */
     if (nlat > 0 && expected == meta.frames)
       break; /* the producer's last frame */
+  }
+  if (prev != NULL) {
+    rc = tb_release(prev, use_cuda ? stream : NULL);
+    if (rc < 0) {
+      fprintf(stderr, "consumer: release: %s\n", tb_strerror(rc));
+      failed = 1;
+    }
   }
 
   if (nlat > 0) {

@@ -86,7 +86,13 @@ static void defaults(void **state) {
   assert_null(o.stream);
   assert_int_equal(o.device, -1);
   assert_int_equal(o.flags, 0);
+  assert_null(o.release);
+  assert_null(o.release_stream);
   /* the new fields come after every older one */
+  assert_true(offsetof(struct tb_acquire_options, release) >
+              offsetof(struct tb_acquire_options, flags));
+  assert_true(offsetof(struct tb_acquire_options, release_stream) >
+              offsetof(struct tb_acquire_options, release));
   assert_true(offsetof(struct tb_acquire_options, device) >=
               offsetof(struct tb_acquire_options, stream) + sizeof(void *));
   assert_true(offsetof(struct tb_acquire_options, flags) >
@@ -104,9 +110,21 @@ static void old_struct_size(void **state) {
   /* garbage beyond its struct_size must not be read */
   o.device = -77;
   o.flags = 0xdead0000u;
+  o.release = (DLManagedTensorVersioned *)(uintptr_t)0x5a5a5a5a;
+  o.release_stream = (void *)(uintptr_t)0x5a5a;
   assert_int_equal(tb_acquire(cons, "opts/host", &o, &t), 0);
   check_host_tensor(t);
   assert_int_equal(tb_release(t, NULL), 0);
+  /* a struct_size ending at flags: release not read */
+  o.struct_size = offsetof(struct tb_acquire_options, flags) + sizeof(unsigned);
+  o.device = -1;
+  o.flags = 0;
+  t = NULL;
+  assert_int_equal(tb_acquire(cons, "opts/host", &o, &t), 0);
+  check_host_tensor(t);
+  assert_int_equal(tb_release(t, NULL), 0);
+  o.device = -77;
+  o.flags = 0xdead0000u;
   /* struct_size cutting device in half: device not read either */
   o.struct_size = offsetof(struct tb_acquire_options, device) + 1;
   t = NULL;
