@@ -105,6 +105,7 @@ struct gpu_shared {
   unsigned long long ns_record, ns_create;
   unsigned long prod_records; /* producer's cuEventRecord calls, warm rows */
   unsigned long skipped_waits; /* raw, producer idle: rounds without a wait */
+  int releasing; /* warm tb consumer: release with the next acquire */
 };
 
 /* The consumer's driver counters and its acquires' daemon round trips. */
@@ -595,12 +596,16 @@ static int tb_gpu_consumer(void *p) {
     o.mode = TB_ACQUIRE_NEXT;
     uint64_t last = 0;
     struct counts k0 = {0}, k1;
+    DLManagedTensorVersioned *prev = NULL; /* a->sh->releasing */
     for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
       DLManagedTensorVersioned *t;
       struct tb_lease_info li;
       if (i == a->sh->warm)
         counts_now(&k0);
       o.version = last;
+      o.release = prev;
+      o.release_stream = g.stream;
+      prev = NULL;
       rc = tb_acquire(c, "bench/gpu/warm", &o, &t);
       if (rc < 0) {
         fprintf(stderr, "gpu consumer: acquire: %s\n", tb_strerror(rc));
@@ -615,10 +620,15 @@ static int tb_gpu_consumer(void *p) {
       }
       if (i >= a->sh->warm)
         a->sh->oneway[i - a->sh->warm] = now - ts;
-      rc = tb_release(t, g.stream);
+      if (a->sh->releasing)
+        prev = t; /* released by the next acquire */
+      else
+        rc = tb_release(t, g.stream);
       if (rc < 0 || tbb_write_byte(a->sv, 'a') < 0)
         goto out;
     }
+    if (prev != NULL)
+      tb_release(prev, g.stream);
     counts_now(&k1);
     note_counters(a->sh, &k0, &k1, a->sh->iters);
   }
@@ -889,6 +899,23 @@ void tbb_scenario_gpu_handoff(void) {
   } else {
     tbb_failed("tb warm hand-off, producer idle");
   }
+  /* The same with the consumer releasing each version with its next
+   * acquire (tb_acquire_options.release): the release leaves the hand-off's
+   * path, as torch's consumer drops its reference off it. */
+  sh->releasing = 1;
+  if (run_tb_pair(&d, sh, HANDOFF_BYTES, 0, 1) == 0) {
+    tbb_row_latency("tb warm hand-off, producer idle, releasing with the next "
+                    "acquire", sh->rt, n,
+                    tn ? "torch.multiprocessing queue ping-pong"
+                       : "raw CUDA IPC ping-pong, producer idle");
+    tbb_note("releasing with the next acquire: %lu GPU waits in %lu "
+             "acquires; event records: producer %lu, consumer %lu",
+             sh->waits, sh->counted, sh->prod_records, sh->records);
+  } else {
+    tbb_failed("tb warm hand-off, producer idle, releasing with the next "
+               "acquire");
+  }
+  sh->releasing = 0;
   /* The same with no polling at all (the daemon --busy-poll 0, the clients
    * spin_us -1: each hand-off wakes sleeping processes), and with busy
    * polling (--busy-poll and spin_us tbb_busy_poll_us, so that a hand-off
