@@ -95,3 +95,26 @@ def test_same_process_lease_to_torch():
             y = torch.from_dlpack(lease)
             assert abs(float(y.double().sum().item()) - expected) < 1e-3
             del y
+
+
+def test_acquire_releases_previous_cuda_lease():
+    # acquire(release=, release_stream=) with CUDA leases: the previous
+    # lease ends in the same request, its done event on the given stream,
+    # and the producer can wait for it to be free.
+    with daemon() as sock, tb.Client(socket=sock) as p, tb.Client(socket=sock) as c:
+        x1, e1 = torch_source()
+        x2 = x1 * 2
+        s = torch.cuda.current_stream()
+        v1 = p.publish("gpu/rel", x1, stream=s)
+        first = c.acquire("gpu/rel", exact=v1)
+        y = torch.from_dlpack(first)
+        assert abs(float(y.double().sum().item()) - e1) < 1e-3
+        del y
+        v2 = p.publish("gpu/rel", x2, stream=s, history_depth=1)
+        second = c.acquire("gpu/rel", after=v1, release=first, release_stream=s)
+        assert first.released and second.version == v2
+        p.wait_free("gpu/rel", v1, timeout=5, stream=s)
+        z = torch.from_dlpack(second)
+        assert abs(float(z.double().sum().item()) - 2 * e1) < 1e-2
+        del z
+        second.release(stream=s)
