@@ -93,10 +93,20 @@ static int stream_from_py(PyObject *o, void **out) {
                         ".cuda_stream or .ptr");
       return -1;
     }
-    int rc = stream_from_py(attr, out);
+    /* a stream object whose handle is 0 is the legacy stream (torch's
+     * default stream); only a bare 0 is ambiguous */
+    int overflow = 0;
+    long long h = PyLong_AsLongLongAndOverflow(attr, &overflow);
+    int rc;
+    if (h == -1 && PyErr_Occurred()) {
+      rc = -1;
+    } else if (h == 0 && overflow == 0) {
+      *out = TB_STREAM_LEGACY;
+      rc = 0;
+    } else {
+      rc = stream_from_py(attr, out);
+    }
     Py_DECREF(attr);
-    if (rc == 0 && *out == (void *)0)
-      *out = TB_STREAM_LEGACY; /* a stream object whose handle is 0 is the legacy stream */
     return rc;
   }
   int overflow = 0;

@@ -364,6 +364,23 @@ def test_acquire_releases_previous_lease():
         assert channel_leases(cons, "ar/a") == 0
 
 
+def test_stream_objects_with_handle_zero():
+    # torch's default stream has .cuda_stream == 0: as a stream object that
+    # is the legacy stream, while a bare 0 stays ambiguous (DLPack). The
+    # native layer is called directly, as Lease.release(stream=) does.
+    class Stream:
+        def __init__(self, handle):
+            self.cuda_stream = handle
+
+    with daemon() as sock, tb.Client(socket=sock) as c:
+        v1 = c.publish("so/a", np.zeros(4))
+        c.publish("so/a", np.zeros(4))
+        c._c.wait_free("so/a", v1, 0, Stream(0))
+        expect_raises(lambda: c._c.wait_free("so/a", v1, 0, 0), ValueError)
+        expect_raises(lambda: c._c.wait_free("so/a", v1, 0, Stream(-7)), ValueError)
+        c._c.wait_free("so/a", v1, 0, Stream(1))
+
+
 def test_introspection():
     with daemon() as sock, tb.Client(socket=sock, name="intro",
                                      stream_contract="no_sync") as c:
