@@ -72,8 +72,8 @@ int tb__server_message_decode_in(struct tb__arena *a, const uint8_t *buf,
                                  size_t len, tb__server_message **out);
 /* The hand-written decoder that tb__server_message_decode_in tries first
  * (decode_fast.c): 1 with *out set in a for a reply carrying an
- * AcquireReply in the forms it takes, <= 0 for "not mine" (a may then hold
- * garbage: reset it). */
+ * AcquireReply or a NewVersion notice in the forms it takes, <= 0 for "not
+ * mine" (a may then hold garbage: reset it). */
 int tb__server_message_decode_fast(struct tb__arena *a, const uint8_t *buf,
                                    size_t len, tb__server_message **out);
 /* Its daemon-side twin, which tb__request_decode_in tries first: a Request

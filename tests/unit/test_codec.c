@@ -794,8 +794,13 @@ static int fast_agrees(struct tb__arena *a, const uint8_t *buf, size_t len) {
   assert_true(n1 > 0);
   assert_int_equal(n1, n2);
   assert_memory_equal(e1, e2, (size_t)n1);
-  assert_string_equal(f->reply->acquire->channel, p->reply->acquire->channel);
-  assert_string_equal(f->reply->message, p->reply->message);
+  if (f->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY) {
+    assert_string_equal(f->reply->acquire->channel, p->reply->acquire->channel);
+    assert_string_equal(f->reply->message, p->reply->message);
+  } else {
+    assert_string_equal(f->notice->new_version->channel,
+                        p->notice->new_version->channel);
+  }
   tb__server_message_free(p);
   return 1;
 }
@@ -837,6 +842,62 @@ static void test_fast_acquire_reply_decoder(void **state) {
         memmove(mut + at + 1, mut + at, (size_t)n - at);
         mut[at] = (uint8_t)rng_next(&x);
         len++;
+      }
+      if (fast_agrees(&a, mut, len))
+        taken_mutants++;
+      else
+        refused_mutants++;
+    }
+  }
+  /* NewVersion notices, with and without the prefetched buffer and event */
+  for (int i = 0; i < 2000; i++) {
+    Tensorbroker__V1__Device d[2] = {TENSORBROKER__V1__DEVICE__INIT,
+                                     TENSORBROKER__V1__DEVICE__INIT};
+    Tensorbroker__V1__BufferInfo bi = TENSORBROKER__V1__BUFFER_INFO__INIT;
+    Tensorbroker__V1__EventInfo ev = TENSORBROKER__V1__EVENT_INFO__INIT;
+    Tensorbroker__V1__NewVersion nv = TENSORBROKER__V1__NEW_VERSION__INIT;
+    Tensorbroker__V1__Notice no = TENSORBROKER__V1__NOTICE__INIT;
+    Srv m = TENSORBROKER__V1__SERVER_MESSAGE__INIT;
+    long n;
+
+    rng_ascii(&x, g.channel, sizeof(g.channel));
+    nv.channel = g.channel;
+    nv.version = rng_val(&x);
+    for (int k = 0; k < 2; k++) {
+      d[k].type = (int32_t)rng_val(&x);
+      d[k].id = (int32_t)rng_val(&x);
+      rng_bytes(&x, g.uuid[k], 16, &d[k].uuid);
+    }
+    bi.buffer_id = rng_val(&x);
+    bi.generation = (uint32_t)rng_val(&x);
+    bi.kind = (Tensorbroker__V1__MemoryKind)(rng_next(&x) % 3);
+    bi.size = rng_val(&x);
+    bi.device = rng_next(&x) & 1 ? &d[0] : NULL;
+    rng_bytes(&x, g.handle, 64, &bi.cuda_ipc_handle);
+    bi.producer_pid = (uint32_t)rng_val(&x);
+    ev.event_id = rng_val(&x);
+    rng_bytes(&x, g.ev_handle, 64, &ev.cuda_ipc_event_handle);
+    ev.device = rng_next(&x) & 1 ? &d[1] : NULL;
+    ev.complete = rng_next(&x) & 1;
+    nv.buffer = rng_next(&x) & 1 ? &bi : NULL;
+    nv.ready_event = rng_next(&x) & 1 ? &ev : NULL;
+    no.body_case = TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION;
+    no.new_version = &nv;
+    m.body_case = TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE;
+    m.notice = &no;
+    n = tb__server_message_encode(&m, buf, sizeof(buf));
+    assert_true(n > 0);
+    if (!fast_agrees(&a, buf, (size_t)n))
+      fail_msg("generated NewVersion %d (%ld bytes) not taken", i, n);
+    for (int j = 0; j < 8; j++) {
+      size_t len = (size_t)n, at = rng_next(&x) % (size_t)n;
+      memcpy(mut, buf, (size_t)n);
+      if (j & 1) {
+        mut[at] = (uint8_t)rng_next(&x);
+      } else {
+        mut[at] ^= (uint8_t)(1u << (rng_next(&x) % 8));
+        if (j == 4)
+          len = at;
       }
       if (fast_agrees(&a, mut, len))
         taken_mutants++;
