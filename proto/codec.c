@@ -271,40 +271,38 @@ static void wr_len(struct wr *w, uint32_t field, const void *data, size_t len) {
   wr_bytes(w, data, len);
 }
 
-/* Device and EventInfo without unknown fields; size first, then bytes. */
-static void wr_device(struct wr *w, uint32_t field,
-                      const Tensorbroker__V1__Device *d) {
-  struct wr c = {NULL, 0};
+/* A submessage field: its body is written twice, first only counted (for
+ * the length prefix), then for real. */
+typedef void wr_body_fn(struct wr *w, const void *m);
 
-  for (int pass = 0; pass < 2; pass++) {
-    struct wr *o = pass == 0 ? &c : w;
-    if (pass == 1) {
-      wr_varint(w, ((uint64_t)field << 3) | 2u);
-      wr_varint(w, c.n);
-    }
-    wr_u64(o, 1, (uint64_t)(int64_t)d->type);
-    wr_u64(o, 2, (uint64_t)(int64_t)d->id);
-    wr_len(o, 3, d->uuid.data, d->uuid.len);
-  }
+static void wr_sub(struct wr *w, uint32_t field, wr_body_fn *body,
+                   const void *m) {
+  struct wr count = {NULL, 0};
+
+  body(&count, m);
+  wr_varint(w, ((uint64_t)field << 3) | 2u);
+  wr_varint(w, count.n);
+  body(w, m);
 }
 
-static void wr_event(struct wr *w, uint32_t field,
-                     const Tensorbroker__V1__EventInfo *e) {
-  struct wr c = {NULL, 0};
+/* Device and EventInfo, without unknown fields */
+static void device_body(struct wr *w, const void *m) {
+  const Tensorbroker__V1__Device *d = m;
 
-  for (int pass = 0; pass < 2; pass++) {
-    struct wr *o = pass == 0 ? &c : w;
-    if (pass == 1) {
-      wr_varint(w, ((uint64_t)field << 3) | 2u);
-      wr_varint(w, c.n);
-    }
-    wr_u64(o, 1, e->event_id);
-    wr_len(o, 2, e->cuda_ipc_event_handle.data, e->cuda_ipc_event_handle.len);
-    if (e->device != NULL)
-      wr_device(o, 3, e->device);
-    wr_u64(o, 4, e->owner_pid);
-    wr_u64(o, 5, e->complete != 0);
-  }
+  wr_u64(w, 1, (uint64_t)(int64_t)d->type);
+  wr_u64(w, 2, (uint64_t)(int64_t)d->id);
+  wr_len(w, 3, d->uuid.data, d->uuid.len);
+}
+
+static void event_body(struct wr *w, const void *m) {
+  const Tensorbroker__V1__EventInfo *e = m;
+
+  wr_u64(w, 1, e->event_id);
+  wr_len(w, 2, e->cuda_ipc_event_handle.data, e->cuda_ipc_event_handle.len);
+  if (e->device != NULL)
+    wr_sub(w, 3, device_body, e->device);
+  wr_u64(w, 4, e->owner_pid);
+  wr_u64(w, 5, e->complete != 0);
 }
 
 /* 0 when the message has a form left to protobuf-c. */
@@ -329,7 +327,7 @@ static size_t acquire_reply_put(const Tensorbroker__V1__AcquireReply *ar,
   wr_u64(&w, 1, ar->lease_id);
   wr_u64(&w, 2, ar->version);
   if (ar->ready_event != NULL)
-    wr_event(&w, 5, ar->ready_event);
+    wr_sub(&w, 5, event_body, ar->ready_event);
   wr_len(&w, 6, ar->metadata.data, ar->metadata.len);
   if (ar->channel != NULL)
     wr_len(&w, 7, ar->channel, strlen(ar->channel));
@@ -477,6 +475,7 @@ long tb__request_encode(const tb__request *m, uint8_t *buf, size_t cap) {
   const ProtobufCMessage *body = NULL;
   uint8_t head[16], tmp[384]; /* an Acquire of a name up to 255 bytes */
   size_t hlen, body_len, n;
+  int by_hand;
 
   if (m->body_case != TENSORBROKER__V1__REQUEST__BODY__NOT_SET &&
       m->base.n_unknown_fields == 0)
@@ -499,23 +498,17 @@ long tb__request_encode(const tb__request *m, uint8_t *buf, size_t cap) {
     body_len = put_acquire(m->acquire, tmp, sizeof(tmp));
   else if (m->body_case == TENSORBROKER__V1__REQUEST__BODY_RELEASE)
     body_len = put_release(m->release, tmp);
-  if (body_len > 0) {
-    n = hlen + len_field_size((uint32_t)m->body_case, body_len);
-    if (n > cap)
-      return TB_ELIMIT;
-    memcpy(buf, head, hlen);
-    n = hlen;
-    n += put_len_field(buf + n, (uint32_t)m->body_case, body_len);
-    memcpy(buf + n, tmp, body_len);
-    return (long)(n + body_len);
-  }
-  body_len = protobuf_c_message_get_packed_size(body);
+  by_hand = body_len > 0;
+  if (!by_hand)
+    body_len = protobuf_c_message_get_packed_size(body);
   n = hlen + len_field_size((uint32_t)m->body_case, body_len);
   if (n > cap)
     return TB_ELIMIT;
   memcpy(buf, head, hlen);
-  n = hlen;
-  n += put_len_field(buf + n, (uint32_t)m->body_case, body_len);
-  n += protobuf_c_message_pack(body, buf + n);
-  return (long)n;
+  n = hlen + put_len_field(buf + hlen, (uint32_t)m->body_case, body_len);
+  if (by_hand)
+    memcpy(buf + n, tmp, body_len);
+  else
+    (void)protobuf_c_message_pack(body, buf + n);
+  return (long)(n + body_len);
 }

@@ -149,9 +149,11 @@ static int rd_packed_i64(struct tb__arena *a, struct rd *r, size_t *n_out,
   return 0;
 }
 
-#define NEW(a, type, init, var)                                              \
+/* var = a new type in the arena, set to the initialiser that follows
+ * (protobuf-c's INIT macro, whose commas make it several arguments). */
+#define NEW(a, type, var, ...)                                               \
   do {                                                                       \
-    static const type init_ = init;                                          \
+    static const type init_ = __VA_ARGS__;                                   \
     (var) = arena_new((a), sizeof(type));                                    \
     if ((var) == NULL)                                                       \
       return NOT_MINE;                                                       \
@@ -195,6 +197,17 @@ static int rd_packed_i64(struct tb__arena *a, struct rd *r, size_t *n_out,
       return NOT_MINE;                                                       \
     break
 
+/* sub_NAME: a length-delimited field holding a TYPE, decoded by dec_NAME
+ * into a new TYPE in the arena. */
+#define SUB(name, type, init)                                                \
+  static int sub_##name(struct tb__arena *a, struct rd *r, type **out) {     \
+    struct rd s;                                                             \
+    if (rd_len(r, &s) < 0)                                                   \
+      return NOT_MINE;                                                       \
+    NEW(a, type, *out, init);                                                \
+    return dec_##name(a, &s, *out);                                          \
+  }
+
 static int dec_device(struct tb__arena *a, struct rd *in,
                       Tensorbroker__V1__Device *m) {
   BODY_BEGIN(in)
@@ -204,15 +217,7 @@ static int dec_device(struct tb__arena *a, struct rd *in,
   BODY_END;
 }
 
-static int sub_device(struct tb__arena *a, struct rd *r,
-                      Tensorbroker__V1__Device **out) {
-  struct rd s;
-
-  if (rd_len(r, &s) < 0)
-    return NOT_MINE;
-  NEW(a, Tensorbroker__V1__Device, TENSORBROKER__V1__DEVICE__INIT, *out);
-  return dec_device(a, &s, *out);
-}
+SUB(device, Tensorbroker__V1__Device, TENSORBROKER__V1__DEVICE__INIT)
 
 static int dec_layout(struct tb__arena *a, struct rd *in,
                       Tensorbroker__V1__Layout *m) {
@@ -228,15 +233,7 @@ static int dec_layout(struct tb__arena *a, struct rd *in,
   BODY_END;
 }
 
-static int sub_layout(struct tb__arena *a, struct rd *r,
-                      Tensorbroker__V1__Layout **out) {
-  struct rd s;
-
-  if (rd_len(r, &s) < 0)
-    return NOT_MINE;
-  NEW(a, Tensorbroker__V1__Layout, TENSORBROKER__V1__LAYOUT__INIT, *out);
-  return dec_layout(a, &s, *out);
-}
+SUB(layout, Tensorbroker__V1__Layout, TENSORBROKER__V1__LAYOUT__INIT)
 
 static int dec_buffer(struct tb__arena *a, struct rd *in,
                       Tensorbroker__V1__BufferInfo *m) {
@@ -253,16 +250,7 @@ static int dec_buffer(struct tb__arena *a, struct rd *in,
   BODY_END;
 }
 
-static int sub_buffer(struct tb__arena *a, struct rd *r,
-                      Tensorbroker__V1__BufferInfo **out) {
-  struct rd s;
-
-  if (rd_len(r, &s) < 0)
-    return NOT_MINE;
-  NEW(a, Tensorbroker__V1__BufferInfo, TENSORBROKER__V1__BUFFER_INFO__INIT,
-      *out);
-  return dec_buffer(a, &s, *out);
-}
+SUB(buffer, Tensorbroker__V1__BufferInfo, TENSORBROKER__V1__BUFFER_INFO__INIT)
 
 static int dec_event(struct tb__arena *a, struct rd *in,
                      Tensorbroker__V1__EventInfo *m) {
@@ -275,16 +263,7 @@ static int dec_event(struct tb__arena *a, struct rd *in,
   BODY_END;
 }
 
-static int sub_event(struct tb__arena *a, struct rd *r,
-                     Tensorbroker__V1__EventInfo **out) {
-  struct rd s;
-
-  if (rd_len(r, &s) < 0)
-    return NOT_MINE;
-  NEW(a, Tensorbroker__V1__EventInfo, TENSORBROKER__V1__EVENT_INFO__INIT,
-      *out);
-  return dec_event(a, &s, *out);
-}
+SUB(event, Tensorbroker__V1__EventInfo, TENSORBROKER__V1__EVENT_INFO__INIT)
 
 static int dec_acquire(struct tb__arena *a, struct rd *in,
                        Tensorbroker__V1__AcquireReply *m) {
@@ -299,16 +278,16 @@ static int dec_acquire(struct tb__arena *a, struct rd *in,
   BODY_END;
 }
 
-static int sub_acquire(struct tb__arena *a, struct rd *r,
-                       Tensorbroker__V1__AcquireReply **out) {
-  struct rd s;
+SUB(acquire, Tensorbroker__V1__AcquireReply, TENSORBROKER__V1__ACQUIRE_REPLY__INIT)
 
-  if (rd_len(r, &s) < 0)
-    return NOT_MINE;
-  NEW(a, Tensorbroker__V1__AcquireReply,
-      TENSORBROKER__V1__ACQUIRE_REPLY__INIT, *out);
-  return dec_acquire(a, &s, *out);
-}
+/* A oneof member (field n, read by call): one body per message; protobuf-c
+ * numbers each body case by its field. */
+#define BODY_FIELD(n, call, body_case)                                       \
+  case n:                                                                    \
+    if ((body_case) != 0 || wire != WT_LEN || (call) < 0)                    \
+      return NOT_MINE;                                                       \
+    (body_case) = n;                                                         \
+    break
 
 static int dec_reply(struct tb__arena *a, struct rd *in,
                      Tensorbroker__V1__Reply *m) {
@@ -316,13 +295,12 @@ static int dec_reply(struct tb__arena *a, struct rd *in,
     VARINT_FIELD(1, m->request_id, AS_U64);
     VARINT_FIELD(2, m->status, AS_I32);
     LEN_FIELD(3, rd_string(a, &r, &m->message));
-    case 14:
-      if (wire != WT_LEN || sub_acquire(a, &r, &m->acquire) < 0)
-        return NOT_MINE;
-      m->body_case = TENSORBROKER__V1__REPLY__BODY_ACQUIRE;
-      break;
+    BODY_FIELD(TENSORBROKER__V1__REPLY__BODY_ACQUIRE,
+               sub_acquire(a, &r, &m->acquire), m->body_case);
   BODY_END;
 }
+
+SUB(reply, Tensorbroker__V1__Reply, TENSORBROKER__V1__REPLY__INIT)
 
 static int dec_new_version(struct tb__arena *a, struct rd *in,
                            Tensorbroker__V1__NewVersion *m) {
@@ -334,53 +312,52 @@ static int dec_new_version(struct tb__arena *a, struct rd *in,
   BODY_END;
 }
 
+SUB(new_version, Tensorbroker__V1__NewVersion,
+    TENSORBROKER__V1__NEW_VERSION__INIT)
+
 static int dec_notice(struct tb__arena *a, struct rd *in,
                       Tensorbroker__V1__Notice *m) {
-  struct rd s;
-
   BODY_BEGIN(in)
-    case TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION:
-      if (wire != WT_LEN || rd_len(&r, &s) < 0)
-        return NOT_MINE;
-      NEW(a, Tensorbroker__V1__NewVersion,
-          TENSORBROKER__V1__NEW_VERSION__INIT, m->new_version);
-      if (dec_new_version(a, &s, m->new_version) < 0)
-        return NOT_MINE;
-      m->body_case = TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION;
-      break;
+    BODY_FIELD(TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION,
+               sub_new_version(a, &r, &m->new_version), m->body_case);
+  BODY_END;
+}
+
+SUB(notice, Tensorbroker__V1__Notice, TENSORBROKER__V1__NOTICE__INIT)
+
+/* exactly one field: reply (1) holding an AcquireReply, or notice (2)
+ * holding a NewVersion */
+static int dec_server_message(struct tb__arena *a, struct rd *in,
+                              tb__server_message *m) {
+  BODY_BEGIN(in)
+    BODY_FIELD(TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY,
+               sub_reply(a, &r, &m->reply), m->body_case);
+    BODY_FIELD(TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE,
+               sub_notice(a, &r, &m->notice), m->body_case);
   BODY_END;
 }
 
 int tb__server_message_decode_fast(struct tb__arena *a, const uint8_t *buf,
                                    size_t len, tb__server_message **out) {
-  struct rd r = {buf, buf + len}, s;
+  struct rd r = {buf, buf + len};
   tb__server_message *m;
-  uint32_t field;
-  int wire;
 
-  /* exactly one field: reply (1) holding an AcquireReply, or notice (2)
-   * holding a NewVersion */
-  if (buf == NULL || len == 0 || len > TB__MAX_MESSAGE_HARD ||
-      rd_key(&r, &field, &wire) != 1 || (field != 1 && field != 2) ||
-      wire != WT_LEN || rd_len(&r, &s) < 0 || r.p != r.end)
+  if (buf == NULL || len == 0 || len > TB__MAX_MESSAGE_HARD)
     return 0;
-  NEW(a, tb__server_message, TENSORBROKER__V1__SERVER_MESSAGE__INIT, m);
-  if (field == 1) {
-    Tensorbroker__V1__Reply *rep;
-    NEW(a, Tensorbroker__V1__Reply, TENSORBROKER__V1__REPLY__INIT, rep);
-    if (dec_reply(a, &s, rep) < 0 ||
-        rep->body_case != TENSORBROKER__V1__REPLY__BODY_ACQUIRE)
+  NEW(a, tb__server_message, m, TENSORBROKER__V1__SERVER_MESSAGE__INIT);
+  if (dec_server_message(a, &r, m) < 0)
+    return 0;
+  switch (m->body_case) {
+  case TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY:
+    if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_ACQUIRE)
       return 0;
-    m->body_case = TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY;
-    m->reply = rep;
-  } else {
-    Tensorbroker__V1__Notice *no;
-    NEW(a, Tensorbroker__V1__Notice, TENSORBROKER__V1__NOTICE__INIT, no);
-    if (dec_notice(a, &s, no) < 0 ||
-        no->body_case != TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION)
+    break;
+  case TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE:
+    if (m->notice->body_case != TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION)
       return 0;
-    m->body_case = TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE;
-    m->notice = no;
+    break;
+  default:
+    return 0;
   }
   *out = m;
   return 1;
@@ -400,7 +377,11 @@ static int dec_acquire_req(struct tb__arena *a, struct rd *in,
   BODY_END;
 }
 
-static int dec_release_req(struct rd *in, Tensorbroker__V1__Release *m) {
+SUB(acquire_req, Tensorbroker__V1__Acquire, TENSORBROKER__V1__ACQUIRE__INIT)
+
+static int dec_release_req(struct tb__arena *a, struct rd *in,
+                           Tensorbroker__V1__Release *m) {
+  (void)a;
   BODY_BEGIN(in)
     VARINT_FIELD(1, m->lease_id, AS_U64);
     VARINT_FIELD(2, m->done_event_id, AS_U64);
@@ -409,31 +390,15 @@ static int dec_release_req(struct rd *in, Tensorbroker__V1__Release *m) {
   BODY_END;
 }
 
-static int dec_request(struct tb__arena *a, struct rd *in, tb__request *m) {
-  struct rd s;
+SUB(release_req, Tensorbroker__V1__Release, TENSORBROKER__V1__RELEASE__INIT)
 
+static int dec_request(struct tb__arena *a, struct rd *in, tb__request *m) {
   BODY_BEGIN(in)
     VARINT_FIELD(1, m->request_id, AS_U64);
-    case TENSORBROKER__V1__REQUEST__BODY_ACQUIRE:
-      if (m->body_case != TENSORBROKER__V1__REQUEST__BODY__NOT_SET ||
-          wire != WT_LEN || rd_len(&r, &s) < 0)
-        return NOT_MINE;
-      NEW(a, Tensorbroker__V1__Acquire, TENSORBROKER__V1__ACQUIRE__INIT,
-          m->acquire);
-      if (dec_acquire_req(a, &s, m->acquire) < 0)
-        return NOT_MINE;
-      m->body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
-      break;
-    case TENSORBROKER__V1__REQUEST__BODY_RELEASE:
-      if (m->body_case != TENSORBROKER__V1__REQUEST__BODY__NOT_SET ||
-          wire != WT_LEN || rd_len(&r, &s) < 0)
-        return NOT_MINE;
-      NEW(a, Tensorbroker__V1__Release, TENSORBROKER__V1__RELEASE__INIT,
-          m->release);
-      if (dec_release_req(&s, m->release) < 0)
-        return NOT_MINE;
-      m->body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
-      break;
+    BODY_FIELD(TENSORBROKER__V1__REQUEST__BODY_ACQUIRE,
+               sub_acquire_req(a, &r, &m->acquire), m->body_case);
+    BODY_FIELD(TENSORBROKER__V1__REQUEST__BODY_RELEASE,
+               sub_release_req(a, &r, &m->release), m->body_case);
   BODY_END;
 }
 
@@ -444,7 +409,7 @@ int tb__request_decode_fast(struct tb__arena *a, const uint8_t *buf,
 
   if (buf == NULL || len == 0 || len > TB__MAX_MESSAGE_HARD)
     return 0;
-  NEW(a, tb__request, TENSORBROKER__V1__REQUEST__INIT, m);
+  NEW(a, tb__request, m, TENSORBROKER__V1__REQUEST__INIT);
   if (dec_request(a, &r, m) < 0 ||
       m->body_case == TENSORBROKER__V1__REQUEST__BODY__NOT_SET)
     return 0;

@@ -805,11 +805,46 @@ static int fast_agrees(struct tb__arena *a, const uint8_t *buf, size_t len) {
   return 1;
 }
 
+/* Eight corrupted copies of the n bytes at buf (a bit flipped, a byte
+ * replaced, the tail cut, a byte inserted), each given to agrees(); counts
+ * the copies the fast decoder took and those it left to protobuf-c. */
+typedef int agrees_fn(struct tb__arena *a, const uint8_t *buf, size_t len);
+
+static void corrupt_and_compare(uint64_t *x, struct tb__arena *a,
+                                const uint8_t *buf, size_t n, agrees_fn *agrees,
+                                int *taken, int *refused) {
+  uint8_t mut[BUFCAP + 1];
+
+  for (int j = 0; j < 8; j++) {
+    size_t len = n, at = rng_next(x) % n;
+    memcpy(mut, buf, n);
+    switch (rng_next(x) % 4) {
+    case 0:
+      mut[at] ^= (uint8_t)(1u << (rng_next(x) % 8));
+      break;
+    case 1:
+      mut[at] = (uint8_t)rng_next(x);
+      break;
+    case 2:
+      len = at; /* truncated */
+      break;
+    default:
+      memmove(mut + at + 1, mut + at, n - at);
+      mut[at] = (uint8_t)rng_next(x);
+      len++;
+    }
+    if (agrees(a, mut, len))
+      (*taken)++;
+    else
+      (*refused)++;
+  }
+}
+
 static void test_fast_acquire_reply_decoder(void **state) {
   (void)state;
   struct tb__arena a;
   uint64_t x = 0x9e3779b97f4a7c15ull;
-  uint8_t buf[BUFCAP], mut[BUFCAP];
+  uint8_t buf[BUFCAP];
   struct gen g;
   int taken_mutants = 0, refused_mutants = 0;
 
@@ -825,29 +860,8 @@ static void test_fast_acquire_reply_decoder(void **state) {
     assert_tb_ok(tb__server_message_decode_in(&a, buf, (size_t)n, &d));
     assert_int_equal(d->reply->body_case, TENSORBROKER__V1__REPLY__BODY_ACQUIRE);
     /* corrupted copies: what it takes, protobuf-c reads the same */
-    for (int j = 0; j < 8; j++) {
-      size_t len = (size_t)n, at = rng_next(&x) % (size_t)n;
-      memcpy(mut, buf, (size_t)n);
-      switch (rng_next(&x) % 4) {
-      case 0:
-        mut[at] ^= (uint8_t)(1u << (rng_next(&x) % 8));
-        break;
-      case 1:
-        mut[at] = (uint8_t)rng_next(&x);
-        break;
-      case 2:
-        len = at; /* truncated */
-        break;
-      default:
-        memmove(mut + at + 1, mut + at, (size_t)n - at);
-        mut[at] = (uint8_t)rng_next(&x);
-        len++;
-      }
-      if (fast_agrees(&a, mut, len))
-        taken_mutants++;
-      else
-        refused_mutants++;
-    }
+    corrupt_and_compare(&x, &a, buf, (size_t)n, fast_agrees, &taken_mutants,
+                        &refused_mutants);
   }
   /* NewVersion notices, with and without the prefetched buffer and event */
   for (int i = 0; i < 2000; i++) {
@@ -889,21 +903,8 @@ static void test_fast_acquire_reply_decoder(void **state) {
     assert_true(n > 0);
     if (!fast_agrees(&a, buf, (size_t)n))
       fail_msg("generated NewVersion %d (%ld bytes) not taken", i, n);
-    for (int j = 0; j < 8; j++) {
-      size_t len = (size_t)n, at = rng_next(&x) % (size_t)n;
-      memcpy(mut, buf, (size_t)n);
-      if (j & 1) {
-        mut[at] = (uint8_t)rng_next(&x);
-      } else {
-        mut[at] ^= (uint8_t)(1u << (rng_next(&x) % 8));
-        if (j == 4)
-          len = at;
-      }
-      if (fast_agrees(&a, mut, len))
-        taken_mutants++;
-      else
-        refused_mutants++;
-    }
+    corrupt_and_compare(&x, &a, buf, (size_t)n, fast_agrees, &taken_mutants,
+                        &refused_mutants);
   }
   /* both kinds occurred, so both paths of the comparison ran */
   assert_true(taken_mutants > 1000);
@@ -1015,29 +1016,8 @@ static void test_fast_request_decoder(void **state) {
     assert_memory_equal(buf, mut, (size_t)n);
     if (!fast_request_agrees(&a, buf, (size_t)n))
       fail_msg("generated request %d (%ld bytes) not taken", i, n);
-    for (int j = 0; j < 8; j++) {
-      size_t len = (size_t)n, at = rng_next(&x) % (size_t)n;
-      memcpy(mut, buf, (size_t)n);
-      switch (rng_next(&x) % 4) {
-      case 0:
-        mut[at] ^= (uint8_t)(1u << (rng_next(&x) % 8));
-        break;
-      case 1:
-        mut[at] = (uint8_t)rng_next(&x);
-        break;
-      case 2:
-        len = at;
-        break;
-      default:
-        memmove(mut + at + 1, mut + at, (size_t)n - at);
-        mut[at] = (uint8_t)rng_next(&x);
-        len++;
-      }
-      if (fast_request_agrees(&a, mut, len))
-        taken_mutants++;
-      else
-        refused_mutants++;
-    }
+    corrupt_and_compare(&x, &a, buf, (size_t)n, fast_request_agrees,
+                        &taken_mutants, &refused_mutants);
   }
   assert_true(taken_mutants > 1000);
   assert_true(refused_mutants > 1000);
