@@ -28,6 +28,7 @@ struct cons_arg {
   const char *sock;
   const char *prefix;
   long first, step, nchan; /* channels first, first+step, ... < nchan */
+  int releasing; /* each acquire releases the previous lease */
   int ready_wr;
   struct tbb_gate *gate;
   volatile uint64_t *deadline; /* shared, set before the gate opens */
@@ -59,11 +60,16 @@ static int consumer_main(void *p) {
   uint64_t end = *a->deadline;
   uint64_t start = tbb_now_ns(), t1 = start, n = 0;
   long k = 0;
+  DLManagedTensorVersioned *prev = NULL;
   while (t1 < end) {
     DLManagedTensorVersioned *t;
     uint64_t t0 = t1;
+    o.release = prev; /* NULL unless a->releasing */
+    prev = NULL;
     rc = tb_acquire(c, names[k], &o, &t);
-    if (rc == 0)
+    if (rc == 0 && a->releasing)
+      prev = t;
+    else if (rc == 0)
       rc = tb_release(t, NULL);
     t1 = tbb_now_ns();
     if (rc < 0) {
@@ -76,6 +82,8 @@ static int consumer_main(void *p) {
     if (++k == nmine)
       k = 0;
   }
+  if (prev != NULL)
+    tb_release(prev, NULL);
   a->slot->cycles = n;
   a->slot->ns = t1 - start;
   a->slot->nsamples = n < a->cap ? n : a->cap;
@@ -86,7 +94,7 @@ static int consumer_main(void *p) {
 
 /* Run nproc consumers over nchan channels of the producer's prefix. */
 static void run_point(const struct tbb_daemon *d, const char *prefix,
-                      long nchan, int nproc, uint64_t dur_ns,
+                      long nchan, int nproc, int releasing, uint64_t dur_ns,
                       const char *label) {
   size_t cap = SAMPLES_TOTAL / (size_t)nproc;
   size_t shsize = sizeof(uint64_t) + sizeof(struct cons_slot) * (size_t)nproc +
@@ -109,6 +117,7 @@ static void run_point(const struct tbb_daemon *d, const char *prefix,
                          .first = nchan > 1 ? i : 0,
                          .step = nchan > 1 ? nproc : 1,
                          .nchan = nchan > 1 ? nchan : 1,
+                         .releasing = releasing,
                          .ready_wr = ready[1], .gate = &gate,
                          .deadline = deadline, .slot = &slots[i],
                          .lat = lat + cap * (size_t)i, .cap = cap};
@@ -192,7 +201,16 @@ void tbb_scenario_throughput(void) {
   for (int i = 0; i < ncons; i++) {
     char label[96];
     snprintf(label, sizeof(label), "%d consumer(s), 1 channel", consumers[i]);
-    run_point(&d, "bench/tp1", 1, consumers[i], dur, label);
+    run_point(&d, "bench/tp1", 1, consumers[i], 0, dur, label);
+  }
+  /* the same loop with each acquire releasing the previous lease
+   * (tb_acquire_options.release): one request per cycle instead of two */
+  static const int releasing[] = {1, 16};
+  for (int i = 0; i < (int)tbb_scale(2, 1, 1); i++) {
+    char label[96];
+    snprintf(label, sizeof(label),
+             "%d consumer(s), 1 channel, releasing the last", releasing[i]);
+    run_point(&d, "bench/tp1", 1, releasing[i], 1, dur, label);
   }
   tbb_producer_stop(&prod);
 
@@ -211,7 +229,7 @@ void tbb_scenario_throughput(void) {
     }
     snprintf(label, sizeof(label), "1 consumer, %ld channel(s) round-robin",
              n);
-    run_point(&d, prefix, n, 1, dur, label);
+    run_point(&d, prefix, n, 1, 0, dur, label);
     tbb_producer_stop(&prod);
   }
   tbb_daemon_stop(&d);

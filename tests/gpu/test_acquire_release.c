@@ -109,9 +109,8 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   if (tbg_count(&g, tbg_tensor_ptr(t2, N), V2, N, cs) != 0)
     TBG_FAIL("version 2: wrong data");
   TBG_OK(c, tb_release(t2, cs));
-  tbg_child_say(ch, "finished");
-  tbg_child_hear(ch, "done", NULL, 0);
   tb_client_disconnect(c);
+  tbg_child_say(ch, "ok");
   return 0;
 }
 
@@ -132,12 +131,7 @@ static void acquire_releases_cuda(void **state) {
   tbg_say(&p, "released");
   tbg_hear(&p, "producer", "overwritten", NULL, 0);
   tbg_say(&c, "overwritten");
-  tbg_hear(&c, "consumer", "finished", NULL, 0);
-  tbg_say(&p, "done");
-  tbg_say(&c, "done");
-  tbg_reap(&c, "consumer");
-  tbg_reap(&p, "producer");
-  tbg_daemon_down(&daemon_);
+  tbg_finish(&p, &c, &daemon_);
 }
 
 TBG_MAIN(cmocka_unit_test(acquire_releases_cuda))
