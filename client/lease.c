@@ -68,9 +68,14 @@ static int send_release_locked(struct tb__conn *k, uint64_t lease_id,
 }
 
 /* End a lease: record the CUDA done event if one applies, send the one-way
- * Release, drop the mapping reference, free the tensor. Takes only
- * conn->lock, so any thread may call it at any time. */
-static int lease_end(struct tb__lease *l, void *stream) {
+ * Release, drop the mapping reference, free the tensor. With aq (the
+ * release rides on that Acquire: tb_acquire_options.release, the daemon
+ * permitting) the Release's fields go into aq instead of a datagram of
+ * their own; but if the done event cannot be recorded, the Release goes
+ * alone without it and the error is returned (no acquire may follow).
+ * Takes only conn->lock, so any thread may call it at any time. */
+static int lease_end(struct tb__lease *l, void *stream,
+                     Tensorbroker__V1__Acquire *aq) {
   struct tb__conn *k = l->conn;
   uint64_t done = 0;
   int implicit = l->implicit, rc = 0;
@@ -92,9 +97,15 @@ static int lease_end(struct tb__lease *l, void *stream) {
         done = 0; /* release without a done event; the caller gets rc */
       implicit |= imp;
     }
-    int src = send_release_locked(k, l->lease_id, done, implicit);
-    if (rc == 0)
-      rc = src;
+    if (aq != NULL && rc == 0) {
+      aq->release_lease_id = l->lease_id;
+      aq->release_done_event_id = done;
+      aq->release_implicit_stream = implicit != 0;
+    } else {
+      int src = send_release_locked(k, l->lease_id, done, implicit);
+      if (rc == 0)
+        rc = src;
+    }
   }
   tb__map_put_locked(k, l->map);
   pthread_mutex_unlock(&k->lock);
@@ -103,59 +114,15 @@ static int lease_end(struct tb__lease *l, void *stream) {
   return rc;
 }
 
-/* The release that rides with an Acquire (tb_acquire_options.release):
- * record the done event and fill aq's release fields. When the daemon
- * cannot take it there (no FEATURE_ACQUIRE_RELEASE), when there is nothing
- * to send (a copy's lease ended already) or the connection is gone, the
- * lease ends on its own now instead. On an error the lease has ended
- * without a done event, as with tb_release(), and no acquire may follow.
- * The lease's mapping reference moves to *map (put back after the acquire,
- * so that a buffer acquired again stays mapped); the tensor is freed. */
-static int lease_end_with_acquire(struct tb_client *c, struct tb__lease *l,
-                                  void *stream, Tensorbroker__V1__Acquire *aq,
-                                  struct tb__map **map) {
-  struct tb__conn *k = l->conn;
-  uint64_t done = 0;
-  int imp = 0, rc = 0;
-
-  *map = NULL;
-  if (l->cuda.copy != 0 ||
-      !(c->features & TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE))
-    return lease_end(l, stream);
-  pthread_mutex_lock(&k->lock);
-  if (k->closed || k->dead) {
-    pthread_mutex_unlock(&k->lock);
-    return lease_end(l, stream);
-  }
-  if (l->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
-    rc = tb__cuda_release_record_locked(k, l->cuda.done_device, l->cuda.enter,
-                                        stream, &done, &imp);
-    if (rc < 0) {
-      (void)send_release_locked(k, l->lease_id, 0, l->implicit | imp);
-      tb__map_put_locked(k, l->map);
-      goto out;
-    }
-  }
-  aq->release_lease_id = l->lease_id;
-  aq->release_done_event_id = done;
-  aq->release_implicit_stream = (l->implicit | imp) != 0;
-  *map = l->map;
-out:
-  pthread_mutex_unlock(&k->lock);
-  tb__conn_unref(k);
-  free(l);
-  return rc;
-}
-
 void tb__lease_deleter(DLManagedTensorVersioned *self) {
   if (self != NULL)
-    (void)lease_end((struct tb__lease *)self, TB_STREAM_DEFAULT);
+    (void)lease_end((struct tb__lease *)self, TB_STREAM_DEFAULT, NULL);
 }
 
 int tb_release(DLManagedTensorVersioned *t, void *stream) {
   if (t == NULL || t->deleter != tb__lease_deleter)
     return TB_EINVAL;
-  return lease_end((struct tb__lease *)t, stream);
+  return lease_end((struct tb__lease *)t, stream, NULL);
 }
 
 int tb_lease_wait(const DLManagedTensorVersioned *t, void *stream) {
@@ -364,7 +331,7 @@ int tb_acquire(tb_client *c, const char *channel,
   const Tensorbroker__V1__AcquireReply *ar;
   const Tensorbroker__V1__BufferInfo *bi;
   tb__server_message *m = NULL;
-  struct tb__map *map = NULL, *old_map = NULL;
+  struct tb__map *map = NULL;
   struct tb__lease *l = NULL;
   struct tb__cuda_acq cuda;
   int fds[TB__MAX_FDS], nfds = 0, rc, implicit = 0;
@@ -431,8 +398,10 @@ int tb_acquire(tb_client *c, const char *channel,
   r.acquire = &aq;
   t0 = ACQ_NOW();
   if (o.release != NULL) {
-    rc = lease_end_with_acquire(c, (struct tb__lease *)o.release,
-                                o.release_stream, &aq, &old_map);
+    int rides = (c->features &
+                 TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE) != 0;
+    rc = lease_end((struct tb__lease *)o.release, o.release_stream,
+                   rides ? &aq : NULL);
     if (rc < 0) {
       rc = tb__set_error(c, rc, "the lease to release ended without a done "
                                 "event (%s); nothing acquired",
@@ -576,11 +545,6 @@ out_free_reply:
     close(fds[i]);
   tb__msg_free(c, m);
 out_unlock:
-  if (old_map != NULL) {
-    pthread_mutex_lock(&c->conn->lock);
-    tb__map_put_locked(c->conn, old_map);
-    pthread_mutex_unlock(&c->conn->lock);
-  }
   pthread_mutex_unlock(&c->call_lock);
   return rc;
 }
