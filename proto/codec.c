@@ -314,9 +314,6 @@ static int acquire_reply_mine(const Tensorbroker__V1__AcquireReply *ar) {
        (ar->ready_event->device != NULL &&
         ar->ready_event->device->base.n_unknown_fields != 0)))
     return 0;
-  for (size_t i = 0; i < ar->base.n_unknown_fields; i++)
-    if (ar->base.unknown_fields[i].tag == 0)
-      return 0;
   return 1;
 }
 

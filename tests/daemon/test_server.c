@@ -153,7 +153,8 @@ static int reply_status(int fd) {
   return st;
 }
 
-static int hello(int fd) {
+/* Say Hello; the daemon's reply. */
+static msg_t *hello_reply(int fd) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
 
@@ -162,7 +163,15 @@ static int hello(int fd) {
   h.protocol_version = 1;
   h.client_name = "test_server";
   send_req(fd, &q, NULL, 0);
-  return reply_status(fd);
+  return recv_reply(fd, NULL);
+}
+
+static int hello(int fd) {
+  msg_t *m = hello_reply(fd);
+  int st = m->reply->status;
+
+  tb__server_message_free(m);
+  return st;
 }
 
 /* Expect Reply{TB_EPROTO} with a message, then end of stream. */
@@ -542,8 +551,6 @@ static uint32_t daemon_leases(int fd) {
 
 static void test_acquire_release(void **state) {
   pid_t pid = daemon_start(NULL);
-  req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
   uint64_t mine, theirs, next;
   int p, a, b;
   msg_t *m;
@@ -553,12 +560,7 @@ static void test_acquire_release(void **state) {
   p = connect_sock();
   a = connect_sock();
   b = connect_sock();
-  q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
-  q.hello = &h;
-  h.protocol_version = 1;
-  h.client_name = "test_server";
-  send_req(a, &q, NULL, 0);
-  m = recv_reply(a, NULL);
+  m = hello_reply(a);
   assert_int_equal(m->reply->status, 0);
   assert_true(m->reply->hello->features &
               TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE);
