@@ -168,9 +168,21 @@ struct tb_acquire_counters {
                                      return */
   unsigned long long prefetch_ns; /* in tb__cuda_prefetch (any call) */
   unsigned long long send_ns;     /* sending the Acquire (in wait_ns) */
+  unsigned long long reply_ns;    /* from the last notice handled in the
+                                     wait (or the send) to holding the
+                                     reply (in wait_ns) */
+  unsigned long long empty_reads; /* polling reads in the wait that found
+                                     nothing */
+  unsigned long long blocking;    /* blocking reads in the wait (after
+                                     polling found nothing, or without
+                                     polling) */
 };
 void tb__acquire_counters(struct tb_acquire_counters *out);
 void tb__count_prefetch(uint64_t ns);
+/* In an acquire's wait: a notice was handled; a polling read found
+ * nothing (blocking 0) or a blocking read was made (1). */
+void tb__count_notice_done(void);
+void tb__count_read(int blocking);
 int tb__acquire_counting(void);
 
 /* How many of c's waits polled before sleeping (spin_us): for tests. */
