@@ -5,15 +5,51 @@ Acquires CHANNEL, imports the lease with LIB (torch, cupy, jax) through
 from_dlpack, and prints JSON {"sum": ..., "shape": [...], "device": ...}.
     gpu_peer.py SOCKET hold CHANNEL
 Acquires CHANNEL with torch, starts a long kernel reading it, prints
-"reading" and waits to be killed."""
+"reading" and waits to be killed.
+    gpu_peer.py SOCKET follow CHANNEL
+Subscribes to CHANNEL with a CUDA context current (so that new buffers are
+opened ahead, as their notices are read), prints {"ready": true}, then for
+each line "notice V" (wait for the notice of version V, then acquire it) or
+"acquire V" (acquire version V, its notice unread) prints the torch sum of
+that version as {"version": V, "sum": ...}; "quit" ends."""
 import json
 import sys
 
 import tensorbroker as tb
 
 
+def follow(sock, channel):
+    import torch
+    torch.zeros(1, device="cuda")    # the primary context, current here
+    c = tb.Client(socket=sock, name="gpu-peer-follow")
+    c.subscribe(channel)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        word, _, arg = line.strip().partition(" ")
+        if word == "quit":
+            break
+        version = int(arg)
+        if word == "notice":
+            while True:
+                n = c.poll_notice(timeout=60)
+                if n is None:
+                    raise SystemExit("no notice of version %d" % version)
+                if n["channel"] == channel and n["version"] == version:
+                    break
+        lease = c.acquire(channel, exact=version, timeout=60)
+        x = torch.from_dlpack(lease)     # waits on the version's ready event
+        total = float(x.double().sum().item())
+        del x
+        lease.release(stream=torch.cuda.current_stream())
+        print(json.dumps({"version": version, "sum": total}), flush=True)
+    c.close()
+
+
 def main():
     sock, lib, channel = sys.argv[1], sys.argv[2], sys.argv[3]
+    if lib == "follow":
+        follow(sock, channel)
+        return
     c = tb.Client(socket=sock, name="gpu-peer-" + lib)
     lease = c.acquire(channel, timeout=60)   # the wait is applied in __dlpack__
     if lib == "torch":

@@ -118,3 +118,41 @@ def test_acquire_releases_previous_cuda_lease():
         assert abs(float(z.double().sum().item()) - 2 * e1) < 1e-2
         del z
         second.release(stream=s)
+
+
+def test_subscribed_consumer_opens_new_buffers_ahead():
+    # A subscribed consumer in its own process, a CUDA context current: each
+    # round the producer publishes a new allocation whose last kernel is
+    # still queued behind a ~10 ms sleep on its stream. The consumer's
+    # library opens the buffer and its ready event as it reads the notice,
+    # either in poll_notice ("notice") or inside the acquire's wait
+    # ("acquire"); the sum it reads is right only if the acquire still made
+    # its stream wait for that kernel.
+    with daemon() as sock, tb.Client(socket=sock, name="torch-producer") as p:
+        peer = subprocess.Popen(
+            [PYTHON, os.path.join(HERE, "gpu_peer.py"), sock, "follow", "gpu/follow"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert json.loads(peer.stdout.readline()) == {"ready": True}
+            kept = []                     # every buffer stays allocated: new ones each round
+            s = torch.cuda.current_stream()
+            for i in range(6):
+                x = torch.full((1024, 256), float(i + 1), device="cuda")
+                torch.cuda.synchronize()
+                torch.cuda._sleep(int(2e7))   # the kernel below runs ~10 ms from now
+                x.mul_(2.0)
+                kept.append(x)
+                v = p.publish("gpu/follow", x, stream=s)
+                peer.stdin.write("%s %d\n" % ("notice" if i % 2 == 0 else "acquire", v))
+                peer.stdin.flush()
+                got = json.loads(peer.stdout.readline())
+                expected = 2.0 * (i + 1) * x.numel()
+                assert got["version"] == v and got["sum"] == expected, (i, got, expected)
+            assert len({t.data_ptr() for t in kept}) == len(kept)
+            peer.stdin.write("quit\n")
+            peer.stdin.flush()
+            assert peer.wait(timeout=60) == 0
+        finally:
+            if peer.poll() is None:
+                peer.kill()
+                peer.wait()
