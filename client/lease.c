@@ -319,7 +319,7 @@ static _Thread_local int acq_waiting;    /* in an acquire's await_reply */
 void tb__count_prefetch(uint64_t ns) { acq.prefetch_ns += ns; }
 
 void tb__count_notice_done(void) {
-  if (acq_on)
+  if (acq_waiting)
     acq_mark = tb__now_ns();
 }
 
