@@ -620,6 +620,7 @@ static int hello(struct tb_client *c, const char *name, int contract) {
                    (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC);
   h.library_version = (char *)TB_VERSION_STRING;
   h.prefetch = c->prefetch != 0;
+  h.says_goodbye = 1; /* tb_client_disconnect says it */
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
   r.hello = &h;
   rc = tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds);
@@ -781,6 +782,15 @@ void tb_client_disconnect(tb_client *c) {
   tb__cuda_client_free(c);
   tb__freed_free_all(c);
   pthread_mutex_lock(&k->lock);
+  if (c->features & TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE) {
+    /* closing on purpose: a session that ends without this one crashed
+     * or was killed, and its consumers are told so */
+    Tensorbroker__V1__Goodbye gb = TENSORBROKER__V1__GOODBYE__INIT;
+    tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+    r.body_case = TENSORBROKER__V1__REQUEST__BODY_GOODBYE;
+    r.goodbye = &gb;
+    (void)tb__conn_send_oneway_locked(k, &r);
+  }
   k->closed = 1;
   tb__map_drop_unused_locked(k);
   /* Closing the socket ends the session: the daemon releases its leases.

@@ -94,6 +94,7 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   s->contract = (int)h->stream_contract;
   s->memory_kinds = h->memory_kinds;
   s->prefetch = h->prefetch;
+  s->says_goodbye = h->says_goodbye;
   s->hello = true;
   r->nhello++;
   tbd_info("session %llu open: pid %d uid %u gid %u name '%s' contract %s",
@@ -108,7 +109,8 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   hr.max_message = r->lim.max_message;
   hr.max_ndim = r->lim.max_ndim;
   hr.max_metadata = r->lim.max_metadata;
-  hr.features = TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE;
+  hr.features = TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE |
+                TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE;
   hr.max_name = r->lim.max_name;
   tbd__send_reply(r, s, &rep, NULL, 0);
   return 0;
@@ -677,6 +679,9 @@ static int dispatch(struct tbd_registry *r, struct tbd_session *s,
     return on_status(r, s, id);
   case BODY(FORGET):
     return on_forget(r, s, q->forget->buffer_id);
+  case BODY(GOODBYE):
+    s->said_goodbye = true; /* one-way: the connection closes next */
+    return 0;
   case BODY(WAIT_FREE):
     if (name_bad(r, s, id, q->wait_free->channel))
       return 0;

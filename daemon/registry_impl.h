@@ -146,6 +146,8 @@ struct tbd_session {
   int contract;
   uint32_t memory_kinds;
   bool prefetch;              /* Hello.prefetch: buffers in NewVersion */
+  bool says_goodbye;          /* Hello.says_goodbye */
+  bool said_goodbye;          /* its Goodbye came: closing on purpose */
   uint32_t nleases, nbuffers, nevents, nsubs;
   uint64_t implicit_stream_calls;
   uint64_t requests;

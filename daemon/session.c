@@ -3,7 +3,11 @@
  * tells the sessions affected (docs/protocol.md, "Session"). */
 #include "registry_impl.h"
 
+#include <stdio.h>
+
 #include <tensorbroker/errors.h>
+
+#include "log.h"
 
 int tbd_session_open(struct tbd_registry *r, pid_t pid, uid_t uid, gid_t gid,
                      void *conn, struct tbd_session **out) {
@@ -44,6 +48,40 @@ struct tbd_session *tbd_session_next(struct tbd_session *s) {
   return s->hh.next;
 }
 
+/* Why ch closes as its publisher s leaves (buf holds it when needed). A
+ * session that promised a Goodbye and ended without one crashed, was
+ * killed or exited without closing: a leased version it published with
+ * GPU work in flight may then never become ready, and a stream waiting on
+ * its ready event never completes (docs/cuda.md, "What happens on a
+ * crash"). Consumers read that in the reason; the log says it too. */
+static const char *close_reason(const struct tbd_session *s,
+                                const struct tbd_channel *ch, char *buf,
+                                size_t len) {
+  const struct tbd_version *v, *pending = NULL;
+  unsigned n = 0;
+
+  if (!s->says_goodbye || s->said_goodbye)
+    return "publisher disconnected";
+  DL_FOREACH(ch->versions, v) {
+    if (v->has_ready && !v->ready.complete && v->nleases > 0) {
+      pending = v; /* oldest first: the last one is the newest */
+      n++;
+    }
+  }
+  if (pending == NULL)
+    return "publisher ended without closing its session";
+  tbd_warn("session %llu (pid %d '%s') ended without closing: channel '%s' "
+           "has %u leased version(s) published with GPU work in flight, "
+           "the newest %llu; streams waiting on their ready events never "
+           "complete if that work died with the process",
+           (unsigned long long)s->id, (int)s->pid, s->name, ch->name, n,
+           (unsigned long long)pending->number);
+  snprintf(buf, len, "publisher ended without closing its session; GPU "
+                     "work of version %llu may never finish",
+           (unsigned long long)pending->number);
+  return buf;
+}
+
 void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
   struct tbd_lease *l, *ltmp;
   struct tbd_sub *sub, *subtmp;
@@ -66,7 +104,8 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
   HASH_ITER(hh, r->channels, ch, chtmp) {
     if (ch->publisher != s)
       continue;
-    tbd__channel_close(r, ch, "publisher disconnected");
+    char why[128];
+    tbd__channel_close(r, ch, close_reason(s, ch, why, sizeof(why)));
     tbd__channel_maybe_free(r, ch);
   }
   DL_FOREACH_SAFE2(s->events, e, etmp, snext) { tbd__event_remove(r, e); }

@@ -755,6 +755,71 @@ static void test_producer_close(void **state) {
   reg_free(r);
 }
 
+/* ChannelClosed says how the publisher left. A session that promised a
+ * Goodbye (Hello.says_goodbye) and ended without it: "ended without
+ * closing", naming the newest leased version published with GPU work in
+ * flight (a stream waiting on it may never complete); with its Goodbye, or
+ * without the promise (an older client): "publisher disconnected". */
+static void test_producer_close_reason(void **state) {
+  static const struct {
+    bool says, said, busy;
+    const char *want;
+  } cases[] = {
+      {false, false, true, "publisher disconnected"},
+      {true, true, true, "publisher disconnected"},
+      {true, false, false, "publisher ended without closing its session"},
+      {true, false, true, "publisher ended without closing its session; "
+                          "GPU work of version 2 may never finish"},
+  };
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *c = session(r, 11);
+
+  (void)state;
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    req_t q = TENSORBROKER__V1__REQUEST__INIT;
+    Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
+    Tensorbroker__V1__Goodbye gb = TENSORBROKER__V1__GOODBYE__INIT;
+    struct tbd_session *p;
+    struct acq a1, a2;
+    struct cap *m;
+    char ch[8];
+
+    assert_tb_ok(tbd_session_open(r, 20 + (pid_t)i, 1000, 1000, NULL, &p));
+    q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+    q.hello = &h;
+    h.protocol_version = 1;
+    h.says_goodbye = cases[i].says;
+    assert_tb_ok(send_req(r, p, &q, NULL, 0, NULL));
+    {
+      uint64_t b = buffer(r, p), e = event(r, p);
+      struct pub o = {.depth = 4, .meta_len = 3, .event = e,
+                      .complete = !cases[i].busy};
+      snprintf(ch, sizeof(ch), "x%zu", i);
+      /* versions 1 and 2 leased, 3 not: only leased ones are named */
+      for (int k = 0; k < 3; k++)
+        assert_tb_ok(publish_ex(r, p, ch, b, &o, NULL));
+    }
+    a1 = acquire(r, c, ch, EXACT, 1);
+    a2 = acquire(r, c, ch, EXACT, 2);
+    if (cases[i].said) {
+      req_t g = TENSORBROKER__V1__REQUEST__INIT;
+      g.body_case = TENSORBROKER__V1__REQUEST__BODY_GOODBYE;
+      g.goodbye = &gb;
+      assert_tb_ok(tbd_session_request(r, p, &g, NULL, 0));
+      assert_null(take_reply(p, 0)); /* one-way */
+    }
+    tbd_session_close(r, p);
+    m = take_notice(c, N_CLOSED);
+    assert_non_null(m);
+    assert_string_equal(m->m->notice->channel_closed->channel, ch);
+    assert_string_equal(m->m->notice->channel_closed->reason, cases[i].want);
+    cap_free(m);
+    assert_tb_ok(release(r, c, a1.lease));
+    assert_tb_ok(release(r, c, a2.lease));
+  }
+  reg_free(r);
+}
+
 static void test_buffer_retire(void **state) {
   struct tbd_registry *r = reg_new(NULL);
   struct tbd_session *p = session(r, 10), *c = session(r, 11);
@@ -1246,6 +1311,7 @@ int main(void) {
       T(test_ready_complete),
       T(test_consumer_close_releases),
       T(test_producer_close),
+      T(test_producer_close_reason),
       T(test_buffer_retire),
       T(test_forget_reattaches),
       T(test_modes),

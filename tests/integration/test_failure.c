@@ -186,6 +186,8 @@ static void test_producer_killed(void **state) {
 
   assert_tb_ok(tbt_expect_notice(c, TB_NOTICE_CHANNEL_CLOSED, "orphan", 0,
                                  TBT_TIMEOUT_MS, &n));
+  /* no Goodbye came: the reason says the session ended otherwise */
+  assert_string_equal(n.reason, "publisher ended without closing its session");
   assert_int_equal(tbt_child_wait(&parked, TBT_TIMEOUT_MS), 0);
   /* the bytes are still there: the daemon and we hold the memfd */
   px = (const uint8_t *)t->dl_tensor.data + t->dl_tensor.byte_offset;
@@ -208,6 +210,35 @@ static void test_producer_killed(void **state) {
     assert_tb_err(tb_acquire(c, "orphan", &on, &t2), TB_ECLOSED);
   }
   assert_tb_ok(tb_release(t, NULL));
+  tb_client_disconnect(c);
+}
+
+/* A producer that disconnects on purpose says Goodbye first: its
+ * consumers read "publisher disconnected", not a crash. */
+static void test_producer_closes(void **state) {
+  struct tbt_daemon *d = *state;
+  tb_client *p, *c;
+  tb_buffer *b;
+  int64_t shape[1] = {64};
+  DLTensor t;
+  struct tb_notice n;
+
+  assert_tb_ok(tbt_connect(d, "tidy-producer", &p));
+  assert_tb_ok(tbt_connect(d, "watcher", &c));
+  assert_tb_ok(tb_subscribe(c, "tidy"));
+  assert_tb_ok(tb_host_buffer_create(p, 64, 0, &b));
+  memset(&t, 0, sizeof(t));
+  t.data = tb_buffer_data(b);
+  t.device.device_type = kDLCPU;
+  t.ndim = 1;
+  t.dtype = (DLDataType){kDLUInt, 8, 1};
+  t.shape = shape;
+  assert_tb_ok(tb_publish(p, "tidy", &t, NULL, NULL));
+  assert_tb_ok(tb_buffer_destroy(b));
+  tb_client_disconnect(p);
+  assert_tb_ok(tbt_expect_notice(c, TB_NOTICE_CHANNEL_CLOSED, "tidy", 0,
+                                 TBT_TIMEOUT_MS, &n));
+  assert_string_equal(n.reason, "publisher disconnected");
   tb_client_disconnect(c);
 }
 
@@ -312,6 +343,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_consumer_killed, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_producer_killed, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_producer_closes, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_sigterm, tbt_setup, tbt_teardown),
   };
