@@ -43,6 +43,9 @@ def main():
                 views.pop(cmd["key"], None)
                 leases.pop(cmd["key"]).release()
                 answer = {}
+            elif op == "publish":
+                answer = {"version": client.publish(cmd["channel"],
+                                                    np.arange(cmd.get("n", 4), dtype=np.uint8))}
             elif op == "leases":
                 answer = {"leases": sum(ch["leases"] for ch in client.channels())}
             else:

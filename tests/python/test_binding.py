@@ -415,6 +415,34 @@ def test_notices_and_wait_free():
         expect_error(lambda: prod.wait_free("nt/a", 99, timeout=0), "TB_ENOTFOUND")
 
 
+def channel_closed_reason(client, channel):
+    while True:
+        n = client.poll_notice(timeout=10)
+        assert n is not None, "no channel_closed notice for " + channel
+        if n["type"] == "channel_closed" and n["channel"] == channel:
+            return n["reason"]
+
+
+def test_channel_closed_says_how_the_publisher_left():
+    # close() says Goodbye; a killed process cannot
+    with daemon() as sock, tb.Client(socket=sock) as cons:
+        cons.subscribe("bye/closed")
+        cons.subscribe("bye/killed")
+        prod = tb.Client(socket=sock)
+        prod.publish("bye/closed", np.zeros(4, np.uint8))
+        prod.close()
+        assert channel_closed_reason(cons, "bye/closed") == "publisher disconnected"
+        peer = tbtest.Peer(sock)
+        try:
+            assert peer.call(op="publish", channel="bye/killed")["version"] == 1
+            peer.proc.kill()
+            peer.proc.wait()
+        finally:
+            peer.close()
+        assert (channel_closed_reason(cons, "bye/killed")
+                == "publisher ended without closing its session")
+
+
 def test_empty_outlives_closed_client():
     with daemon() as sock:
         c = tb.Client(socket=sock)
