@@ -142,7 +142,11 @@ TB_EXPORT int tb_client_connect(const struct tb_connect_options *opts,
  * and subscription the session held. Tensors acquired through this client
  * stay valid (their memory stays mapped) until their deleters run, which is
  * safe after this call. NULL is accepted. No other thread may use the client
- * during or after this call. */
+ * during or after this call. The session ends with a Goodbye, so the
+ * channels it published close with the reason "publisher disconnected"; a
+ * process that ends without calling this is reported to their consumers as
+ * "publisher ended without closing its session" (docs/protocol.md,
+ * "Goodbye"). */
 TB_EXPORT void tb_client_disconnect(tb_client *c);
 
 /* The connection's socket. It becomes readable when a notice (or a reply)
@@ -393,7 +397,11 @@ enum tb_notice_type {
   TB_NOTICE_NEW_VERSION = 1,    /* channel, version (subscribers only) */
   TB_NOTICE_VERSION_FREE = 2,   /* channel, version, buffer_id (producer) */
   TB_NOTICE_BUFFER_RETIRED = 3, /* buffer_id */
-  TB_NOTICE_CHANNEL_CLOSED = 4, /* channel, reason */
+  TB_NOTICE_CHANNEL_CLOSED = 4, /* channel, reason: "publisher
+                                   disconnected", or "publisher ended
+                                   without closing its session" and maybe
+                                   "; GPU work of version N may never
+                                   finish" (docs/cuda.md, crashes) */
   TB_NOTICE_DAEMON_CLOSING = 5  /* reason */
 };
 
