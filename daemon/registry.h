@@ -73,6 +73,8 @@ pid_t tbd_session_pid(const struct tbd_session *s);
 uid_t tbd_session_uid(const struct tbd_session *s);
 /* Whether the session said Hello successfully. */
 int tbd_session_hello(const struct tbd_session *s);
+/* It promised a Goodbye (Hello.says_goodbye) and none came. */
+int tbd_session_abrupt(const struct tbd_session *s);
 struct tbd_session *tbd_registry_first_session(struct tbd_registry *r);
 struct tbd_session *tbd_session_next(struct tbd_session *s);
 

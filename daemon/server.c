@@ -187,9 +187,11 @@ static void reap(struct tbd_server *srv) {
     conn_flush(c); /* best effort: an EPROTO reply, DaemonClosing */
     /* connections that never said Hello (probes) only at debug level */
     tbd_log(tbd_session_hello(s) ? TBD_LOG_INFO : TBD_LOG_DEBUG,
-            "session %llu closed: pid %d uid %u name '%s'",
-            (unsigned long long)tbd_session_id(s), (int)tbd_session_pid(s),
-            (unsigned)tbd_session_uid(s), tbd_session_name(s));
+            "session %llu %s: pid %d uid %u name '%s'",
+            (unsigned long long)tbd_session_id(s),
+            tbd_session_abrupt(s) ? "ended without closing" : "closed",
+            (int)tbd_session_pid(s), (unsigned)tbd_session_uid(s),
+            tbd_session_name(s));
     tbd_session_close(srv->reg, s);
     if (c->next != NULL)
       c->next->prev = c->prev;

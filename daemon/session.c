@@ -39,6 +39,9 @@ const char *tbd_session_name(const struct tbd_session *s) { return s->name; }
 pid_t tbd_session_pid(const struct tbd_session *s) { return s->pid; }
 uid_t tbd_session_uid(const struct tbd_session *s) { return s->uid; }
 int tbd_session_hello(const struct tbd_session *s) { return s->hello; }
+int tbd_session_abrupt(const struct tbd_session *s) {
+  return s->says_goodbye && !s->said_goodbye;
+}
 
 struct tbd_session *tbd_registry_first_session(struct tbd_registry *r) {
   return r->sessions;
@@ -60,7 +63,7 @@ static const char *close_reason(const struct tbd_session *s,
   const struct tbd_version *v, *pending = NULL;
   unsigned n = 0;
 
-  if (!s->says_goodbye || s->said_goodbye)
+  if (!tbd_session_abrupt(s))
     return "publisher disconnected";
   DL_FOREACH(ch->versions, v) {
     if (v->has_ready && !v->ready.complete && v->nleases > 0) {
