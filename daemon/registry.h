@@ -73,7 +73,12 @@ pid_t tbd_session_pid(const struct tbd_session *s);
 uid_t tbd_session_uid(const struct tbd_session *s);
 /* Whether the session said Hello successfully. */
 int tbd_session_hello(const struct tbd_session *s);
-/* It promised a Goodbye (Hello.says_goodbye) and none came. */
+/* The peer hung up (end of stream, or the socket failed), as opposed to
+ * the daemon dropping the session (shutdown, a protocol error, a full
+ * queue). */
+void tbd_session_hung_up(struct tbd_session *s);
+/* The peer hung up without the Goodbye it promised (Hello.says_goodbye):
+ * it crashed, was killed or exited without closing. */
 int tbd_session_abrupt(const struct tbd_session *s);
 struct tbd_session *tbd_registry_first_session(struct tbd_registry *r);
 struct tbd_session *tbd_session_next(struct tbd_session *s);

@@ -148,6 +148,7 @@ struct tbd_session {
   bool prefetch;              /* Hello.prefetch: buffers in NewVersion */
   bool says_goodbye;          /* Hello.says_goodbye */
   bool said_goodbye;          /* its Goodbye came: closing on purpose */
+  bool hung_up;               /* the peer ended the connection */
   uint32_t nleases, nbuffers, nevents, nsubs;
   uint64_t implicit_stream_calls;
   uint64_t requests;

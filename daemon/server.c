@@ -275,6 +275,7 @@ static int conn_read(struct tbd_conn *c, int budget) {
     if (n == -EAGAIN || n == -EWOULDBLOCK)
       return 0;
     if (n == 0) { /* end of stream (or an empty datagram: same thing) */
+      tbd_session_hung_up(c->s);
       conn_doom(c);
       return 0;
     }
@@ -288,6 +289,7 @@ static int conn_read(struct tbd_conn *c, int budget) {
     if (n < 0) {
       tbd_debug("session %llu: recv: %s",
                 (unsigned long long)tbd_session_id(c->s), strerror((int)-n));
+      tbd_session_hung_up(c->s); /* ECONNRESET and the like */
       conn_doom(c);
       return 0;
     }

@@ -39,8 +39,9 @@ const char *tbd_session_name(const struct tbd_session *s) { return s->name; }
 pid_t tbd_session_pid(const struct tbd_session *s) { return s->pid; }
 uid_t tbd_session_uid(const struct tbd_session *s) { return s->uid; }
 int tbd_session_hello(const struct tbd_session *s) { return s->hello; }
+void tbd_session_hung_up(struct tbd_session *s) { s->hung_up = true; }
 int tbd_session_abrupt(const struct tbd_session *s) {
-  return s->says_goodbye && !s->said_goodbye;
+  return s->hung_up && s->says_goodbye && !s->said_goodbye;
 }
 
 struct tbd_session *tbd_registry_first_session(struct tbd_registry *r) {
@@ -52,7 +53,7 @@ struct tbd_session *tbd_session_next(struct tbd_session *s) {
 }
 
 /* Why ch closes as its publisher s leaves (buf holds it when needed). A
- * session that promised a Goodbye and ended without one crashed, was
+ * session that promised a Goodbye and hung up without one crashed, was
  * killed or exited without closing: a leased version it published with
  * GPU work in flight may then never become ready, and a stream waiting on
  * its ready event never completes (docs/cuda.md, "What happens on a

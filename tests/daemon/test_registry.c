@@ -756,20 +756,24 @@ static void test_producer_close(void **state) {
 }
 
 /* ChannelClosed says how the publisher left. A session that promised a
- * Goodbye (Hello.says_goodbye) and ended without it: "ended without
+ * Goodbye (Hello.says_goodbye) and hung up without it: "ended without
  * closing", naming the newest leased version published with GPU work in
- * flight (a stream waiting on it may never complete); with its Goodbye, or
- * without the promise (an older client): "publisher disconnected". */
+ * flight (a stream waiting on it may never complete); with its Goodbye,
+ * without the promise (an older client), or dropped by the daemon rather
+ * than hung up: "publisher disconnected". */
 static void test_producer_close_reason(void **state) {
   static const struct {
-    bool says, said, busy;
+    bool says, said, hung, busy;
     const char *want;
   } cases[] = {
-      {false, false, true, "publisher disconnected"},
-      {true, true, true, "publisher disconnected"},
-      {true, false, false, "publisher ended without closing its session"},
-      {true, false, true, "publisher ended without closing its session; "
-                          "GPU work of version 2 may never finish"},
+      {false, false, true, true, "publisher disconnected"},
+      {true, true, true, true, "publisher disconnected"},
+      {true, false, false, true, "publisher disconnected"},
+      {true, false, true, false, "publisher ended without closing its "
+                                 "session"},
+      {true, false, true, true, "publisher ended without closing its "
+                                "session; GPU work of version 2 may never "
+                                "finish"},
   };
   struct tbd_registry *r = reg_new(NULL);
   struct tbd_session *c = session(r, 11);
@@ -808,6 +812,10 @@ static void test_producer_close_reason(void **state) {
       assert_tb_ok(tbd_session_request(r, p, &g, NULL, 0));
       assert_null(take_reply(p, 0)); /* one-way */
     }
+    if (cases[i].hung)
+      tbd_session_hung_up(p);
+    assert_int_equal(tbd_session_abrupt(p),
+                     strncmp(cases[i].want, "publisher ended", 15) == 0);
     tbd_session_close(r, p);
     m = take_notice(c, N_CLOSED);
     assert_non_null(m);
