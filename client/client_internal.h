@@ -107,6 +107,7 @@ struct tb_client {
   uint32_t max_ndim;
   uint32_t max_metadata;
   uint32_t features; /* HelloReply.features: what the daemon implements */
+  pid_t pid;         /* the process that connected (fork: not its child) */
   uint8_t *rbuf; /* TB__RECV_CAP bytes */
   uint8_t *sbuf; /* TB__RECV_CAP bytes */
   /* Replies are decoded into one of these (a call made while a reply is

@@ -648,6 +648,7 @@ static int hello(struct tb_client *c, const char *name, int contract) {
   if (m->reply->hello->max_metadata > 0)
     c->max_metadata = m->reply->hello->max_metadata;
   c->features = m->reply->hello->features;
+  c->pid = getpid();
   tb__msg_free(c, m);
   return 0;
 }
@@ -782,9 +783,11 @@ void tb_client_disconnect(tb_client *c) {
   tb__cuda_client_free(c);
   tb__freed_free_all(c);
   pthread_mutex_lock(&k->lock);
-  if (c->features & TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE) {
+  if ((c->features & TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE) &&
+      c->pid == getpid()) {
     /* closing on purpose: a session that ends without this one crashed
-     * or was killed, and its consumers are told so */
+     * or was killed, and its consumers are told so (not from a forked
+     * child, which only lets go of its copy of the socket) */
     Tensorbroker__V1__Goodbye gb = TENSORBROKER__V1__GOODBYE__INIT;
     tb__request r = TENSORBROKER__V1__REQUEST__INIT;
     r.body_case = TENSORBROKER__V1__REQUEST__BODY_GOODBYE;

@@ -146,7 +146,8 @@ TB_EXPORT int tb_client_connect(const struct tb_connect_options *opts,
  * channels it published close with the reason "publisher disconnected"; a
  * process that ends without calling this is reported to their consumers as
  * "publisher ended without closing its session" (docs/protocol.md,
- * "Goodbye"). */
+ * "Goodbye"). Called in a child that inherited the client through fork(),
+ * it says no Goodbye: the session stays the parent's. */
 TB_EXPORT void tb_client_disconnect(tb_client *c);
 
 /* The connection's socket. It becomes readable when a notice (or a reply)

@@ -6,6 +6,8 @@
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -242,6 +244,61 @@ static void test_producer_closes(void **state) {
   tb_client_disconnect(c);
 }
 
+/* A child forked from a producer lets go of its inherited copy of the
+ * client: that is no Goodbye for the producer's session, so when the
+ * producer is killed afterwards its consumers still read that it ended
+ * without closing. */
+static int forking_producer(struct tbt_chan *ch, void *arg) {
+  tb_client *p;
+  tb_buffer *b;
+  int64_t shape[1] = {64};
+  DLTensor t;
+  char line[16];
+  int st = 0;
+  pid_t kid;
+
+  TBT_CHECK_OK(connect_child(arg, "forking", &p));
+  TBT_CHECK_OK(tb_host_buffer_create(p, 64, 0, &b));
+  memset(&t, 0, sizeof(t));
+  t.data = tb_buffer_data(b);
+  t.device.device_type = kDLCPU;
+  t.ndim = 1;
+  t.dtype = (DLDataType){kDLUInt, 8, 1};
+  t.shape = shape;
+  TBT_CHECK_OK(tb_publish(p, "forked", &t, NULL, NULL));
+  kid = fork();
+  if (kid == 0) {
+    tb_client_disconnect(p);
+    _exit(0);
+  }
+  if (kid < 0 || waitpid(kid, &st, 0) != kid || !WIFEXITED(st) ||
+      WEXITSTATUS(st) != 0)
+    return 1;
+  TBT_CHECK_OK(tb_publish(p, "forked", &t, NULL, NULL)); /* still ours */
+  TBT_CHECK_OK(tbt_send(ch->wr, "published"));
+  tbt_recv(ch->rd, line, sizeof(line), -1); /* killed here */
+  return 0;
+}
+
+static void test_forked_child_disconnects(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tbt_child prod;
+  tb_client *c;
+  struct tb_notice n;
+  char line[64];
+
+  assert_tb_ok(tbt_connect(d, "watcher", &c));
+  assert_tb_ok(tb_subscribe(c, "forked"));
+  assert_tb_ok(tbt_child_start(&prod, forking_producer, d->sock));
+  assert_tb_ok(tbt_recv(prod.rd, line, sizeof(line), TBT_TIMEOUT_MS));
+  assert_string_equal(line, "published");
+  tbt_child_kill(&prod);
+  assert_tb_ok(tbt_expect_notice(c, TB_NOTICE_CHANNEL_CLOSED, "forked", 0,
+                                 TBT_TIMEOUT_MS, &n));
+  assert_string_equal(n.reason, "publisher ended without closing its session");
+  tb_client_disconnect(c);
+}
+
 /* ---- the daemon killed ---- */
 
 struct blocked {
@@ -344,6 +401,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_consumer_killed, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_producer_killed, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_producer_closes, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_forked_child_disconnects, tbt_setup,
+                                      tbt_teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_sigterm, tbt_setup, tbt_teardown),
   };
