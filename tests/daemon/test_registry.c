@@ -200,6 +200,8 @@ static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
   struct cap *c;
   int rc, st;
 
+  if (out != NULL)
+    *out = NULL; /* also when the request fails */
   if (q->request_id == 0)
     q->request_id = next_req++;
   rc = tbd_session_request(r, s, q, fds, nfds);
