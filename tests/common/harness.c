@@ -380,6 +380,16 @@ void tbt_fill(void *buf, size_t len, uint64_t seed) {
     p[i] = tbt_pattern(i, seed);
 }
 
+void tbt_u8_tensor(DLTensor *t, tb_buffer *b, int64_t *shape, int64_t n) {
+  memset(t, 0, sizeof(*t));
+  shape[0] = n;
+  t->data = tb_buffer_data(b);
+  t->device.device_type = kDLCPU;
+  t->ndim = 1;
+  t->dtype = (DLDataType){kDLUInt, 8, 1};
+  t->shape = shape;
+}
+
 uint64_t tbt_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

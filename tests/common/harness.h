@@ -134,6 +134,10 @@ static inline uint8_t tbt_pattern(uint64_t pos, uint64_t seed) {
 }
 void tbt_fill(void *buf, size_t len, uint64_t seed);
 
+/* *t = a 1-d uint8 host tensor over the first n bytes of b (shape[0] = n,
+ * shape must outlive t). */
+void tbt_u8_tensor(DLTensor *t, tb_buffer *b, int64_t *shape, int64_t n);
+
 /* The entry of tb_list_sessions for pid / session id; 0 or TB_ENOTFOUND. */
 int tbt_find_session_pid(tb_client *c, pid_t pid, struct tb_session_info *out);
 int tbt_find_session_id(tb_client *c, uint64_t id, struct tb_session_info *out);

@@ -129,12 +129,7 @@ static int doomed_producer(struct tbt_chan *ch, void *arg) {
   TBT_CHECK_OK(connect_child(arg, "doomed", &p));
   TBT_CHECK_OK(tb_host_buffer_create(p, 4096, 0, &b));
   tbt_fill(tb_buffer_data(b), 4096, 99);
-  memset(&t, 0, sizeof(t));
-  t.data = tb_buffer_data(b);
-  t.device.device_type = kDLCPU;
-  t.ndim = 1;
-  t.dtype = (DLDataType){kDLUInt, 8, 1};
-  t.shape = shape;
+  tbt_u8_tensor(&t, b, shape, 4096);
   TBT_CHECK_OK(tb_publish(p, "orphan", &t, NULL, NULL));
   TBT_CHECK_OK(tbt_send(ch->wr, "published"));
   tbt_recv(ch->rd, line, sizeof(line), -1);
@@ -229,12 +224,7 @@ static void test_producer_closes(void **state) {
   assert_tb_ok(tbt_connect(d, "watcher", &c));
   assert_tb_ok(tb_subscribe(c, "tidy"));
   assert_tb_ok(tb_host_buffer_create(p, 64, 0, &b));
-  memset(&t, 0, sizeof(t));
-  t.data = tb_buffer_data(b);
-  t.device.device_type = kDLCPU;
-  t.ndim = 1;
-  t.dtype = (DLDataType){kDLUInt, 8, 1};
-  t.shape = shape;
+  tbt_u8_tensor(&t, b, shape, 64);
   assert_tb_ok(tb_publish(p, "tidy", &t, NULL, NULL));
   assert_tb_ok(tb_buffer_destroy(b));
   tb_client_disconnect(p);
@@ -259,12 +249,7 @@ static int forking_producer(struct tbt_chan *ch, void *arg) {
 
   TBT_CHECK_OK(connect_child(arg, "forking", &p));
   TBT_CHECK_OK(tb_host_buffer_create(p, 64, 0, &b));
-  memset(&t, 0, sizeof(t));
-  t.data = tb_buffer_data(b);
-  t.device.device_type = kDLCPU;
-  t.ndim = 1;
-  t.dtype = (DLDataType){kDLUInt, 8, 1};
-  t.shape = shape;
+  tbt_u8_tensor(&t, b, shape, 64);
   TBT_CHECK_OK(tb_publish(p, "forked", &t, NULL, NULL));
   kid = fork();
   if (kid == 0) {
