@@ -784,15 +784,21 @@ void tb_client_disconnect(tb_client *c) {
   tb__freed_free_all(c);
   pthread_mutex_lock(&k->lock);
   if ((c->features & TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE) &&
-      c->pid == getpid()) {
+      c->pid == getpid() && !k->closed && k->fd >= 0 &&
+      !__atomic_load_n(&k->dead, __ATOMIC_ACQUIRE)) {
     /* closing on purpose: a session that ends without this one crashed
      * or was killed, and its consumers are told so (not from a forked
-     * child, which only lets go of its copy of the socket) */
+     * child, which only lets go of its copy of the socket). Never waits:
+     * a daemon that does not read gets no Goodbye. */
     Tensorbroker__V1__Goodbye gb = TENSORBROKER__V1__GOODBYE__INIT;
     tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+    uint8_t buf[16];
+    long n;
     r.body_case = TENSORBROKER__V1__REQUEST__BODY_GOODBYE;
     r.goodbye = &gb;
-    (void)tb__conn_send_oneway_locked(k, &r);
+    n = tb__request_encode(&r, buf, sizeof(buf));
+    if (n > 0)
+      (void)tb__wire_send(k->fd, buf, (size_t)n, NULL, 0, MSG_DONTWAIT);
   }
   k->closed = 1;
   tb__map_drop_unused_locked(k);
