@@ -201,6 +201,7 @@ static void handle_notice(struct tb_client *c,
     n.type = TB_NOTICE_CHANNEL_CLOSED;
     copy_str(n.channel, sizeof(n.channel), no->channel_closed->channel);
     copy_str(n.reason, sizeof(n.reason), no->channel_closed->reason);
+    n.version = no->channel_closed->unfinished_version;
     break;
   case TENSORBROKER__V1__NOTICE__BODY_DAEMON_CLOSING:
     n.type = TB_NOTICE_DAEMON_CLOSING;

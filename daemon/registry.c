@@ -403,7 +403,7 @@ static void channel_trim(struct tbd_registry *r, struct tbd_channel *ch) {
 /* The publisher of ch left: tell subscribers and lease holders (each once)
  * and fail the acquires waiting on it. */
 void tbd__channel_close(struct tbd_registry *r, struct tbd_channel *ch,
-                        const char *reason) {
+                        const char *reason, uint64_t unfinished) {
   Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
   Tensorbroker__V1__ChannelClosed cc = TENSORBROKER__V1__CHANNEL_CLOSED__INIT;
   struct tbd_subgroup *g;
@@ -420,6 +420,7 @@ void tbd__channel_close(struct tbd_registry *r, struct tbd_channel *ch,
   n.channel_closed = &cc;
   cc.channel = ch->name;
   cc.reason = (char *)reason;
+  cc.unfinished_version = unfinished;
   /* each session once, whether it subscribed, holds leases, or both */
   stamp = ++r->mark_seq;
   HASH_FIND_STR(r->subgroups, ch->name, g);

@@ -205,8 +205,9 @@ void tbd__emit_notice(struct tbd_registry *r, struct tbd_session *s,
 void tbd__wait_remove(struct tbd_registry *r, struct tbd_wait *w);
 /* The publisher of ch left: notify subscribers and lease holders, fail the
  * acquires waiting on it. */
+/* unfinished: ChannelClosed.unfinished_version (0: none) */
 void tbd__channel_close(struct tbd_registry *r, struct tbd_channel *ch,
-                        const char *reason);
+                        const char *reason, uint64_t unfinished);
 /* Remove ch once it has neither a publisher nor versions. */
 void tbd__channel_maybe_free(struct tbd_registry *r, struct tbd_channel *ch);
 

@@ -60,10 +60,11 @@ struct tbd_session *tbd_session_next(struct tbd_session *s) {
  * crash"). Consumers read that in the reason; the log says it too. */
 static const char *close_reason(const struct tbd_session *s,
                                 const struct tbd_channel *ch, char *buf,
-                                size_t len) {
+                                size_t len, uint64_t *unfinished) {
   const struct tbd_version *v, *pending = NULL;
   unsigned n = 0;
 
+  *unfinished = 0;
   if (!tbd_session_abrupt(s))
     return "publisher disconnected";
   DL_FOREACH(ch->versions, v) {
@@ -83,6 +84,7 @@ static const char *close_reason(const struct tbd_session *s,
   snprintf(buf, len, "publisher ended without closing its session; GPU "
                      "work of version %llu may never finish",
            (unsigned long long)pending->number);
+  *unfinished = pending->number;
   return buf;
 }
 
@@ -109,7 +111,9 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
     if (ch->publisher != s)
       continue;
     char why[128];
-    tbd__channel_close(r, ch, close_reason(s, ch, why, sizeof(why)));
+    uint64_t unfinished;
+    const char *reason = close_reason(s, ch, why, sizeof(why), &unfinished);
+    tbd__channel_close(r, ch, reason, unfinished);
     tbd__channel_maybe_free(r, ch);
   }
   DL_FOREACH_SAFE2(s->events, e, etmp, snext) { tbd__event_remove(r, e); }

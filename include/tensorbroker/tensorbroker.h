@@ -402,7 +402,8 @@ enum tb_notice_type {
                                    disconnected", or "publisher ended
                                    without closing its session" and maybe
                                    "; GPU work of version N may never
-                                   finish" (docs/cuda.md, crashes) */
+                                   finish", with N in version (else 0;
+                                   docs/cuda.md, crashes) */
   TB_NOTICE_DAEMON_CLOSING = 5  /* reason */
 };
 

@@ -823,6 +823,9 @@ static void test_producer_close_reason(void **state) {
     assert_non_null(m);
     assert_string_equal(m->m->notice->channel_closed->channel, ch);
     assert_string_equal(m->m->notice->channel_closed->reason, cases[i].want);
+    /* the version named in the reason, as a number too */
+    assert_int_equal(m->m->notice->channel_closed->unfinished_version,
+                     strstr(cases[i].want, "version 2") != NULL ? 2 : 0);
     cap_free(m);
     assert_tb_ok(release(r, c, a1.lease));
     assert_tb_ok(release(r, c, a2.lease));

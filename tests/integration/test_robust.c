@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -52,13 +53,18 @@ static tb__server_message *raw_recv(int fd) {
   return m;
 }
 
-static void raw_hello(int fd) {
+/* Hello; says_goodbye as Hello.says_goodbye, cuda: it can map CUDA memory */
+static void raw_hello_as(int fd, bool says_goodbye, bool cuda) {
   Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
   tb__server_message *m;
 
   h.protocol_version = 1;
   h.client_name = "raw";
+  h.says_goodbye = says_goodbye;
+  if (cuda)
+    h.memory_kinds =
+        1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
   r.request_id = 1;
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
   r.hello = &h;
@@ -72,6 +78,8 @@ static void raw_hello(int fd) {
   assert_true(m->reply->hello->session_id != 0);
   tb__server_message_free(m);
 }
+
+static void raw_hello(int fd) { raw_hello_as(fd, false, false); }
 
 /* After a protocol error: at most one Reply{TB_EPROTO}, then end of stream. */
 static void expect_closed_with_eproto(int fd) {
@@ -314,6 +322,7 @@ static void test_never_reads(void **state) {
   tb_client_disconnect(p);
 }
 
+
 /* A raw request that must succeed; returns its reply (caller frees),
  * skipping the notices that come before it. */
 static tb__server_message *raw_ok(int fd, tb__request *r, uint64_t id) {
@@ -427,6 +436,72 @@ static void test_prefetch_notices_without_gpu(void **state) {
   tb_client_disconnect(ahead);
 }
 
+/* A publisher that promised a Goodbye hangs up without it while a leased
+ * CUDA version it published still had its ready event pending: a
+ * subscriber's ChannelClosed names that version, in the reason and in
+ * tb_notice.version. The producer and the lease holder speak the wire (a
+ * CUDA publish or acquire through the library needs a GPU). */
+static void test_unfinished_version_named(void **state) {
+  const struct tbt_daemon *d = *state;
+  Tensorbroker__V1__EventRegister er = TENSORBROKER__V1__EVENT_REGISTER__INIT;
+  Tensorbroker__V1__Publish p = TENSORBROKER__V1__PUBLISH__INIT;
+  Tensorbroker__V1__Layout l = TENSORBROKER__V1__LAYOUT__INIT;
+  Tensorbroker__V1__Device dv = TENSORBROKER__V1__DEVICE__INIT;
+  Tensorbroker__V1__Acquire aq = TENSORBROKER__V1__ACQUIRE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  uint8_t handle[64] = {9};
+  int64_t shape[1] = {16};
+  tb__server_message *m;
+  struct tb_notice n;
+  tb_client *c;
+  uint64_t b, e;
+  int prod, cons;
+
+  assert_tb_ok(tbt_connect(d, "watcher", &c));
+  assert_tb_ok(tb_subscribe(c, "gw/x"));
+  prod = raw_connect(d);
+  raw_hello_as(prod, true, true);
+  b = raw_cuda_buffer(prod, 2, 0x33);
+  er.cuda_ipc_event_handle.data = handle;
+  er.cuda_ipc_event_handle.len = sizeof(handle);
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_EVENT_REGISTER;
+  r.event_register = &er;
+  m = raw_ok(prod, &r, 3);
+  e = m->reply->event_register->event_id;
+  tb__server_message_free(m);
+  p.channel = "gw/x";
+  p.buffer_id = b;
+  p.layout = &l;
+  p.ready_event_id = e; /* ready_complete false: its work still runs */
+  l.device = &dv;
+  dv.type = kDLCUDA;
+  l.dtype_code = kDLFloat;
+  l.dtype_bits = 32;
+  l.dtype_lanes = 1;
+  l.shape = shape;
+  l.n_shape = 1;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_PUBLISH;
+  r.publish = &p;
+  tb__server_message_free(raw_ok(prod, &r, 4));
+  cons = raw_connect(d);
+  raw_hello_as(cons, false, true);
+  aq.channel = "gw/x";
+  aq.mode = TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT;
+  aq.version = 1;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
+  r.acquire = &aq;
+  tb__server_message_free(raw_ok(cons, &r, 2)); /* the lease is held */
+  close(prod); /* no Goodbye */
+  assert_tb_ok(tbt_expect_notice(c, TB_NOTICE_CHANNEL_CLOSED, "gw/x", 0,
+                                 TBT_TIMEOUT_MS, &n));
+  assert_string_equal(n.reason, "publisher ended without closing its "
+                                "session; GPU work of version 1 may never "
+                                "finish");
+  assert_int_equal(n.version, 1);
+  close(cons);
+  tb_client_disconnect(c);
+}
+
 static int setup_small_outq(void **state) {
   static const char *const extra[] = {"--max-outq", "4096", NULL};
   struct tbt_daemon *d = calloc(1, sizeof(*d));
@@ -451,6 +526,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_silent_clients, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_never_reads, setup_small_outq, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_prefetch_notices_without_gpu, tbt_setup,
+                                      tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_unfinished_version_named, tbt_setup,
                                       tbt_teardown),
   };
   return cmocka_run_group_tests_name("robust", tests, NULL, NULL);
