@@ -180,8 +180,11 @@ struct tb_acquire_counters {
 };
 void tb__acquire_counters(struct tb_acquire_counters *out);
 void tb__count_prefetch(uint64_t ns);
-/* In an acquire's wait: a notice was handled; a polling read found
- * nothing (blocking 0) or a blocking read was made (1). */
+/* In an acquire's wait that counts (tb__acq_waiting): a notice was
+ * handled; a polling read found nothing (blocking 0) or a blocking read was
+ * made (1). Callers test tb__acq_waiting first, so that a read costs no
+ * call when nothing counts. */
+extern _Thread_local int tb__acq_waiting;
 void tb__count_notice_done(void);
 void tb__count_read(int blocking);
 int tb__acquire_counting(void);

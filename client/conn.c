@@ -365,7 +365,8 @@ static long spin_recv(struct tb_client *c, uint64_t now, uint64_t deadline,
       return n;
     /* let whatever else wants this CPU run (the daemon, another client):
      * on an idle CPU this returns at once */
-    tb__count_read(0);
+    if (tb__acq_waiting)
+      tb__count_read(0);
     sched_yield();
     now = tb__now_ns();
   } while (now < end);
@@ -406,7 +407,8 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
         goto received;
     }
   }
-  tb__count_read(1);
+  if (tb__acq_waiting)
+    tb__count_read(1);
   flags = arm_recv_timeout(c, deadline);
   if (flags == 0) {
     n = tb__wire_recv(c->conn->fd, c->rbuf, TB__RECV_CAP, fds, &got, 0);
@@ -445,7 +447,8 @@ received:
     close_fds(fds, got); /* notices carry no descriptors */
     handle_notice(c, m->notice);
     tb__msg_free(c, m);
-    tb__count_notice_done();
+    if (tb__acq_waiting)
+      tb__count_notice_done();
     return 2;
   }
   *out = m;

@@ -314,18 +314,13 @@ static _Thread_local int acq_on;
 #define ACQ_NOW() (acq_on ? tb__now_ns() : 0)
 
 static _Thread_local uint64_t acq_mark; /* the last notice handled */
-static _Thread_local int acq_waiting;    /* in an acquire's await_reply */
+_Thread_local int tb__acq_waiting;       /* in an acquire's await_reply */
 
 void tb__count_prefetch(uint64_t ns) { acq.prefetch_ns += ns; }
 
-void tb__count_notice_done(void) {
-  if (acq_waiting)
-    acq_mark = tb__now_ns();
-}
+void tb__count_notice_done(void) { acq_mark = tb__now_ns(); }
 
 void tb__count_read(int blocking) {
-  if (!acq_waiting)
-    return;
   if (blocking)
     acq.blocking++;
   else
@@ -443,10 +438,10 @@ int tb_acquire(tb_client *c, const char *channel,
   tb__cuda_acquire_early(c); /* while the daemon answers */
   t2 = ACQ_NOW();
   acq_mark = t2;
-  acq_waiting = acq_on;
+  tb__acq_waiting = acq_on;
   rc = tb__await_reply(c, id, o.timeout_ms < 0 ? -1 : o.timeout_ms, &m, fds,
                        &nfds);
-  acq_waiting = 0;
+  tb__acq_waiting = 0;
   t3 = ACQ_NOW();
   acq.calls++;
   acq.wait_ns += (t1 - t0) + (t3 - t2);
