@@ -355,7 +355,10 @@ static uint64_t raw_cuda_buffer(int fd, uint64_t id, uint8_t tag) {
   return bid;
 }
 
-static void raw_publish(int fd, uint64_t id, const char *ch, uint64_t bid) {
+/* Publish a float32[16] CUDA tensor in buffer bid; ready: its ready event
+ * (0: none), published as not complete. */
+static void raw_publish(int fd, uint64_t id, const char *ch, uint64_t bid,
+                        uint64_t ready) {
   Tensorbroker__V1__Publish p = TENSORBROKER__V1__PUBLISH__INIT;
   Tensorbroker__V1__Layout l = TENSORBROKER__V1__LAYOUT__INIT;
   Tensorbroker__V1__Device d = TENSORBROKER__V1__DEVICE__INIT;
@@ -365,6 +368,7 @@ static void raw_publish(int fd, uint64_t id, const char *ch, uint64_t bid) {
   p.channel = (char *)ch;
   p.buffer_id = bid;
   p.layout = &l;
+  p.ready_event_id = ready;
   l.device = &d;
   d.type = kDLCUDA;
   l.dtype_code = kDLFloat;
@@ -409,8 +413,8 @@ static void test_prefetch_notices_without_gpu(void **state) {
   raw_hello(fd);
   b1 = raw_cuda_buffer(fd, 2, 0x11);
   b2 = raw_cuda_buffer(fd, 3, 0x22);
-  raw_publish(fd, 4, "pf/x", b1);
-  raw_publish(fd, 5, "pf/x", b2); /* b1's version leaves the history */
+  raw_publish(fd, 4, "pf/x", b1, 0);
+  raw_publish(fd, 5, "pf/x", b2, 0); /* b1's version leaves the history */
   u.buffer_id = b1;
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER;
   r.buffer_unregister = &u;
@@ -444,13 +448,9 @@ static void test_prefetch_notices_without_gpu(void **state) {
 static void test_unfinished_version_named(void **state) {
   const struct tbt_daemon *d = *state;
   Tensorbroker__V1__EventRegister er = TENSORBROKER__V1__EVENT_REGISTER__INIT;
-  Tensorbroker__V1__Publish p = TENSORBROKER__V1__PUBLISH__INIT;
-  Tensorbroker__V1__Layout l = TENSORBROKER__V1__LAYOUT__INIT;
-  Tensorbroker__V1__Device dv = TENSORBROKER__V1__DEVICE__INIT;
   Tensorbroker__V1__Acquire aq = TENSORBROKER__V1__ACQUIRE__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
   uint8_t handle[64] = {9};
-  int64_t shape[1] = {16};
   tb__server_message *m;
   struct tb_notice n;
   tb_client *c;
@@ -469,20 +469,7 @@ static void test_unfinished_version_named(void **state) {
   m = raw_ok(prod, &r, 3);
   e = m->reply->event_register->event_id;
   tb__server_message_free(m);
-  p.channel = "gw/x";
-  p.buffer_id = b;
-  p.layout = &l;
-  p.ready_event_id = e; /* ready_complete false: its work still runs */
-  l.device = &dv;
-  dv.type = kDLCUDA;
-  l.dtype_code = kDLFloat;
-  l.dtype_bits = 32;
-  l.dtype_lanes = 1;
-  l.shape = shape;
-  l.n_shape = 1;
-  r.body_case = TENSORBROKER__V1__REQUEST__BODY_PUBLISH;
-  r.publish = &p;
-  tb__server_message_free(raw_ok(prod, &r, 4));
+  raw_publish(prod, 4, "gw/x", b, e); /* its work still runs */
   cons = raw_connect(d);
   raw_hello_as(cons, false, true);
   aq.channel = "gw/x";
