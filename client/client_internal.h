@@ -115,6 +115,7 @@ struct tb_client {
    * next); msg[i] is the message alive in arena[i], NULL when free. */
   struct tb__arena arena[TB__ARENAS];
   tb__server_message *arena_msg[TB__ARENAS];
+  struct tb__keep keep[TB__ARENAS]; /* arena[i].keep: sub-messages kept */
 
   struct tb_notice *notices; /* ring */
   size_t nq_head, nq_len, nq_cap;

@@ -737,8 +737,12 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
     rc = TB_ENOMEM;
     goto out_free_conn;
   }
-  for (int i = 0; i < TB__ARENAS; i++)
-    (void)tb__arena_init(&c->arena[i], TB__ARENA_SIZE); /* else malloc */
+  for (int i = 0; i < TB__ARENAS; i++) {
+    /* else malloc, and decoded in full each time */
+    if (tb__arena_init(&c->arena[i], TB__ARENA_SIZE) == 0 &&
+        tb__keep_init(&c->keep[i]) == 0)
+      c->arena[i].keep = &c->keep[i];
+  }
   pthread_mutex_init(&k->lock, NULL);
   pthread_mutex_init(&c->call_lock, NULL);
   k->refs = 1;
@@ -767,8 +771,10 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
 out_free_conn:
   free(c->rbuf);
   free(c->sbuf);
-  for (int i = 0; i < TB__ARENAS; i++)
+  for (int i = 0; i < TB__ARENAS; i++) {
     tb__arena_fini(&c->arena[i]);
+    tb__keep_fini(&c->keep[i]);
+  }
   free(k);
 out_free_client:
   free(c);
@@ -818,8 +824,10 @@ void tb_client_disconnect(tb_client *c) {
   free(c->notices);
   free(c->rbuf);
   free(c->sbuf);
-  for (int i = 0; i < TB__ARENAS; i++)
+  for (int i = 0; i < TB__ARENAS; i++) {
     tb__arena_fini(&c->arena[i]);
+    tb__keep_fini(&c->keep[i]);
+  }
   free(c);
 }
 

@@ -17,7 +17,10 @@
  * generated and on corrupted messages). */
 #include "tb_proto.h"
 
+#include <stddef.h>
 #include <string.h>
+
+#include <tensorbroker/errors.h>
 
 struct rd {
   const uint8_t *p, *end;
@@ -81,7 +84,16 @@ static int rd_len(struct rd *r, struct rd *sub) {
     (seen) |= 1ull << (f);                                                   \
   } while (0)
 
+/* The arena's bump allocation inline (its first block); the rest through
+ * its allocator. Sizes are rounded as arena_alloc in codec.c rounds them. */
 static void *arena_new(struct tb__arena *a, size_t size) {
+  size_t n = (size + sizeof(max_align_t) - 1) & ~(sizeof(max_align_t) - 1);
+
+  if (n >= size && n <= a->cap - a->used) {
+    void *p = a->base + a->used;
+    a->used += n;
+    return p;
+  }
   return a->pb.alloc(a->pb.allocator_data, size);
 }
 
@@ -200,13 +212,69 @@ static int rd_packed_i64(struct tb__arena *a, struct rd *r, size_t *n_out,
 /* sub_NAME: a length-delimited field holding a TYPE, decoded by dec_NAME
  * into a new TYPE in the arena. */
 #define SUB(name, type, init)                                                \
+  static int new_##name(struct tb__arena *a, struct rd *s, type **out) {     \
+    NEW(a, type, *out, init);                                                \
+    return dec_##name(a, s, *out);                                           \
+  }                                                                          \
   static int sub_##name(struct tb__arena *a, struct rd *r, type **out) {     \
     struct rd s;                                                             \
     if (rd_len(r, &s) < 0)                                                   \
       return NOT_MINE;                                                       \
-    NEW(a, type, *out, init);                                                \
-    return dec_##name(a, &s, *out);                                          \
+    return new_##name(a, &s, out);                                           \
   }
+
+/* kept_NAME: the same for a sub-message the arena's keep may hold
+ * (tb_proto.h): when its bytes are those of keep->slot, the kept copy;
+ * else decoded into the slot's arena and kept. */
+#define KEPT(name, type, slot)                                               \
+  static int kept_##name(struct tb__arena *a, struct rd *r, type **out) {    \
+    struct rd s;                                                             \
+    struct tb__kept *k;                                                      \
+    size_t n;                                                                \
+    if (a->keep == NULL)                                                     \
+      return sub_##name(a, r, out);                                          \
+    if (rd_len(r, &s) < 0)                                                   \
+      return NOT_MINE;                                                       \
+    k = &a->keep->slot;                                                      \
+    n = (size_t)(s.end - s.p);                                               \
+    if (k->msg != NULL && k->len == n && memcmp(k->bytes, s.p, n) == 0) {    \
+      *out = k->msg;                                                         \
+      k->hits++;                                                             \
+      return 0;                                                              \
+    }                                                                        \
+    if (n > sizeof(k->bytes))                                                \
+      return new_##name(a, &s, out);                                         \
+    k->msg = NULL;                                                           \
+    tb__arena_reset(&k->arena);                                              \
+    if (new_##name(&k->arena, &s, out) < 0)                                  \
+      return NOT_MINE;                                                       \
+    memcpy(k->bytes, s.p, n);                                                \
+    k->len = n;                                                              \
+    k->msg = *out;                                                           \
+    return 0;                                                                \
+  }
+
+int tb__keep_init(struct tb__keep *k) {
+  struct tb__kept *slots[] = {&k->layout, &k->buffer, &k->event};
+
+  memset(k, 0, sizeof(*k));
+  for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
+    if (tb__arena_init(&slots[i]->arena, 512) < 0) {
+      tb__keep_fini(k);
+      return TB_ENOMEM;
+    }
+  }
+  return 0;
+}
+
+void tb__keep_fini(struct tb__keep *k) {
+  if (k == NULL)
+    return;
+  tb__arena_fini(&k->layout.arena);
+  tb__arena_fini(&k->buffer.arena);
+  tb__arena_fini(&k->event.arena);
+  memset(k, 0, sizeof(*k));
+}
 
 static int dec_device(struct tb__arena *a, struct rd *in,
                       Tensorbroker__V1__Device *m) {
@@ -234,6 +302,7 @@ static int dec_layout(struct tb__arena *a, struct rd *in,
 }
 
 SUB(layout, Tensorbroker__V1__Layout, TENSORBROKER__V1__LAYOUT__INIT)
+KEPT(layout, Tensorbroker__V1__Layout, layout)
 
 static int dec_buffer(struct tb__arena *a, struct rd *in,
                       Tensorbroker__V1__BufferInfo *m) {
@@ -251,6 +320,7 @@ static int dec_buffer(struct tb__arena *a, struct rd *in,
 }
 
 SUB(buffer, Tensorbroker__V1__BufferInfo, TENSORBROKER__V1__BUFFER_INFO__INIT)
+KEPT(buffer, Tensorbroker__V1__BufferInfo, buffer)
 
 static int dec_event(struct tb__arena *a, struct rd *in,
                      Tensorbroker__V1__EventInfo *m) {
@@ -264,15 +334,16 @@ static int dec_event(struct tb__arena *a, struct rd *in,
 }
 
 SUB(event, Tensorbroker__V1__EventInfo, TENSORBROKER__V1__EVENT_INFO__INIT)
+KEPT(event, Tensorbroker__V1__EventInfo, event)
 
 static int dec_acquire(struct tb__arena *a, struct rd *in,
                        Tensorbroker__V1__AcquireReply *m) {
   BODY_BEGIN(in)
     VARINT_FIELD(1, m->lease_id, AS_U64);
     VARINT_FIELD(2, m->version, AS_U64);
-    LEN_FIELD(3, sub_layout(a, &r, &m->layout));
-    LEN_FIELD(4, sub_buffer(a, &r, &m->buffer));
-    LEN_FIELD(5, sub_event(a, &r, &m->ready_event));
+    LEN_FIELD(3, kept_layout(a, &r, &m->layout));
+    LEN_FIELD(4, kept_buffer(a, &r, &m->buffer));
+    LEN_FIELD(5, kept_event(a, &r, &m->ready_event));
     LEN_FIELD(6, rd_bytes(a, &r, &m->metadata));
     LEN_FIELD(7, rd_string(a, &r, &m->channel));
   BODY_END;
@@ -307,8 +378,8 @@ static int dec_new_version(struct tb__arena *a, struct rd *in,
   BODY_BEGIN(in)
     LEN_FIELD(1, rd_string(a, &r, &m->channel));
     VARINT_FIELD(2, m->version, AS_U64);
-    LEN_FIELD(3, sub_buffer(a, &r, &m->buffer));
-    LEN_FIELD(4, sub_event(a, &r, &m->ready_event));
+    LEN_FIELD(3, kept_buffer(a, &r, &m->buffer));
+    LEN_FIELD(4, kept_event(a, &r, &m->ready_event));
   BODY_END;
 }
 

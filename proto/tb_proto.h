@@ -52,11 +52,13 @@ void tb__server_message_free(tb__server_message *m);
  * arena lives until the arena's next decode, reset or fini; it is never
  * passed to tb__*_free. */
 struct tb__arena_block;
+struct tb__keep;
 struct tb__arena {
   ProtobufCAllocator pb; /* handed to protobuf-c */
   uint8_t *base;         /* the first block, cap bytes */
   size_t cap, used;
   struct tb__arena_block *more; /* overflow blocks */
+  struct tb__keep *keep; /* optional, see below; NULL after init */
 };
 
 /* Allocate the first block (cap bytes). Returns 0 or TB_ENOMEM. */
@@ -70,6 +72,31 @@ int tb__request_decode_in(struct tb__arena *a, const uint8_t *buf,
                           size_t len, tb__request **out);
 int tb__server_message_decode_in(struct tb__arena *a, const uint8_t *buf,
                                  size_t len, tb__server_message **out);
+/* Sub-messages kept decoded. The daemon packs a version's Layout and a
+ * buffer's BufferInfo once and copies the same bytes into every reply, so
+ * a consumer that acquires the same buffer again receives the same bytes
+ * again. When an arena has a keep, the fast decoder below compares a
+ * Layout, BufferInfo or EventInfo with the one it decoded last (from this
+ * arena) and, when the bytes are equal, points the new message at that
+ * decoded copy instead of decoding it again. The kept copies live in their
+ * own arenas, so a message decoded in the arena shares them: it is read
+ * only, and it lives, as any message of the arena, until the arena's next
+ * decode (which is the only time a kept copy is replaced). */
+#define TB__KEPT_BYTES 192 /* longer sub-messages are decoded every time */
+struct tb__kept {
+  void *msg; /* decoded from bytes[0..len); NULL when there is none */
+  size_t len;
+  uint64_t hits; /* decodes saved (for tests) */
+  struct tb__arena arena;
+  uint8_t bytes[TB__KEPT_BYTES];
+};
+struct tb__keep {
+  struct tb__kept layout, buffer, event;
+};
+/* Returns 0 or TB_ENOMEM (then k needs no fini). */
+int tb__keep_init(struct tb__keep *k);
+void tb__keep_fini(struct tb__keep *k);
+
 /* The hand-written decoder that tb__server_message_decode_in tries first
  * (decode_fast.c): 1 with *out set in a for a reply carrying an
  * AcquireReply or a NewVersion notice in the forms it takes, <= 0 for "not

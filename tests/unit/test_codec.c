@@ -840,8 +840,9 @@ static void corrupt_and_compare(uint64_t *x, struct tb__arena *a,
   }
 }
 
-static void test_fast_acquire_reply_decoder(void **state) {
-  (void)state;
+/* With keep set, the arena keeps decoded sub-messages (tb_proto.h): the
+ * same comparisons must hold, with the kept copies used often. */
+static void fast_acquire_reply_decoder(struct tb__keep *keep) {
   struct tb__arena a;
   uint64_t x = 0x9e3779b97f4a7c15ull;
   uint8_t buf[BUFCAP];
@@ -849,6 +850,7 @@ static void test_fast_acquire_reply_decoder(void **state) {
   int taken_mutants = 0, refused_mutants = 0;
 
   assert_tb_ok(tb__arena_init(&a, 1024));
+  a.keep = keep;
   for (int i = 0; i < 3000; i++) {
     long n = random_acquire_reply(&x, &g, buf, sizeof(buf), i & 1);
     assert_true(n > 0);
@@ -946,6 +948,121 @@ static void test_fast_acquire_reply_decoder(void **state) {
     assert_true(d->reply->acquire->layout->shape[0] == 7);
   }
   tb__arena_fini(&a);
+}
+
+static void test_fast_acquire_reply_decoder(void **state) {
+  (void)state;
+  fast_acquire_reply_decoder(NULL);
+}
+
+static void test_fast_decoder_keeping(void **state) {
+  (void)state;
+  struct tb__keep k;
+
+  assert_tb_ok(tb__keep_init(&k));
+  fast_acquire_reply_decoder(&k);
+  /* corrupted copies of a message mostly leave its sub-messages alone */
+  assert_true(k.layout.hits > 500);
+  assert_true(k.buffer.hits > 500);
+  assert_true(k.event.hits > 500);
+  tb__keep_fini(&k);
+}
+
+/* A reply whose layout has shape {dim} and whose lease is lease_id, as the
+ * daemon sends it (layout and buffer packed once, see random_acquire_reply). */
+static long kept_reply(uint8_t *buf, size_t cap, uint64_t lease_id,
+                       int64_t dim, uint64_t buffer_id) {
+  Tensorbroker__V1__Layout lay = TENSORBROKER__V1__LAYOUT__INIT;
+  Tensorbroker__V1__BufferInfo bi = TENSORBROKER__V1__BUFFER_INFO__INIT;
+  Tensorbroker__V1__AcquireReply ar = TENSORBROKER__V1__ACQUIRE_REPLY__INIT;
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Srv m = TENSORBROKER__V1__SERVER_MESSAGE__INIT;
+  ProtobufCMessageUnknownField pre[2];
+  uint8_t lbuf[128], bbuf[128];
+  size_t k;
+
+  lay.dtype_code = 2;
+  lay.dtype_bits = 32;
+  lay.dtype_lanes = 1;
+  lay.n_shape = 1;
+  lay.shape = &dim;
+  bi.buffer_id = buffer_id;
+  bi.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
+  bi.size = 4096;
+  k = tb__put_varint(lbuf, tensorbroker__v1__layout__get_packed_size(&lay));
+  k += tensorbroker__v1__layout__pack(&lay, lbuf + k);
+  pre[0] = (ProtobufCMessageUnknownField){
+      3, PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED, k, lbuf};
+  k = tb__put_varint(bbuf, tensorbroker__v1__buffer_info__get_packed_size(&bi));
+  k += tensorbroker__v1__buffer_info__pack(&bi, bbuf + k);
+  pre[1] = (ProtobufCMessageUnknownField){
+      4, PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED, k, bbuf};
+  ar.lease_id = lease_id;
+  ar.version = lease_id;
+  ar.channel = "cam0";
+  ar.base.n_unknown_fields = 2;
+  ar.base.unknown_fields = pre;
+  rep.request_id = lease_id;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_ACQUIRE;
+  rep.acquire = &ar;
+  m.body_case = TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY;
+  m.reply = &rep;
+  return tb__server_message_encode(&m, buf, cap);
+}
+
+/* The kept copy is used only for the same bytes, and a sub-message the
+ * fast decoder gave up on leaves nothing kept behind. */
+static void test_kept_only_for_same_bytes(void **state) {
+  (void)state;
+  struct tb__keep k;
+  struct tb__arena a;
+  tb__server_message *d = NULL;
+  uint8_t buf[256];
+  long n;
+
+  assert_tb_ok(tb__keep_init(&k));
+  assert_tb_ok(tb__arena_init(&a, 1024));
+  a.keep = &k;
+  n = kept_reply(buf, sizeof(buf), 1, 16, 7);
+  assert_tb_ok(tb__server_message_decode_in(&a, buf, (size_t)n, &d));
+  assert_true(d->reply->acquire->layout->shape[0] == 16);
+  assert_int_equal(k.layout.hits, 0);
+
+  /* another lease of the same version's layout and buffer: kept */
+  n = kept_reply(buf, sizeof(buf), 2, 16, 7);
+  assert_tb_ok(tb__server_message_decode_in(&a, buf, (size_t)n, &d));
+  assert_int_equal(k.layout.hits, 1);
+  assert_int_equal(k.buffer.hits, 1);
+  assert_true(d->reply->acquire->lease_id == 2);
+  assert_ptr_equal(d->reply->acquire->layout, k.layout.msg);
+  assert_true(d->reply->acquire->layout->shape[0] == 16);
+  assert_true(d->reply->acquire->buffer->buffer_id == 7);
+
+  /* same lengths, other bytes: decoded anew */
+  n = kept_reply(buf, sizeof(buf), 3, 17, 8);
+  assert_tb_ok(tb__server_message_decode_in(&a, buf, (size_t)n, &d));
+  assert_int_equal(k.layout.hits, 1);
+  assert_int_equal(k.buffer.hits, 1);
+  assert_true(d->reply->acquire->layout->shape[0] == 17);
+  assert_true(d->reply->acquire->buffer->buffer_id == 8);
+
+  /* a layout the fast decoder gives up on inside (its dtype_code, field 2,
+   * twice: protobuf-c takes the last), then the earlier one again */
+  {
+    static const uint8_t twice[] = {
+        0x0a, 0x0a, 0x72, 0x08, 0x08, 0x04, 0x1a, 0x04,
+        0x10, 0x02, 0x10, 0x05};
+    assert_tb_ok(tb__server_message_decode_in(&a, twice, sizeof(twice), &d));
+    assert_int_equal(d->reply->acquire->layout->dtype_code, 5);
+    assert_null(k.layout.msg);
+  }
+  n = kept_reply(buf, sizeof(buf), 4, 17, 8);
+  assert_tb_ok(tb__server_message_decode_in(&a, buf, (size_t)n, &d));
+  assert_int_equal(k.layout.hits, 1);
+  assert_true(d->reply->acquire->layout->shape[0] == 17);
+  assert_true(d->reply->acquire->layout->dtype_code == 2);
+  tb__arena_fini(&a);
+  tb__keep_fini(&k);
 }
 
 /* The daemon's Request{Acquire | Release} decoder against protobuf-c, as
@@ -1051,6 +1168,8 @@ int main(void) {
       cmocka_unit_test(test_encode_too_small),
       cmocka_unit_test(test_unknown_fields_ignored),
       cmocka_unit_test(test_fast_acquire_reply_decoder),
+      cmocka_unit_test(test_fast_decoder_keeping),
+      cmocka_unit_test(test_kept_only_for_same_bytes),
       cmocka_unit_test(test_fast_request_decoder),
   };
   return cmocka_run_group_tests_name("codec", tests, NULL, NULL);
