@@ -385,7 +385,7 @@ static int release_lease(struct tbd_registry *r, struct tbd_session *s,
   int rc;
 
   HASH_FIND(hh, r->leases, &lease_id, sizeof(lease_id), l);
-  if (l == NULL) {
+  if (l == NULL || l == &r->anchor) {
     *what = "no such lease";
     return TB_ENOTFOUND;
   }

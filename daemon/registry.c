@@ -37,6 +37,12 @@ int tbd_registry_new(const struct tbd_limits *limits, tbd_emit_fn emit,
   r->socket_path = "";
   r->next_session_id = r->next_buffer_id = r->next_event_id = 1;
   r->next_lease_id = 1;
+  tbd_hash_oom = 0;
+  HASH_ADD(hh, r->leases, id, sizeof(r->anchor.id), &r->anchor);
+  if (tbd_hash_oom) {
+    tbd_free(r);
+    return TB_ENOMEM;
+  }
   *out = r;
   return 0;
 }
@@ -88,6 +94,12 @@ void tbd_registry_free(struct tbd_registry *r) {
       v->in_history = false;
       version_maybe_free(r, v);
     }
+  }
+  HASH_DEL(r->leases, &r->anchor);
+  while (r->spare != NULL) {
+    struct tbd_lease *l = r->spare;
+    r->spare = l->snext;
+    tbd_free(l);
   }
   tbd_free(r);
 }
@@ -755,6 +767,19 @@ static int buffer_info_pack(struct tbd_buffer *b) {
 
 /* Create a lease on v for s and emit the AcquireReply. Nothing changes on
  * failure (TB_ENOMEM). */
+/* A lease's memory, kept for the next grant (up to a few dozen). */
+#define SPARE_LEASES_MAX 64
+
+static void lease_free(struct tbd_registry *r, struct tbd_lease *l) {
+  if (r->nspare >= SPARE_LEASES_MAX) {
+    tbd_free(l);
+    return;
+  }
+  l->snext = r->spare;
+  r->spare = l;
+  r->nspare++;
+}
+
 static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
                        uint64_t request_id, struct tbd_version *v) {
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
@@ -768,9 +793,16 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   struct tbd_sent *sent, *newsent = NULL;
   bool attach;
 
-  l = tbd_calloc(1, sizeof(*l));
-  if (l == NULL)
-    goto out_nomem;
+  if (r->spare != NULL) {
+    l = r->spare;
+    r->spare = l->snext;
+    r->nspare--;
+    memset(l, 0, sizeof(*l));
+  } else {
+    l = tbd_calloc(1, sizeof(*l));
+    if (l == NULL)
+      goto out_nomem;
+  }
   l->id = r->next_lease_id;
   HASH_FIND(hh, s->sent, &b->id, sizeof(b->id), sent);
   if (sent == NULL) {
@@ -853,7 +885,7 @@ out_free_bibuf:
 out_free_sent:
   tbd_free(newsent);
 out_free_lease:
-  tbd_free(l);
+  lease_free(r, l);
 out_nomem:
   return TB_ENOMEM;
 }
@@ -929,7 +961,7 @@ int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
   v->nleases--;
   v->ch->nleases--;
   r->nleases--;
-  tbd_free(l);
+  lease_free(r, l);
   version_maybe_free(r, v);
   return 0;
 }

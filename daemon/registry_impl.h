@@ -179,6 +179,14 @@ struct tbd_registry {
   uint32_t nevents;
   struct tbd_lease *leases;
   uint32_t nleases;
+  /* In leases from creation to free, never handed out (id 0, no session):
+   * uthash frees a table whose last entry goes and allocates it again
+   * for the next, which a session that releases its one lease as it
+   * acquires the next (Acquire.release_lease_id) did on every request.
+   * Whoever finds a lease by id must not take this one. */
+  struct tbd_lease anchor;
+  struct tbd_lease *spare; /* freed leases kept for reuse, by snext */
+  uint32_t nspare;
   struct tbd_subgroup *subgroups;
   uint32_t nsubs;
   struct tbd_wait *waits;

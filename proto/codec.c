@@ -163,27 +163,6 @@ void tb__server_message_free(tb__server_message *m) {
 }
 
 
-size_t tb__varint_size(uint64_t v) {
-  size_t n = 1;
-
-  while (v >= 0x80) {
-    v >>= 7;
-    n++;
-  }
-  return n;
-}
-
-size_t tb__put_varint(uint8_t *p, uint64_t v) {
-  size_t n = 0;
-
-  while (v >= 0x80) {
-    p[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  p[n++] = (uint8_t)v;
-  return n;
-}
-
 /* The header of a length-delimited field: tag then length. */
 static size_t put_len_field(uint8_t *p, uint32_t field, size_t len) {
   size_t n = tb__put_varint(p, ((uint64_t)field << 3) | 2u);
@@ -252,8 +231,10 @@ static void wr_bytes(struct wr *w, const void *data, size_t len) {
 }
 
 static void wr_varint(struct wr *w, uint64_t v) {
-  uint8_t tmp[10];
-  wr_bytes(w, tmp, tb__put_varint(tmp, v));
+  if (w->p == NULL)
+    w->n += tb__varint_size(v);
+  else
+    w->n += tb__put_varint(w->p + w->n, v);
 }
 
 static void wr_u64(struct wr *w, uint32_t field, uint64_t v) {
@@ -356,6 +337,27 @@ long tb__server_message_encode(const tb__server_message *m, uint8_t *buf,
   int is_reply = 0;
 
   if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY &&
+      m->reply != NULL &&
+      m->reply->body_case == TENSORBROKER__V1__REPLY__BODY_ACQUIRE &&
+      m->reply->acquire != NULL && m->reply->base.n_unknown_fields == 0 &&
+      m->base.n_unknown_fields == 0 && acquire_reply_mine(m->reply->acquire)) {
+    /* every acquire's answer: no copy of the Reply, no descriptor lookup
+     * (reply_head reads only the fields before the body) */
+    head = reply_head(m->reply, NULL);
+    body_len = acquire_reply_put(m->reply->acquire, NULL);
+    mid_len = head + len_field_size(TENSORBROKER__V1__REPLY__BODY_ACQUIRE,
+                                    body_len);
+    n = len_field_size(mid_field, mid_len);
+    if (n > cap)
+      return TB_ELIMIT;
+    n = put_len_field(buf, mid_field, mid_len);
+    n += reply_head(m->reply, buf + n);
+    n += put_len_field(buf + n, TENSORBROKER__V1__REPLY__BODY_ACQUIRE,
+                       body_len);
+    n += acquire_reply_put(m->reply->acquire, buf + n);
+    return (long)n;
+  }
+  if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY &&
       m->reply != NULL) {
     mid = &m->reply->base;
     body_field = (uint32_t)m->reply->body_case;
@@ -373,22 +375,6 @@ long tb__server_message_encode(const tb__server_message *m, uint8_t *buf,
   }
   if (mid != NULL && body_field != 0)
     body = oneof_body(mid, body_field);
-  if (is_reply && body != NULL &&
-      body_field == TENSORBROKER__V1__REPLY__BODY_ACQUIRE &&
-      mid->n_unknown_fields == 0 && m->base.n_unknown_fields == 0 &&
-      acquire_reply_mine(m->reply->acquire)) {
-    head = reply_head(&h.reply, NULL);
-    body_len = acquire_reply_put(m->reply->acquire, NULL);
-    mid_len = head + len_field_size(body_field, body_len);
-    n = len_field_size(mid_field, mid_len);
-    if (n > cap)
-      return TB_ELIMIT;
-    n = put_len_field(buf, mid_field, mid_len);
-    n += reply_head(&h.reply, buf + n);
-    n += put_len_field(buf + n, body_field, body_len);
-    n += acquire_reply_put(m->reply->acquire, buf + n);
-    return (long)n;
-  }
   if (body == NULL || mid->n_unknown_fields != 0 ||
       m->base.n_unknown_fields != 0) {
     n = tensorbroker__v1__server_message__get_packed_size(m);
@@ -474,9 +460,14 @@ long tb__request_encode(const tb__request *m, uint8_t *buf, size_t cap) {
   size_t hlen, body_len, n;
   int by_hand;
 
-  if (m->body_case != TENSORBROKER__V1__REQUEST__BODY__NOT_SET &&
-      m->base.n_unknown_fields == 0)
+  if (m->body_case == TENSORBROKER__V1__REQUEST__BODY_ACQUIRE)
+    body = m->acquire != NULL ? &m->acquire->base : NULL;
+  else if (m->body_case == TENSORBROKER__V1__REQUEST__BODY_RELEASE)
+    body = m->release != NULL ? &m->release->base : NULL;
+  else if (m->body_case != TENSORBROKER__V1__REQUEST__BODY__NOT_SET)
     body = oneof_body(&m->base, (uint32_t)m->body_case);
+  if (m->base.n_unknown_fields != 0)
+    body = NULL;
   if (body == NULL) {
     n = tensorbroker__v1__request__get_packed_size(m);
     if (n > cap)

@@ -109,9 +109,27 @@ int tb__request_decode_fast(struct tb__arena *a, const uint8_t *buf,
                             size_t len, tb__request **out);
 
 /* Protobuf varints: the bytes v takes (1..10), and writing them at p
- * (returns the count). */
-size_t tb__varint_size(uint64_t v);
-size_t tb__put_varint(uint8_t *p, uint64_t v);
+ * (returns the count). Inline: most are one byte. */
+static inline size_t tb__varint_size(uint64_t v) {
+  size_t n = 1;
+
+  while (v >= 0x80) {
+    v >>= 7;
+    n++;
+  }
+  return n;
+}
+
+static inline size_t tb__put_varint(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+
+  while (v >= 0x80) {
+    p[n++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = (uint8_t)v;
+  return n;
+}
 
 /* Encode into buf of cap bytes. Returns the length, or TB_ELIMIT when the
  * encoding would exceed cap. */

@@ -589,6 +589,10 @@ static void test_publish_acquire_release(void **state) {
   a1 = acquire(r, c, "cam/frames", LATEST, 0);
   assert_tb_err(release(r, p, a1.lease), TB_EPERM);
   assert_tb_err(release(r, c, 9999), TB_ENOTFOUND);
+  /* lease 0 is nobody's (the registry's lease table keeps an entry 0) */
+  assert_tb_err(release(r, c, 0), TB_ENOTFOUND);
+  assert_tb_err(release(r, p, 0), TB_ENOTFOUND);
+  assert_int_equal(counts(r).leases, 1);
   /* one-way release: no reply */
   assert_tb_ok(release_ex(r, c, a1.lease, 0, false));
   assert_int_equal(count_for(c), 0);
