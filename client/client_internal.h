@@ -116,6 +116,7 @@ struct tb_client {
   struct tb__arena arena[TB__ARENAS];
   tb__server_message *arena_msg[TB__ARENAS];
   struct tb__keep keep[TB__ARENAS]; /* arena[i].keep: sub-messages kept */
+  char name_ok[64]; /* the last channel name tb_acquire checked, or "" */
 
   struct tb_notice *notices; /* ring */
   size_t nq_head, nq_len, nq_cap;

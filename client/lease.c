@@ -372,9 +372,16 @@ int tb_acquire(tb_client *c, const char *channel,
   memset(&cuda, 0, sizeof(cuda));
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
-  if (tb__name_check(channel, TB_NAME_MAX) < 0) {
-    rc = tb__set_error(c, TB_ENAME, "invalid channel name");
-    goto out_unlock;
+  if (channel == NULL || c->name_ok[0] == '\0' ||
+      strcmp(channel, c->name_ok) != 0) {
+    size_t len;
+    if (tb__name_check(channel, TB_NAME_MAX) < 0) {
+      rc = tb__set_error(c, TB_ENAME, "invalid channel name");
+      goto out_unlock;
+    }
+    len = strlen(channel);
+    if (len < sizeof(c->name_ok))
+      memcpy(c->name_ok, channel, len + 1);
   }
   if (o.mode < TB_ACQUIRE_LATEST || o.mode > TB_ACQUIRE_EXACT) {
     rc = tb__set_error(c, TB_EINVAL, "unknown acquire mode %d", o.mode);

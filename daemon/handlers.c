@@ -409,7 +409,8 @@ static int on_acquire(struct tbd_registry *r, struct tbd_session *s,
   const char *what = NULL;
   int rc;
 
-  if (name_bad(r, s, id, m->channel))
+  if (tbd__channel_recent(r, s, m->channel) == NULL &&
+      name_bad(r, s, id, m->channel))
     return TB_ENAME;
   if ((unsigned)m->mode > TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT)
     return tbd__reply_status(r, s, id, TB_EINVAL, "unknown acquire mode %d",

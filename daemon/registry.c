@@ -309,6 +309,7 @@ void tbd__channel_maybe_free(struct tbd_registry *r,
     return;
   HASH_DEL(r->channels, ch);
   r->nchannels--;
+  r->channel_frees++;
   tbd_free(ch->name);
   tbd_free(ch);
 }
@@ -890,12 +891,27 @@ out_nomem:
   return TB_ENOMEM;
 }
 
+struct tbd_channel *tbd__channel_recent(struct tbd_registry *r,
+                                        struct tbd_session *s,
+                                        const char *name) {
+  if (s->recent != NULL && name != NULL && s->recent_frees == r->channel_frees &&
+      strcmp(s->recent->name, name) == 0)
+    return s->recent;
+  return NULL;
+}
+
 int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
                  uint64_t request_id, const char *channel, int mode,
                  uint64_t version, int64_t timeout_ms) {
-  struct tbd_channel *ch = tbd__channel_find(r, channel);
+  struct tbd_channel *ch = tbd__channel_recent(r, s, channel);
   struct tbd_version *v;
   int rc;
+
+  if (ch == NULL) {
+    ch = tbd__channel_find(r, channel);
+    s->recent = ch;
+    s->recent_frees = r->channel_frees;
+  }
 
   if (s->nleases >= r->lim.max_leases)
     return tbd__reply_status(r, s, request_id, TB_ELIMIT,

@@ -143,6 +143,10 @@ struct tbd_session {
   bool hello;
   bool muted;
   uint64_t mark;              /* to notify each session once */
+  /* The channel of this session's last acquire, while registry's
+   * channel_frees is recent_frees (tbd__channel_recent). */
+  struct tbd_channel *recent;
+  uint64_t recent_frees;
   int contract;
   uint32_t memory_kinds;
   bool prefetch;              /* Hello.prefetch: buffers in NewVersion */
@@ -173,6 +177,7 @@ struct tbd_registry {
   uint32_t nsessions, nhello;
   struct tbd_channel *channels;
   uint32_t nchannels, nversions;
+  uint64_t channel_frees; /* channels freed so far */
   struct tbd_buffer *buffers;
   uint32_t nbuffers;
   struct tbd_event *events;
@@ -244,6 +249,11 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
                  uint64_t *version, char *why, size_t whylen);
 /* Answer an Acquire now, park it, or fail: the reply is always emitted
  * (or the wait parked). Returns the status sent (0 when parked). */
+/* The channel named name when it is the one of s's last acquire (no
+ * lookup, and its name is known to be valid), else NULL. */
+struct tbd_channel *tbd__channel_recent(struct tbd_registry *r,
+                                        struct tbd_session *s,
+                                        const char *name);
 int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
                  uint64_t request_id, const char *channel, int mode,
                  uint64_t version, int64_t timeout_ms);

@@ -21,6 +21,7 @@
 #include "config.h"
 #include "log.h"
 #include "registry.h"
+#include "registry_impl.h" /* tbd__channel_recent, tbd__channel_find */
 #include "tb_proto.h"
 #include "fake_cuda.h"
 
@@ -883,6 +884,32 @@ static void test_forget_reattaches(void **state) {
   reg_free(r);
 }
 
+/* A session's acquires remember their channel (no name check, no lookup
+ * while it is the same name, until any channel is freed); a bad name is
+ * still refused. */
+static void test_recent_channel(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint64_t b = buffer(r, p);
+  struct acq a;
+
+  (void)state;
+  publish(r, p, "x", b, 0);
+  publish(r, p, "y", b, 0);
+  a = acquire(r, c, "x", LATEST, 0);
+  assert_non_null(tbd__channel_find(r, "x"));
+  assert_ptr_equal(tbd__channel_recent(r, c, "x"), tbd__channel_find(r, "x"));
+  assert_null(tbd__channel_recent(r, c, "y"));
+  assert_null(tbd__channel_recent(r, p, "x")); /* per session */
+  assert_int_equal(acquire_ex(r, c, "../x", LATEST, 0, 0, NULL, NULL),
+                   TB_ENAME);
+  assert_int_equal(acquire(r, c, "y", LATEST, 0).version, 1);
+  assert_ptr_equal(tbd__channel_recent(r, c, "y"), tbd__channel_find(r, "y"));
+  assert_null(tbd__channel_recent(r, c, "x"));
+  assert_tb_ok(release(r, c, a.lease));
+  reg_free(r);
+}
+
 static void test_modes(void **state) {
   struct tbd_registry *r = reg_new(NULL);
   struct tbd_session *p = session(r, 10), *c = session(r, 11);
@@ -1332,6 +1359,7 @@ int main(void) {
       T(test_buffer_retire),
       T(test_forget_reattaches),
       T(test_modes),
+      T(test_recent_channel),
       T(test_second_publisher_busy),
       T(test_subscriptions),
       T(test_prefetch_notices),

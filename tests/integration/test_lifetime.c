@@ -278,6 +278,17 @@ static void test_acquire_releases_previous(void **state) {
   assert_tb_err(tb_acquire(c, "rp", &o, &t5), TB_EINVAL);
   o.release = t3;
   assert_tb_err(tb_acquire(c, "rp/../x", &o, &t5), TB_ENAME);
+  /* names are checked after a good one too (the library remembers the
+   * last name it checked) */
+  assert_tb_err(tb_acquire(c, "", &o, &t5), TB_ENAME);
+  {
+    tb_client *fresh; /* which has checked no name yet */
+    assert_tb_ok(tbt_connect(d, "fresh", &fresh));
+    assert_tb_err(tb_acquire(fresh, "", &o, &t5), TB_ENAME);
+    tb_client_disconnect(fresh);
+  }
+  assert_tb_err(tb_acquire(c, "rp/", &o, &t5), TB_ENAME);
+  assert_tb_err(tb_acquire(c, NULL, &o, &t5), TB_ENAME);
   o.mode = 7;
   assert_tb_err(tb_acquire(c, "rp", &o, &t5), TB_EINVAL);
   assert_null(t5);
