@@ -53,12 +53,19 @@ struct tb__conn {
   size_t nmaps;
   uint64_t map_clock; /* LRU stamps for the mapping cache */
   struct tb__cuda_conn *cuda; /* cuda_transport.c; NULL until CUDA is used */
+  /* One ended lease's memory kept for the next acquire (lease.c), taken
+   * and put back with __atomic_exchange_n; freed with the connection. */
+  void *spare_lease;
 };
 
 /* Take / drop a reference. The last drop frees the mapping cache and the
  * CUDA state; the socket was closed by tb_client_disconnect(). */
 void tb__conn_ref(struct tb__conn *k);
 void tb__conn_unref(struct tb__conn *k);
+/* The same drop with k->lock held: returns 1 when it was the last, and
+ * then the caller, after unlocking, calls tb__conn_free(k). */
+int tb__conn_unref_locked(struct tb__conn *k);
+void tb__conn_free(struct tb__conn *k);
 
 /* Send a one-way request (request_id 0) without the call lock. Returns 0,
  * TB_EDISCONNECTED, or 0 silently when the client was disconnected (the

@@ -92,18 +92,27 @@ void tb__conn_ref(struct tb__conn *k) {
   pthread_mutex_unlock(&k->lock);
 }
 
+int tb__conn_unref_locked(struct tb__conn *k) {
+  if (--k->refs != 0)
+    return 0;
+  tb__map_drop_unused_locked(k);
+  return 1;
+}
+
 void tb__conn_unref(struct tb__conn *k) {
   int last;
 
   if (k == NULL)
     return;
   pthread_mutex_lock(&k->lock);
-  last = --k->refs == 0;
-  if (last)
-    tb__map_drop_unused_locked(k);
+  last = tb__conn_unref_locked(k);
   pthread_mutex_unlock(&k->lock);
-  if (!last)
-    return;
+  if (last)
+    tb__conn_free(k);
+}
+
+void tb__conn_free(struct tb__conn *k) {
+  free(k->spare_lease);
   tb__cuda_conn_free(k->cuda);
   if (k->fd >= 0)
     close(k->fd);

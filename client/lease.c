@@ -31,8 +31,41 @@ struct tb__lease {
   void *metadata;
   size_t metadata_len;
   char *channel;
+  size_t size; /* bytes allocated for this struct and its tail */
   int64_t dims[]; /* shape[ndim], strides[ndim], then the bytes */
 };
+
+/* A lease's memory: the connection's spare when it is large enough (the
+ * previous lease of a consumer that acquires one tensor after another),
+ * else a new allocation; zeroed either way. */
+#define SPARE_LEASE_MAX 1024 /* larger leases are not kept */
+
+static struct tb__lease *lease_alloc(struct tb__conn *k, size_t sz) {
+  struct tb__lease *l = __atomic_exchange_n(
+      (struct tb__lease **)&k->spare_lease, NULL, __ATOMIC_ACQ_REL);
+
+  if (l != NULL && l->size >= sz) {
+    sz = l->size;
+    memset(l, 0, sz);
+  } else {
+    free(l);
+    if (sz < SPARE_LEASE_MAX && sz < 512)
+      sz = 512; /* room for the next one, which is likely alike */
+    l = calloc(1, sz);
+    if (l == NULL)
+      return NULL;
+  }
+  l->size = sz;
+  return l;
+}
+
+/* Keep l as k's spare (freeing the one it replaces), or free it. */
+static void lease_free(struct tb__conn *k, struct tb__lease *l) {
+  if (l->size <= SPARE_LEASE_MAX)
+    l = __atomic_exchange_n((struct tb__lease **)&k->spare_lease, l,
+                            __ATOMIC_ACQ_REL);
+  free(l);
+}
 
 void tb_acquire_options_init(struct tb_acquire_options *opts) {
   if (opts == NULL)
@@ -78,7 +111,7 @@ static int lease_end(struct tb__lease *l, void *stream,
                      Tensorbroker__V1__Acquire *aq) {
   struct tb__conn *k = l->conn;
   uint64_t done = 0;
-  int implicit = l->implicit, rc = 0;
+  int implicit = l->implicit, rc = 0, last;
 
   if (l->cuda.copy != 0) {
     /* a copy: its lease ended when the copy was enqueued */
@@ -108,9 +141,11 @@ static int lease_end(struct tb__lease *l, void *stream,
     }
   }
   tb__map_put_locked(k, l->map);
+  lease_free(k, l);
+  last = tb__conn_unref_locked(k);
   pthread_mutex_unlock(&k->lock);
-  tb__conn_unref(k);
-  free(l);
+  if (last)
+    tb__conn_free(k);
   return rc;
 }
 
@@ -213,7 +248,7 @@ static int build_tensor(struct tb_client *c,
   size_t ndim = lay->n_shape, chlen = ar->channel ? strlen(ar->channel) : 0;
   size_t sz = sizeof(struct tb__lease) + 2 * ndim * sizeof(int64_t) +
               ar->metadata.len + chlen + 1;
-  struct tb__lease *l = calloc(1, sz);
+  struct tb__lease *l = lease_alloc(c->conn, sz);
   DLTensor *t;
   uint8_t *tail;
 

@@ -319,6 +319,16 @@ static void on_conn_poll(uv_poll_t *h, int status, int events) {
   struct tbd_conn *c = h->data;
   struct tbd_server *srv = c->srv;
 
+  if (status == 0 && events == UV_READABLE) {
+    /* the usual case: a request to read in the check phase; nothing
+     * changed here, so nothing to reap or re-arm */
+    if (!c->doomed && !c->pending) {
+      c->pending = 1;
+      c->pnext = srv->pending;
+      srv->pending = c;
+    }
+    return;
+  }
   if (status < 0) {
     conn_doom(c);
   } else {

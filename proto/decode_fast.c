@@ -30,20 +30,23 @@ struct rd {
 #define NOT_MINE (-1)
 
 static int rd_varint(struct rd *r, uint64_t *v) {
+  const uint8_t *p = r->p;
   uint64_t x = 0;
+  unsigned shift = 0;
 
-  for (int shift = 0; shift < 70; shift += 7) {
-    uint8_t b;
-    if (r->p >= r->end)
-      return NOT_MINE;
-    b = *r->p++;
-    if (shift == 63 && b > 1)
-      return NOT_MINE; /* more than 64 bits */
+  while (p < r->end) {
+    uint8_t b = *p++;
     x |= (uint64_t)(b & 0x7f) << shift;
-    if ((b & 0x80) == 0) {
+    if (b < 0x80) {
+      if (shift == 63 && b > 1)
+        return NOT_MINE; /* more than 64 bits */
+      r->p = p;
       *v = x;
       return 0;
     }
+    shift += 7;
+    if (shift > 63)
+      return NOT_MINE; /* more than ten bytes */
   }
   return NOT_MINE;
 }
