@@ -37,7 +37,8 @@ struct tb__lease {
 
 /* A lease's memory: the connection's spare when it is large enough (the
  * previous lease of a consumer that acquires one tensor after another),
- * else a new allocation; zeroed either way. */
+ * else a new allocation. The struct is zeroed; its tail (dims and bytes)
+ * is for build_tensor to fill. */
 #define SPARE_LEASE_MAX 1024 /* larger leases are not kept */
 
 static struct tb__lease *lease_alloc(struct tb__conn *k, size_t sz) {
@@ -46,7 +47,7 @@ static struct tb__lease *lease_alloc(struct tb__conn *k, size_t sz) {
 
   if (l != NULL && l->size >= sz) {
     sz = l->size;
-    memset(l, 0, sz);
+    memset(l, 0, sizeof(*l));
   } else {
     free(l);
     if (sz < SPARE_LEASE_MAX && sz < 512)
