@@ -407,14 +407,12 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
                          "connection to the daemon lost earlier");
   /* the default window only while the process may use enough CPUs; a
    * window the caller chose always */
-  if (c->spin_ns != 0) {
-    uint64_t now = tb__now_ns();
-    if (!c->spin_auto || tb__poll_cpus_ok(&c->spin_cpus, now)) {
-      c->polled_waits++;
-      n = spin_recv(c, now, deadline, fds, &got);
-      if (n != -EAGAIN && n != -EWOULDBLOCK)
-        goto received;
-    }
+  if (c->spin_ns != 0 &&
+      (!c->spin_auto || tb__poll_cpus_ok(&c->spin_cpus))) {
+    c->polled_waits++;
+    n = spin_recv(c, tb__now_ns(), deadline, fds, &got);
+    if (n != -EAGAIN && n != -EWOULDBLOCK)
+      goto received;
   }
   if (tb__acq_waiting)
     tb__count_read(1);

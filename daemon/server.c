@@ -239,9 +239,9 @@ static void busy(struct tbd_server *srv) {
 
   if (srv->lim.busy_poll_us == 0 || srv->stopping)
     return;
-  now = tb__now_ns();
-  if (srv->lim.busy_poll_auto && !tb__poll_cpus_ok(&srv->spin_cpus, now))
+  if (srv->lim.busy_poll_auto && !tb__poll_cpus_ok(&srv->spin_cpus))
     return;
+  now = tb__now_ns();
   srv->spin_until_ns = now + (uint64_t)srv->lim.busy_poll_us * 1000;
   if (!uv_is_active((uv_handle_t *)&srv->spin))
     uv_idle_start(&srv->spin, on_spin);

@@ -197,9 +197,9 @@ int tb__cpus_allowed(void);
  * TB__POLL_AUTO_CPUS CPUs or more. The answer is kept and read again at
  * most once a second (affinity and cpusets change at run time). */
 struct tb__poll_cpus {
-  uint64_t checked_ns; /* when ok was last read; 0: never */
+  uint64_t checked_ns; /* when ok was last read (coarse clock); 0: never */
   int ok;
 };
-int tb__poll_cpus_ok(struct tb__poll_cpus *p, uint64_t now_ns);
+int tb__poll_cpus_ok(struct tb__poll_cpus *p);
 
 #endif /* TB_PROTO_H */

@@ -34,7 +34,9 @@ int tb__wire_send(int sock, const void *buf, size_t len, const int *fds,
     memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
   }
   do {
-    n = sendmsg(sock, &msg, flags | MSG_NOSIGNAL);
+    /* send() when nothing is attached: the kernel copies no msghdr */
+    n = nfds > 0 ? sendmsg(sock, &msg, flags | MSG_NOSIGNAL)
+                 : send(sock, buf, len, flags | MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   if (n < 0)
     return -errno;
@@ -97,7 +99,15 @@ uint64_t tb__now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-int tb__poll_cpus_ok(struct tb__poll_cpus *p, uint64_t now_ns) {
+int tb__poll_cpus_ok(struct tb__poll_cpus *p) {
+  struct timespec ts;
+  uint64_t now_ns;
+
+  /* the coarse clock: no time-stamp counter read for a once-a-second
+   * check made on every wait */
+  if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) < 0)
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+  now_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
   if (p->checked_ns == 0 || now_ns - p->checked_ns >= 1000000000u) {
     p->ok = tb__cpus_allowed() >= TB__POLL_AUTO_CPUS;
     p->checked_ns = now_ns;
