@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include <tensorbroker/tensorbroker.h>
-#include <uthash.h>
+#include "tb_uthash.h" /* <uthash.h>, cheaper for 8-byte keys */
 
 #include "tb_proto.h"
 

@@ -16,7 +16,7 @@ extern int tbd_hash_oom;
     tbd_hash_oom = 1;                                                        \
   } while (0)
 
-#include <uthash.h>
+#include "tb_uthash.h" /* <uthash.h>, cheaper for 8-byte keys */
 #include <utlist.h>
 
 /* Usage: tbd_hash_oom = 0; HASH_ADD(...); if (tbd_hash_oom) <failed>; */
