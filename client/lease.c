@@ -50,7 +50,7 @@ static struct tb__lease *lease_alloc(struct tb__conn *k, size_t sz) {
     memset(l, 0, sizeof(*l));
   } else {
     free(l);
-    if (sz < SPARE_LEASE_MAX && sz < 512)
+    if (sz < 512)
       sz = 512; /* room for the next one, which is likely alike */
     l = calloc(1, sz);
     if (l == NULL)

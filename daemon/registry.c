@@ -766,8 +766,6 @@ static int buffer_info_pack(struct tbd_buffer *b) {
 }
 
 
-/* Create a lease on v for s and emit the AcquireReply. Nothing changes on
- * failure (TB_ENOMEM). */
 /* A lease's memory, kept for the next grant (up to a few dozen). */
 #define SPARE_LEASES_MAX 64
 
@@ -781,6 +779,8 @@ static void lease_free(struct tbd_registry *r, struct tbd_lease *l) {
   r->nspare++;
 }
 
+/* Create a lease on v for s and emit the AcquireReply. Nothing changes on
+ * failure (TB_ENOMEM). */
 static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
                        uint64_t request_id, struct tbd_version *v) {
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
@@ -894,8 +894,8 @@ out_nomem:
 struct tbd_channel *tbd__channel_recent(struct tbd_registry *r,
                                         struct tbd_session *s,
                                         const char *name) {
-  if (s->recent != NULL && name != NULL && s->recent_frees == r->channel_frees &&
-      strcmp(s->recent->name, name) == 0)
+  if (s->recent != NULL && name != NULL &&
+      s->recent_frees == r->channel_frees && strcmp(s->recent->name, name) == 0)
     return s->recent;
   return NULL;
 }
