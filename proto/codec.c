@@ -482,24 +482,6 @@ long tb__request_encode(const tb__request *m, uint8_t *buf, size_t cap) {
     hlen += tb__put_varint(head + hlen, m->request_id);
   }
   body_len = 0;
-  if (cap >= hlen + 3 + sizeof(tmp)) {
-    /* written in place behind its tag and a one-byte length, moved if the
-     * length takes more */
-    size_t pre = tb__varint_size(((uint64_t)m->body_case << 3) | 2u) + 1;
-    uint8_t *at = buf + hlen + pre;
-    if (m->body_case == TENSORBROKER__V1__REQUEST__BODY_ACQUIRE)
-      body_len = put_acquire(m->acquire, at, sizeof(tmp));
-    else if (m->body_case == TENSORBROKER__V1__REQUEST__BODY_RELEASE)
-      body_len = put_release(m->release, at);
-    if (body_len > 0) {
-      size_t k = len_field_size((uint32_t)m->body_case, body_len) - body_len;
-      if (k != pre)
-        memmove(buf + hlen + k, at, body_len);
-      memcpy(buf, head, hlen);
-      (void)put_len_field(buf + hlen, (uint32_t)m->body_case, body_len);
-      return (long)(hlen + k + body_len);
-    }
-  }
   if (m->body_case == TENSORBROKER__V1__REQUEST__BODY_ACQUIRE)
     body_len = put_acquire(m->acquire, tmp, sizeof(tmp));
   else if (m->body_case == TENSORBROKER__V1__REQUEST__BODY_RELEASE)
