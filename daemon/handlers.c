@@ -409,6 +409,8 @@ static int on_acquire(struct tbd_registry *r, struct tbd_session *s,
   const char *what = NULL;
   int rc;
 
+  /* a name this session acquired last is valid (tbd__acquire looks it up
+   * again after the release below, which may free a channel) */
   if (tbd__channel_recent(r, s, m->channel) == NULL &&
       name_bad(r, s, id, m->channel))
     return TB_ENAME;

@@ -675,6 +675,35 @@ static void rng_bytes(uint64_t *x, uint8_t *out, size_t cap,
     out[i] = (uint8_t)rng_next(x);
 }
 
+/* Carry ar's layout and buffer as the daemon does: packed beforehand, as
+ * unknown fields 3 and 4 (tag, then the length-prefixed bytes), which the
+ * hand-written encoder writes verbatim. lbuf and bbuf hold 512 bytes each;
+ * they and pre must outlive ar's encoding. */
+static void as_daemon_packs(Tensorbroker__V1__AcquireReply *ar,
+                            ProtobufCMessageUnknownField pre[2],
+                            uint8_t *lbuf, uint8_t *bbuf) {
+  size_t nu = 0, k;
+
+  if (ar->layout != NULL) {
+    k = tb__put_varint(lbuf,
+                       tensorbroker__v1__layout__get_packed_size(ar->layout));
+    k += tensorbroker__v1__layout__pack(ar->layout, lbuf + k);
+    pre[nu++] = (ProtobufCMessageUnknownField){
+        3, PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED, k, lbuf};
+  }
+  if (ar->buffer != NULL) {
+    k = tb__put_varint(
+        bbuf, tensorbroker__v1__buffer_info__get_packed_size(ar->buffer));
+    k += tensorbroker__v1__buffer_info__pack(ar->buffer, bbuf + k);
+    pre[nu++] = (ProtobufCMessageUnknownField){
+        4, PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED, k, bbuf};
+  }
+  ar->layout = NULL;
+  ar->buffer = NULL;
+  ar->base.n_unknown_fields = nu;
+  ar->base.unknown_fields = nu ? pre : NULL;
+}
+
 /* Encode a random ServerMessage{Reply{AcquireReply}}: each field present or
  * not, values of every magnitude, negative int32s. */
 static long random_acquire_reply(uint64_t *x, struct gen *g, uint8_t *buf,
@@ -739,31 +768,13 @@ static long random_acquire_reply(uint64_t *x, struct gen *g, uint8_t *buf,
   m.body_case = TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY;
   m.reply = &rep;
   if (as_daemon) {
-    /* As the daemon sends it: layout and buffer packed beforehand and
-     * carried as unknown fields 3 and 4 (tag, then the length-prefixed
-     * bytes), which the hand-written encoder writes; its bytes must be
+    /* As the daemon sends it (as_daemon_packs); its bytes must be
      * protobuf-c's. */
     ProtobufCMessageUnknownField pre[2];
     uint8_t lbuf[512], bbuf[512];
-    size_t nu = 0, k;
     long n;
 
-    if (ar.layout != NULL) {
-      k = tb__put_varint(lbuf, tensorbroker__v1__layout__get_packed_size(&lay));
-      k += tensorbroker__v1__layout__pack(&lay, lbuf + k);
-      pre[nu++] = (ProtobufCMessageUnknownField){
-          3, PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED, k, lbuf};
-    }
-    if (ar.buffer != NULL) {
-      k = tb__put_varint(bbuf, tensorbroker__v1__buffer_info__get_packed_size(&bi));
-      k += tensorbroker__v1__buffer_info__pack(&bi, bbuf + k);
-      pre[nu++] = (ProtobufCMessageUnknownField){
-          4, PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED, k, bbuf};
-    }
-    ar.layout = NULL;
-    ar.buffer = NULL;
-    ar.base.n_unknown_fields = nu;
-    ar.base.unknown_fields = nu ? pre : NULL;
+    as_daemon_packs(&ar, pre, lbuf, bbuf);
     n = tb__server_message_encode(&m, buf, cap);
     assert_true(n > 0);
     assert_int_equal((size_t)n, tensorbroker__v1__server_message__get_packed_size(&m));
@@ -969,7 +980,7 @@ static void test_fast_decoder_keeping(void **state) {
 }
 
 /* A reply whose layout has shape {dim} and whose lease is lease_id, as the
- * daemon sends it (layout and buffer packed once, see random_acquire_reply). */
+ * daemon sends it (layout and buffer packed once: as_daemon_packs). */
 static long kept_reply(uint8_t *buf, size_t cap, uint64_t lease_id,
                        int64_t dim, uint64_t buffer_id) {
   Tensorbroker__V1__Layout lay = TENSORBROKER__V1__LAYOUT__INIT;
@@ -978,8 +989,7 @@ static long kept_reply(uint8_t *buf, size_t cap, uint64_t lease_id,
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
   Srv m = TENSORBROKER__V1__SERVER_MESSAGE__INIT;
   ProtobufCMessageUnknownField pre[2];
-  uint8_t lbuf[128], bbuf[128];
-  size_t k;
+  uint8_t lbuf[512], bbuf[512];
 
   lay.dtype_code = 2;
   lay.dtype_bits = 32;
@@ -989,19 +999,12 @@ static long kept_reply(uint8_t *buf, size_t cap, uint64_t lease_id,
   bi.buffer_id = buffer_id;
   bi.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
   bi.size = 4096;
-  k = tb__put_varint(lbuf, tensorbroker__v1__layout__get_packed_size(&lay));
-  k += tensorbroker__v1__layout__pack(&lay, lbuf + k);
-  pre[0] = (ProtobufCMessageUnknownField){
-      3, PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED, k, lbuf};
-  k = tb__put_varint(bbuf, tensorbroker__v1__buffer_info__get_packed_size(&bi));
-  k += tensorbroker__v1__buffer_info__pack(&bi, bbuf + k);
-  pre[1] = (ProtobufCMessageUnknownField){
-      4, PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED, k, bbuf};
+  ar.layout = &lay;
+  ar.buffer = &bi;
+  as_daemon_packs(&ar, pre, lbuf, bbuf);
   ar.lease_id = lease_id;
   ar.version = lease_id;
   ar.channel = "cam0";
-  ar.base.n_unknown_fields = 2;
-  ar.base.unknown_fields = pre;
   rep.request_id = lease_id;
   rep.body_case = TENSORBROKER__V1__REPLY__BODY_ACQUIRE;
   rep.acquire = &ar;
