@@ -105,6 +105,7 @@ struct gpu_shared {
    * from the driver counters read just outside its timed window */
   uint64_t opens_in[1024];
   uint64_t rt_in[1024]; /* the same acquires' times (rt[] gets sorted) */
+  uint64_t connect_ns[1024]; /* new-client row: each client's connect */
   unsigned long records, creates; /* consumer's cuEventRecord/Create calls */
   unsigned long long ns_record, ns_create;
   unsigned long prod_records; /* producer's cuEventRecord calls, warm rows */
@@ -163,7 +164,10 @@ struct h_arg {
   struct gpu_shared *sh;
   size_t bytes;
   int cold;         /* 0 warm; 1 new client (raw: the same handles opened
-                       again); 2 new buffer (raw: new handles each round) */
+                       again); 2 new buffer (raw: new handles each round);
+                       tb only: 3 new buffer, subscribed; 4 new client
+                       with no_prefetch (its done event registered by
+                       its acquire, not by its connect) */
   int idle;         /* warm: the producer's write is finished before timing
                        starts, as in the torch.multiprocessing baseline;
                        raw 2: the producer checks its stream is idle
@@ -428,7 +432,7 @@ static int tb_gpu_producer(void *p) {
   po.metadata_len = sizeof(uint64_t);
   uint64_t ts = tbb_now_ns();
   po.metadata = &ts;
-  if (a->cold >= 2) {
+  if (a->cold == 2 || a->cold == 3) {
     /* Every round a new allocation published from a new stream: the
      * consumer, connected all along, opens a new memory handle and a new
      * ready event (the library makes one event per producer stream).
@@ -540,7 +544,7 @@ static int tb_gpu_consumer(void *p) {
   o.stream = g.stream;
   o.timeout_ms = 30000;
   close(a->go_wr); /* the producer's end: its exit ends our read */
-  if (a->cold >= 2) {
+  if (a->cold == 2 || a->cold == 3) {
     /* one client; each round a buffer it has never seen */
     struct counts k0 = {0}, k1;
     o.mode = TB_ACQUIRE_LATEST;
@@ -595,9 +599,19 @@ static int tb_gpu_consumer(void *p) {
       if (i == a->sh->warm) /* the first acquires of the process, not timed,
                                are not counted either */
         counts_now(&k0);
-      rc = tbb_connect(a->sock, "bench-gpu-cold", TB_CONTRACT_SPEC, &c);
+      struct tb_connect_options co;
+      tb_connect_options_init(&co);
+      co.spin_us = tbb_spin_us;
+      co.socket_path = a->sock;
+      co.client_name = "bench-gpu-cold";
+      co.no_prefetch = a->cold == 4;
+      uint64_t tc = tbb_now_ns();
+      rc = tb_client_connect(&co, &c);
+      tc = tbb_now_ns() - tc;
       if (rc < 0)
         goto out;
+      if (i >= a->sh->warm && i - a->sh->warm < 1024)
+        a->sh->connect_ns[i - a->sh->warm] = tc;
       struct tb_cuda_counters o0, o1;
       tb__cuda_counters(&o0);
       uint64_t t0 = tbb_now_ns();
@@ -1007,14 +1021,25 @@ void tbb_scenario_gpu_handoff(void) {
   } else
     tbb_failed("raw cold open of new handles");
   if (cold_row(&d, sh, n, 1, "tb cold acquire, new client", raw_same,
-               "new client") == 0)
+               "new client") == 0) {
     tbb_note("new-client cold acquires made %lu cuIpcOpenMemHandle and %lu "
              "cuIpcOpenEventHandle calls over %ld acquires (1 each = "
              "really cold; the same handles each time, as in the raw row "
-             "above); each also creates the client's done event (while "
-             "the Acquire's request travels) and registers it (while the "
-             "memory handle opens)",
+             "above); each client's done event is made and registered by "
+             "its connect (a context is current: docs/cuda.md, \"Ready at "
+             "connect\"), so each acquire is one request to the daemon",
              sh->opens_mem, sh->opens_event, sh->iters);
+    tbb_row_latency("tb connect of those new clients (not timed above)",
+                    sh->connect_ns, n > 1024 ? 1024 : n, NULL);
+  }
+  /* the same, the done event registered by the acquire (the library before
+   * "Ready at connect"): what preparing it at connect saves */
+  if (cold_row(&d, sh, n, 4,
+               "tb cold acquire, new client, event registered by the acquire "
+               "(no_prefetch)",
+               raw_same, "new client, no_prefetch") == 0)
+    tbb_row_latency("tb connect of those new clients, no_prefetch",
+                    sh->connect_ns, n > 1024 ? 1024 : n, NULL);
   if (cold_row(&d, sh, n, 2,
                "tb cold acquire, new buffer+event, connected client", raw_new,
                "new buffer") == 0)

@@ -200,6 +200,8 @@ int tb__acquire_counting(void);
 
 /* How many of c's waits polled before sleeping (spin_us): for tests. */
 uint64_t tb__client_polled_waits(const struct tb_client *c);
+/* How many requests that expect a reply c has sent: for tests. */
+uint64_t tb__client_requests(const struct tb_client *c);
 /* Pretend the daemon said HelloReply.features: for tests of older daemons. */
 void tb__client_set_features(struct tb_client *c, uint32_t features);
 
@@ -316,6 +318,11 @@ struct tb__cuda_acq {
  * need for that device (if it has none yet), so that a new client's first
  * CUDA acquire does not create it after the reply. Quiet on failure. */
 void tb__cuda_acquire_early(struct tb_client *c);
+/* tb_client_connect, after the Hello (unless no_prefetch): when the driver
+ * is loaded and a context is current, make and register the done event of
+ * the current device, so that the client's first CUDA acquire makes one
+ * request, not two (docs/cuda.md, "Ready at connect"). Quiet on failure. */
+void tb__cuda_connect_early(struct tb_client *c);
 /* Consumer, on a NewVersion notice that carries a buffer (Hello.prefetch):
  * when the driver is loaded and a context is current, open the buffer for
  * the current device into the mapping cache, and the ready event (unless

@@ -386,6 +386,10 @@ uint64_t tb__client_polled_waits(const struct tb_client *c) {
   return c->polled_waits;
 }
 
+uint64_t tb__client_requests(const struct tb_client *c) {
+  return c->next_request_id - 1;
+}
+
 void tb__client_set_features(struct tb_client *c, uint32_t features) {
   c->features = features;
 }
@@ -772,6 +776,7 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
     tb_client_disconnect(c);
     return rc;
   }
+  tb__cuda_connect_early(c);
   *out = c;
   return 0;
 

@@ -281,6 +281,32 @@ int tb__cuda_load(const struct tb_cuda **out) {
 
 int tb__cuda_loaded(void) { return atomic_load(&tb_cuda_up); }
 
+int tb__cuda_context_current(void) {
+  const struct tb_cuda *cu;
+  tb_cu_result (*get_current)(tb_cu_context *) = NULL;
+  tb_cu_context cur = NULL;
+  void *lib, *fn;
+
+  if (atomic_load(&tb_cuda_up))
+    return 1;
+  /* Only a driver the application has loaded and initialised itself: a
+   * cuInit of ours in a process that forks later would leave its children
+   * without CUDA. cuCtxGetCurrent initialises nothing (before any cuInit
+   * it fails with CUDA_ERROR_NOT_INITIALIZED). */
+  lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (lib == NULL)
+    return 0;
+  fn = dlsym(lib, "cuCtxGetCurrent");
+  if (fn != NULL)
+    memcpy(&get_current, &fn, sizeof(fn));
+  if (get_current == NULL || get_current(&cur) != 0 || cur == NULL) {
+    dlclose(lib);
+    return 0;
+  }
+  dlclose(lib); /* still loaded: the application holds it */
+  return tb__cuda_load(&cu) == 0;
+}
+
 const char *tb__cuda_why(void) {
   pthread_once(&tb_cuda_once, tb_cuda_load_once);
   return tb_cuda_reason;

@@ -168,6 +168,13 @@ int tb__cuda_load(const struct tb_cuda **out);
 /* 1 when a tb__cuda_load has succeeded in this process; never loads. */
 int tb__cuda_loaded(void);
 
+/* 1 when this thread has a CUDA context current, found without being the
+ * first to load or initialise the driver: either tb__cuda_load has
+ * succeeded, or the application has libcuda.so.1 loaded and a context
+ * current (cuCtxGetCurrent, which initialises nothing), in which case the
+ * table is loaded now (its cuInit then changes nothing). Else 0. */
+int tb__cuda_context_current(void);
+
 /* Why the last load failed (static text), or "" after success. */
 const char *tb__cuda_why(void);
 

@@ -874,6 +874,25 @@ static int done_event_ensure(struct tb_client *c, int device) {
   return done_event_finish(c, &pd);
 }
 
+void tb__cuda_connect_early(struct tb_client *c) {
+  char why[256] = "", kept[TB__LAST_ERROR_MAX];
+  size_t kept_len;
+  int dev;
+
+  /* never the first to load the driver, nor to make a context current:
+   * only when the application has one current on this thread */
+  if (!c->prefetch || !tb__cuda_context_current() ||
+      tb__cuda_current_device(&dev, NULL, why, sizeof(why)) < 0)
+    return;
+  /* best effort: a failure is met again, and reported, by the acquire
+   * that needs the event; the last error stays what it was */
+  kept_len = c->last_error_len;
+  memcpy(kept, c->last_error, sizeof(kept));
+  (void)done_event_ensure(c, dev);
+  memcpy(c->last_error, kept, sizeof(kept));
+  c->last_error_len = kept_len;
+}
+
 /* Make s wait for the version's ready event (none, or a no-sync s: 0). */
 static int wait_ready(struct tb_client *c, const struct tb__map *m,
                       const Tensorbroker__V1__EventInfo *ready,

@@ -117,8 +117,12 @@ struct tb_connect_options {
    * buffer's handle with the new-version notice, and the library opens it
    * (and the version's ready event) as it reads that notice, on the thread
    * reading it if a CUDA context is current there: the acquire that
-   * follows finds them open (docs/cuda.md, "Opening ahead"). Non-zero: the
-   * notices carry no buffers, and acquires open what they need. */
+   * follows finds them open (docs/cuda.md, "Opening ahead"). Also, when
+   * the connecting thread has a CUDA context current, connect makes and
+   * registers the client's done event, which the first CUDA acquire would
+   * otherwise register ("Ready at connect"). Non-zero: the notices carry
+   * no buffers, acquires open what they need, and connect prepares
+   * nothing. */
   int no_prefetch;
 };
 

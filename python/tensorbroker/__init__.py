@@ -130,8 +130,12 @@ class Client:
         version in a CUDA buffer this session has not seen arrives with the
         buffer's handle in its new-version notice, and the library opens the
         buffer (and the version's ready event) as it reads that notice, when
-        a CUDA context is current on the reading thread. False: acquires
-        open what they need. See docs/cuda.md "Opening ahead".
+        a CUDA context is current on the reading thread; and when a CUDA
+        context is current at connect (once the program has used CUDA on
+        that thread), the client's done event is made and registered then,
+        not by the first
+        acquire. False: acquires open what they need, connect prepares
+        nothing. See docs/cuda.md "Opening ahead" and "Ready at connect".
     """
 
     def __init__(self, socket=None, name=None, stream_contract="spec", timeout=None,

@@ -276,6 +276,38 @@ static void test_publish_refused(void **state) {
   tb_client_disconnect(p);
 }
 
+/* ---- connect asks nothing more of a host-only process ---- */
+
+/* tb_client_connect prepares a CUDA done event only when this thread has a
+ * CUDA context current (tests/gpu/test_connect_early.c); a process without
+ * one sends its Hello and nothing else, and its first host acquire is one
+ * request. */
+static void test_connect_hello_only(void **state) {
+  struct tbt_daemon *d = *state;
+  tb_client *p, *c;
+  tb_buffer *b;
+  DLTensor t;
+  DLManagedTensorVersioned *mt;
+  int64_t shape[1];
+  uint64_t n0, n1;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tb_host_buffer_create(p, 64, 0, &b));
+  tbt_u8_tensor(&t, b, shape, 64);
+  assert_tb_ok(tb_publish(p, "hello-only", &t, NULL, NULL));
+  assert_tb_ok(tbt_connect(d, "consumer", &c));
+  /* the daemon's count: the Hello and this ListSessions */
+  assert_tb_ok(tbt_own_requests(c, &n0));
+  assert_int_equal(n0, 2);
+  assert_tb_ok(tb_acquire(c, "hello-only", NULL, &mt));
+  assert_tb_ok(tbt_own_requests(c, &n1));
+  assert_int_equal(n1 - n0, 2); /* the Acquire and this ListSessions */
+  assert_tb_ok(tb_release(mt, NULL));
+  tb_client_disconnect(c);
+  assert_tb_ok(tb_buffer_destroy(b));
+  tb_client_disconnect(p);
+}
+
 /* ---- one producer, eight consumer processes ---- */
 
 #define NCONS 8
@@ -910,6 +942,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_intact, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_negative_strides, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_publish_refused, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_connect_hello_only, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_one_producer_eight_consumers, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_history_depth, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_next_waits, tbt_setup, tbt_teardown),
