@@ -886,9 +886,11 @@ void tb__cuda_connect_early(struct tb_client *c) {
     return;
   /* best effort: a failure is met again, and reported, by the acquire
    * that needs the event; the last error stays what it was */
+  if (c->cuda == NULL && (c->cuda = calloc(1, sizeof(*c->cuda))) == NULL)
+    return;
   kept_len = c->last_error_len;
   memcpy(kept, c->last_error, sizeof(kept));
-  (void)done_event_ensure(c, dev);
+  (void)done_event_ensure(c, dev); /* sets has_done: no spare made later */
   memcpy(c->last_error, kept, sizeof(kept));
   c->last_error_len = kept_len;
 }
