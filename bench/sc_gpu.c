@@ -106,10 +106,6 @@ struct gpu_shared {
   uint64_t opens_in[1024];
   uint64_t rt_in[1024]; /* the same acquires' times (rt[] gets sorted) */
   uint64_t connect_ns[1024]; /* new-client row: each client's connect */
-  /* tb cold rows: raw opens made by the same consumer process in the same
-   * rounds, alternately before and after its acquire: memory + event, and
-   * the memory open alone (raw_beside[] gets sorted) */
-  uint64_t raw_beside[1024], raw_beside_mem[1024];
   unsigned long records, creates; /* consumer's cuEventRecord/Create calls */
   unsigned long long ns_record, ns_create;
   unsigned long prod_records; /* producer's cuEventRecord calls, warm rows */
@@ -159,90 +155,6 @@ static void note_counters(struct gpu_shared *sh, const struct counts *c0,
   sh->ns_create = k1->event_create_ns - k0->event_create_ns;
   sh->counted = (unsigned long)n;
 }
-
-/* IPC handles of a memory allocation and an event, as the producer hands
- * them to the consumer of a tb cold row for its raw opens beside the
- * acquires. */
-struct raw_handles {
-  tb_cu_ipc_mem_handle m;
-  tb_cu_ipc_event_handle e;
-};
-
-static int write_full(int fd, const void *b, size_t n) {
-  return write(fd, b, n) == (ssize_t)n ? 0 : -1; /* < PIPE_BUF: atomic */
-}
-
-static int read_full(int fd, void *b, size_t n) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = read(fd, (char *)b + got, n - got);
-    if (r <= 0)
-      return -1;
-    got += (size_t)r;
-  }
-  return 0;
-}
-
-/* Export a new allocation of bytes and a new interprocess event recorded on
- * s into h (the raw side of a tb cold round). */
-static int raw_export(struct tbb_gpu *g, size_t bytes, tb_cu_stream s,
-                      tb_cu_deviceptr *d, tb_cu_event *ev,
-                      struct raw_handles *h) {
-  tb_cu_result r;
-  if ((r = g->cu->cuMemAlloc(d, bytes)) ||
-      (r = g->cu->cuMemsetD32Async(*d, 1, bytes / 4, s)) ||
-      (r = g->cu->cuEventCreate(ev, TB_CU_EVENT_INTERPROCESS |
-                                        TB_CU_EVENT_DISABLE_TIMING)) ||
-      (r = g->cu->cuEventRecord(*ev, s)) ||
-      (r = g->cu->cuIpcGetMemHandle(&h->m, *d)) ||
-      (r = g->cu->cuIpcGetEventHandle(&h->e, *ev)))
-    return tbb_cu_fail(g, "raw export beside tb", r) ? -1 : -1;
-  return 0;
-}
-
-/* The raw side of a tb cold round: open h's memory and event (keep: leave
- * them open in *d / *ev, else close them again), time both opens into
- * round j of the shared arrays (j < 0: not counted) and add the driver
- * counters' change to *acc, which the consumer takes off its own counts. */
-static int raw_beside(struct tbb_gpu *g, const struct raw_handles *h, int keep,
-                      tb_cu_deviceptr *d, tb_cu_event *ev,
-                      struct gpu_shared *sh, long j,
-                      struct tb_cuda_counters *acc) {
-  struct tb_cuda_counters c0, c1;
-  tb_cu_result r;
-  tb__cuda_counters(&c0);
-  uint64_t t0 = tbb_now_ns();
-  r = g->cu->cuIpcOpenMemHandle(d, h->m, TB_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-  uint64_t t1 = tbb_now_ns();
-  if (r == 0 && (r = g->cu->cuIpcOpenEventHandle(ev, h->e)) != 0)
-    g->cu->cuIpcCloseMemHandle(*d);
-  uint64_t t2 = tbb_now_ns();
-  tb__cuda_counters(&c1);
-  if (r != 0)
-    return tbb_cu_fail(g, "raw open beside tb", r) ? -1 : -1;
-  if (!keep) {
-    g->cu->cuIpcCloseMemHandle(*d);
-    g->cu->cuEventDestroy(*ev);
-  }
-  if (j >= 0 && j < 1024) {
-    sh->raw_beside[j] = t2 - t0;
-    sh->raw_beside_mem[j] = t1 - t0;
-    acc->ipc_open_mem += c1.ipc_open_mem - c0.ipc_open_mem;
-    acc->ipc_open_event += c1.ipc_open_event - c0.ipc_open_event;
-    acc->ipc_open_mem_ns += c1.ipc_open_mem_ns - c0.ipc_open_mem_ns;
-    acc->ipc_open_event_ns += c1.ipc_open_event_ns - c0.ipc_open_event_ns;
-  }
-  return 0;
-}
-
-/* Take the raw opens beside the acquires off the consumer's counts. */
-static void counts_less(struct counts *k, const struct tb_cuda_counters *acc) {
-  k->k.ipc_open_mem -= acc->ipc_open_mem;
-  k->k.ipc_open_event -= acc->ipc_open_event;
-  k->k.ipc_open_mem_ns -= acc->ipc_open_mem_ns;
-  k->k.ipc_open_event_ns -= acc->ipc_open_event_ns;
-}
-
 
 struct h_arg {
   const char *sock;
@@ -496,11 +408,6 @@ static int tb_gpu_producer(void *p) {
   tb_cu_deviceptr d = 0, *bufs = NULL;
   tb_cu_stream *streams = NULL;
   long nbufs = 0;
-  /* the raw allocations and events the consumer opens beside its acquires */
-  tb_cu_deviceptr rawd = 0, *rawbufs = NULL;
-  tb_cu_event rawev = NULL, *rawevs = NULL;
-  long nraw = 0;
-  struct raw_handles h;
   tb_cu_result r;
   int rc, ret = 2;
   close(a->go_rd); /* the consumer's end */
@@ -534,9 +441,7 @@ static int tb_gpu_producer(void *p) {
     long n = a->sh->warm + a->sh->iters;
     bufs = calloc((size_t)n, sizeof(*bufs));
     streams = calloc((size_t)n, sizeof(*streams));
-    rawbufs = calloc((size_t)n, sizeof(*rawbufs));
-    rawevs = calloc((size_t)n, sizeof(*rawevs));
-    if (bufs == NULL || streams == NULL || rawbufs == NULL || rawevs == NULL)
+    if (bufs == NULL || streams == NULL)
       goto out;
     tbb_write_byte(a->ready_wr, 'p');
     for (long i = 0; i < n; i++) {
@@ -559,13 +464,7 @@ static int tb_gpu_producer(void *p) {
         fprintf(stderr, "gpu producer: publish: %s\n", tb_strerror(rc));
         goto out;
       }
-      /* and a new allocation + event for the consumer's raw opens */
-      nraw = i + 1;
-      if (raw_export(&g, a->bytes, streams[i], &rawbufs[i], &rawevs[i], &h) <
-          0)
-        goto out;
-      if (write_full(a->go_wr, &h, sizeof(h)) < 0 ||
-          tbb_read_byte(a->sv, &b) < 0)
+      if (tbb_write_byte(a->go_wr, 'g') < 0 || tbb_read_byte(a->sv, &b) < 0)
         goto out;
       struct tb_notice nt;
       while (tb_client_poll_notice(c, &nt, 0) == 0)
@@ -578,12 +477,6 @@ static int tb_gpu_producer(void *p) {
       fprintf(stderr, "gpu producer: publish: %s\n", tb_strerror(rc));
       goto out;
     }
-    /* an allocation + event of the same size for the consumer's raw opens
-     * (the same handles every round, as its acquires open the same
-     * buffer) */
-    if (raw_export(&g, a->bytes, g.stream, &rawd, &rawev, &h) < 0 ||
-        write_full(a->go_wr, &h, sizeof(h)) < 0)
-      goto out;
     tbb_write_byte(a->ready_wr, 'p');
     tbb_gate_wait(a->gate);
   } else {
@@ -626,28 +519,16 @@ out:
     g.cu->cuStreamSynchronize(g.stream);
     if (d)
       g.cu->cuMemFree(d);
-    for (long i = 0; i < nraw; i++) {
-      if (rawevs[i])
-        g.cu->cuEventDestroy(rawevs[i]);
-      if (rawbufs[i])
-        g.cu->cuMemFree(rawbufs[i]);
-    }
     for (long i = 0; i < nbufs; i++) {
       g.cu->cuStreamSynchronize(streams[i]);
       if (bufs[i])
         g.cu->cuMemFree(bufs[i]);
       g.cu->cuStreamDestroy(streams[i]);
     }
-    if (rawev)
-      g.cu->cuEventDestroy(rawev);
-    if (rawd)
-      g.cu->cuMemFree(rawd);
     tbb_gpu_fini(&g);
   }
   free(bufs);
   free(streams);
-  free(rawbufs);
-  free(rawevs);
   return ret;
 }
 
@@ -656,16 +537,6 @@ static int tb_gpu_consumer(void *p) {
   struct tbb_gpu g;
   tb_client *c = NULL;
   int rc, ret = 2;
-  /* the raw opens beside the acquires: their driver counts, and for the
-   * new-buffer rows the handles left open until the end, as the raw
-   * program leaves them */
-  struct tb_cuda_counters acc;
-  struct raw_handles h;
-  long nraw = 0;
-  tb_cu_deviceptr *rawd = NULL;
-  tb_cu_event *rawe = NULL;
-  memset(&acc, 0, sizeof(acc));
-  memset(&g, 0, sizeof(g));
   if (tbb_gpu_init(&g) < 0)
     goto out;
   struct tb_acquire_options o;
@@ -677,10 +548,6 @@ static int tb_gpu_consumer(void *p) {
     /* one client; each round a buffer it has never seen */
     struct counts k0 = {0}, k1;
     o.mode = TB_ACQUIRE_LATEST;
-    rawd = calloc((size_t)(a->sh->warm + a->sh->iters), sizeof(*rawd));
-    rawe = calloc((size_t)(a->sh->warm + a->sh->iters), sizeof(*rawe));
-    if (rawd == NULL || rawe == NULL)
-      goto out;
     rc = tbb_connect(a->sock, "bench-gpu-coldbuf", TB_CONTRACT_SPEC, &c);
     if (rc < 0)
       goto out;
@@ -690,18 +557,11 @@ static int tb_gpu_consumer(void *p) {
       goto out;
     for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
       DLManagedTensorVersioned *t;
-      long j = i >= a->sh->warm ? i - a->sh->warm : -1;
+      char b;
       if (i == a->sh->warm)
         counts_now(&k0);
-      if (read_full(a->go_rd, &h, sizeof(h)) < 0)
+      if (tbb_read_byte(a->go_rd, &b) < 0)
         goto out;
-      /* the raw opens of another new allocation and event, before the
-       * acquire in even rounds and after it in odd ones */
-      if (i % 2 == 0) {
-        if (raw_beside(&g, &h, 1, &rawd[i], &rawe[i], a->sh, j, &acc) < 0)
-          goto out;
-        nraw = i + 1;
-      }
       struct tb_cuda_counters o0, o1;
       tb__cuda_counters(&o0);
       uint64_t t0 = tbb_now_ns();
@@ -721,11 +581,6 @@ static int tb_gpu_consumer(void *p) {
       struct tb_notice nt;
       while (tb_client_poll_notice(c, &nt, 0) == 0)
         ;
-      if (i % 2 == 1) {
-        if (raw_beside(&g, &h, 1, &rawd[i], &rawe[i], a->sh, j, &acc) < 0)
-          goto out;
-        nraw = i + 1;
-      }
       if (tbb_write_byte(a->sv, 'a') < 0)
         goto out;
       if (i >= a->sh->warm) {
@@ -735,25 +590,15 @@ static int tb_gpu_consumer(void *p) {
       }
     }
     counts_now(&k1);
-    counts_less(&k1, &acc);
     note_counters(a->sh, &k0, &k1, a->sh->iters);
   } else if (a->cold) {
     o.mode = TB_ACQUIRE_LATEST;
     struct counts k0 = {0}, k1;
-    if (read_full(a->go_rd, &h, sizeof(h)) < 0)
-      goto out;
     for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
       DLManagedTensorVersioned *t;
-      long j = i >= a->sh->warm ? i - a->sh->warm : -1;
-      tb_cu_deviceptr rd;
-      tb_cu_event re;
       if (i == a->sh->warm) /* the first acquires of the process, not timed,
                                are not counted either */
         counts_now(&k0);
-      /* the raw opens of the same handles (closed again), before the new
-       * client in even rounds and after it in odd ones */
-      if (i % 2 == 0 && raw_beside(&g, &h, 0, &rd, &re, a->sh, j, &acc) < 0)
-        goto out;
       struct tb_connect_options co;
       tb_connect_options_init(&co);
       co.spin_us = tbb_spin_us;
@@ -782,8 +627,6 @@ static int tb_gpu_consumer(void *p) {
       g.cu->cuStreamSynchronize(g.stream);
       tb_client_disconnect(c);
       c = NULL;
-      if (i % 2 == 1 && raw_beside(&g, &h, 0, &rd, &re, a->sh, j, &acc) < 0)
-        goto out;
       if (i >= a->sh->warm) {
         a->sh->rt[i - a->sh->warm] = t1 - t0;
         a->sh->opens_in[i - a->sh->warm] = opens_between(&o0, &o1);
@@ -791,7 +634,6 @@ static int tb_gpu_consumer(void *p) {
       }
     }
     counts_now(&k1);
-    counts_less(&k1, &acc);
     note_counters(a->sh, &k0, &k1, a->sh->iters);
   } else {
     rc = tbb_connect(a->sock, "bench-gpu-warm", TB_CONTRACT_SPEC, &c);
@@ -839,14 +681,6 @@ static int tb_gpu_consumer(void *p) {
   ret = 0;
 out:
   tb_client_disconnect(c);
-  for (long i = 0; i < nraw; i++) {
-    if (rawd[i])
-      g.cu->cuIpcCloseMemHandle(rawd[i]);
-    if (rawe[i])
-      g.cu->cuEventDestroy(rawe[i]);
-  }
-  free(rawd);
-  free(rawe);
   if (g.cu)
     tbb_gpu_fini(&g);
   return ret;
@@ -1010,43 +844,17 @@ static void cold_breakdown(const struct gpu_shared *sh, const char *what) {
            ec / 1e3, sh->creates, er / 1e3, sh->records);
 }
 
-/* p50 in microseconds of the raw program's separate passes (0: none) */
-static double raw_same_p50, raw_new_p50;
-
-/* A cold row: the pair in mode cold on daemon d; first the raw opens its
- * consumer made beside the acquires (the same process, in the same
- * rounds, alternately just before and just after each acquire: memory +
- * event, as the issue's "raw cuIpcOpenMemHandle + cuIpcOpenEventHandle
- * cost"), then the row against them, against the raw program's separate
- * pass (raw_p50) and against the opens made inside the same acquires, and
- * where its time went (tag). 0, or -1 after reporting the failure. */
+/* A cold row: the pair in mode cold on daemon d, its row against the raw
+ * row named raw, its own opens and where its time went (tag). 0, or -1
+ * after reporting the failure. */
 static int cold_row(const struct tbb_daemon *d, struct gpu_shared *sh,
-                    size_t n, int cold, const char *row, double raw_p50,
+                    size_t n, int cold, const char *row, const char *raw,
                     const char *tag) {
-  static uint64_t mem[1024];
-  struct tbb_summary sm, sr, st;
-  char beside[128];
-
-  if (n > 1024)
-    n = 1024;
   if (run_tb_pair(d, sh, COLD_BYTES, cold, 0) != 0) {
     tbb_failed("%s", row);
     return -1;
   }
-  snprintf(beside, sizeof(beside), "raw opens beside: %s", tag);
-  tbb_row_latency(beside, sh->raw_beside, n, NULL);
-  tbb_summarise(sh->raw_beside, n, &sr); /* sorted already */
-  memcpy(mem, sh->raw_beside_mem, n * sizeof(*mem));
-  tbb_summarise(mem, n, &sm);
-  tbb_row_latency(row, sh->rt, n, beside);
-  tbb_summarise(sh->rt, n, &st);
-  tbb_note("%s: p50 %.1f us = %.2fx the raw cuIpcOpenMemHandle + "
-           "cuIpcOpenEventHandle made beside it (p50 %.1f us; the memory "
-           "open alone %.1f us: %.2fx), %.2fx the raw program's separate "
-           "pass (p50 %.1f us)",
-           row, st.p50_us, sr.p50_us > 0 ? st.p50_us / sr.p50_us : 0,
-           sr.p50_us, sm.p50_us, sm.p50_us > 0 ? st.p50_us / sm.p50_us : 0,
-           raw_p50 > 0 ? st.p50_us / raw_p50 : 0, raw_p50);
+  tbb_row_latency(row, sh->rt, n, raw);
   cold_own_opens(sh, n, row, tag);
   cold_breakdown(sh, tag);
   return 0;
@@ -1194,19 +1002,12 @@ void tbb_scenario_gpu_handoff(void) {
   static const char raw_same[] = "raw cuIpcOpenMemHandle+cuIpcOpenEventHandle",
                     raw_new[] = "raw open of new handles (new buffer+event "
                                 "each round)";
-  struct tbb_summary rs;
-  raw_same_p50 = raw_new_p50 = 0;
-  if (run_raw_pair(sh, COLD_BYTES, 1, 0) == 0) {
+  if (run_raw_pair(sh, COLD_BYTES, 1, 0) == 0)
     tbb_row_latency(raw_same, sh->rt, n, NULL);
-    tbb_summarise(sh->rt, n, &rs);
-    raw_same_p50 = rs.p50_us;
-  } else {
+  else
     tbb_failed("raw cold open");
-  }
   if (run_raw_pair(sh, COLD_BYTES, 2, 0) == 0) {
     tbb_row_latency(raw_new, sh->rt, n, NULL);
-    tbb_summarise(sh->rt, n, &rs);
-    raw_new_p50 = rs.p50_us;
     if (n <= 1024) {
       struct tbb_summary rb, ra;
       tbb_summarise(sh->read_before, n, &rb);
@@ -1219,7 +1020,7 @@ void tbb_scenario_gpu_handoff(void) {
     }
   } else
     tbb_failed("raw cold open of new handles");
-  if (cold_row(&d, sh, n, 1, "tb cold acquire, new client", raw_same_p50,
+  if (cold_row(&d, sh, n, 1, "tb cold acquire, new client", raw_same,
                "new client") == 0) {
     tbb_note("new-client cold acquires made %lu cuIpcOpenMemHandle and %lu "
              "cuIpcOpenEventHandle calls over %ld acquires (1 each = "
@@ -1236,12 +1037,12 @@ void tbb_scenario_gpu_handoff(void) {
   if (cold_row(&d, sh, n, 4,
                "tb cold acquire, new client, event registered by the acquire "
                "(no_prefetch)",
-               raw_same_p50, "new client, no_prefetch") == 0)
+               raw_same, "new client, no_prefetch") == 0)
     tbb_row_latency("tb connect of those new clients, no_prefetch",
                     sh->connect_ns, n > 1024 ? 1024 : n, NULL);
   if (cold_row(&d, sh, n, 2,
-               "tb cold acquire, new buffer+event, connected client",
-               raw_new_p50, "new buffer") == 0)
+               "tb cold acquire, new buffer+event, connected client", raw_new,
+               "new buffer") == 0)
     tbb_note("the per-buffer cost of a long-running consumer: each round "
              "the producer publishes a new allocation from a new stream; "
              "the timed acquires made %lu cuIpcOpenMemHandle and %lu "
@@ -1251,7 +1052,7 @@ void tbb_scenario_gpu_handoff(void) {
   if (cold_row(&d, sh, n, 3,
                "tb cold acquire, new buffer+event, subscribed client "
                "(opening ahead)",
-               raw_new_p50, "opening ahead") == 0)
+               raw_new, "opening ahead") == 0)
     tbb_note("the same with the consumer subscribed: the new-version notice "
              "carries the new buffer and its ready event, and the library "
              "opens them as the acquire reads that notice, while the daemon "
@@ -1279,7 +1080,7 @@ void tbb_scenario_gpu_handoff(void) {
     snprintf(what[2], sizeof(what[2]), "opening ahead, %s", tag);
     tbb_spin_us = tbb_polling_spin_us(p);
     for (int k = 0; k < 3; k++)
-      cold_row(&ds, sh, n, k + 1, row[k], k == 0 ? raw_same_p50 : raw_new_p50,
+      cold_row(&ds, sh, n, k + 1, row[k], k == 0 ? raw_same : raw_new,
                what[k]);
     tbb_spin_us = 0;
     tbb_daemon_stop(&ds);
