@@ -37,8 +37,8 @@ if (n1 > 0) {
 # scenario 4 in two panels: the hand-offs, then the cold acquires and opens
 # (the cold rows of the default settings; those without and with busy
 # polling are in the JSON and the table)
-warm = "'!cold|open|Open'"
-cold = "'cold|open|Open&!polling'"
+warm = "'!cold|open|Open|connect'"
+cold = "'cold|open|Open&!polling&!no_prefetch'"
 n4 = int(system(cmd("4")." count ".warm))
 set title "4: GPU hand-off"
 if (n4 > 0) {
