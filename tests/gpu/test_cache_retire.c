@@ -7,9 +7,12 @@
  *  - the producer disconnects: A (no version left) is retired and the
  *    consumer closes it (one cuIpcCloseMemHandle), B stays mapped while its
  *    version is leased and still reads correctly;
- *  - the consumer's done event is made while its first acquire's request is
- *    in flight (one cuEventCreate during an acquire of a channel that does
- *    not exist), and its first CUDA acquire uses it (no second one);
+ *  - a consumer that connected before it had a CUDA context (so connect
+ *    prepared no done event: "Ready at connect", tested by
+ *    gpu_connect_early) makes its done event while its first acquire's
+ *    request is in flight (one cuEventCreate during an acquire of a
+ *    channel that does not exist), and its first CUDA acquire uses it (no
+ *    second one);
  *  - opening ahead: the consumer (subscribed) opens each new buffer as it
  *    reads the new-version notice, before it acquires; the acquires then
  *    open no memory and no event. */
@@ -64,8 +67,10 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   DLManagedTensorVersioned *t = NULL;
   uint64_t ver = 0;
   (void)arg;
-  tbg_gpu_init(&g, 0);
+  /* connected before CUDA is initialised in this process: connect makes
+   * no done event */
   tb_client *c = tbg_connect(&daemon_, "consumer", TB_CONTRACT_SPEC);
+  tbg_gpu_init(&g, 0);
   tb_cu_stream s = tbg_stream(&g, 1);
   TBG_OK(c, tb_subscribe(c, "gpu/cache"));
   /* no reply for this acquire is CUDA, yet the done event is made while
