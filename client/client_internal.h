@@ -318,11 +318,15 @@ struct tb__cuda_acq {
  * need for that device (if it has none yet), so that a new client's first
  * CUDA acquire does not create it after the reply. Quiet on failure. */
 void tb__cuda_acquire_early(struct tb_client *c);
-/* tb_client_connect, after the Hello (unless no_prefetch): when the driver
- * is loaded and a context is current, make and register the done event of
- * the current device, so that the client's first CUDA acquire makes one
- * request, not two (docs/cuda.md, "Ready at connect"). Quiet on failure. */
-void tb__cuda_connect_early(struct tb_client *c);
+/* tb_client_connect, between sending the Hello and reading its reply
+ * (unless no_prefetch): when this thread has a CUDA context current
+ * (tb__cuda_context_current), make the done event of the current device
+ * and send its registration; tb__cuda_connect_end reads the reply (or,
+ * hello_ok 0, drops the event). The client's first CUDA acquire then makes
+ * one request, not two, and connect waits for one round trip (docs/cuda.md,
+ * "Ready at connect"). Quiet on failure. */
+void tb__cuda_connect_begin(struct tb_client *c);
+void tb__cuda_connect_end(struct tb_client *c, int hello_ok);
 /* Consumer, on a NewVersion notice that carries a buffer (Hello.prefetch):
  * when the driver is loaded and a context is current, open the buffer for
  * the current device into the mapping cache, and the ready event (unless

@@ -620,11 +620,12 @@ static int open_socket(const char *path, int *out) {
   return 0;
 }
 
-static int hello(struct tb_client *c, const char *name, int contract) {
+/* The Hello in two halves, so that connect can send the done event's
+ * registration before it waits (tb__cuda_connect_begin). */
+static int hello_send(struct tb_client *c, const char *name, int contract,
+                      uint64_t *id) {
   Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  tb__server_message *m = NULL;
-  int fds[TB__MAX_FDS], nfds = 0, rc;
 
   h.protocol_version = TB_PROTOCOL_VERSION;
   h.client_name = (char *)name;
@@ -638,7 +639,14 @@ static int hello(struct tb_client *c, const char *name, int contract) {
   h.says_goodbye = 1; /* tb_client_disconnect says it */
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
   r.hello = &h;
-  rc = tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds);
+  return tb__send_request(c, &r, NULL, 0, id);
+}
+
+static int hello_reply(struct tb_client *c, uint64_t id) {
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  rc = tb__await_reply(c, id, 0, &m, fds, &nfds);
   if (rc < 0)
     return rc;
   close_fds(fds, nfds);
@@ -674,6 +682,7 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
   const char *name;
   struct tb_client *c;
   struct tb__conn *k;
+  uint64_t hello_id = 0;
   int rc, fd = -1, spin_auto = 0;
 
   if (out == NULL)
@@ -769,14 +778,18 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
   c->max_ndim = TB__DEFAULT_MAX_NDIM;
   c->max_metadata = TB__DEFAULT_MAX_METADATA;
 
-  rc = hello(c, name, o.stream_contract);
+  rc = hello_send(c, name, o.stream_contract, &hello_id);
+  if (rc == 0) {
+    tb__cuda_connect_begin(c); /* its request follows the Hello */
+    rc = hello_reply(c, hello_id);
+    tb__cuda_connect_end(c, rc == 0);
+  }
   if (rc < 0) {
     if (rc == TB_EDISCONNECTED)
       rc = TB_ECONNECT; /* closed before saying hello: nobody to talk to */
     tb_client_disconnect(c);
     return rc;
   }
-  tb__cuda_connect_early(c);
   *out = c;
   return 0;
 

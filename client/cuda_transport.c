@@ -123,6 +123,10 @@ struct tb__cuda_client {
     int device;
     uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
   } spare;
+  /* The done event tb__cuda_connect_begin sent to be registered, whose
+   * reply tb__cuda_connect_end reads (NULL: none). */
+  struct tb__cuda_ev *connect_e;
+  uint64_t connect_request;
 };
 
 /* Lives in the refcounted connection, under its lock: deleters record the
@@ -874,7 +878,8 @@ static int done_event_ensure(struct tb_client *c, int device) {
   return done_event_finish(c, &pd);
 }
 
-void tb__cuda_connect_early(struct tb_client *c) {
+void tb__cuda_connect_begin(struct tb_client *c) {
+  struct done_pending pd;
   char why[256] = "", kept[TB__LAST_ERROR_MAX];
   size_t kept_len;
   int dev;
@@ -884,13 +889,38 @@ void tb__cuda_connect_early(struct tb_client *c) {
   if (!c->prefetch || !tb__cuda_context_current() ||
       tb__cuda_current_device(&dev, NULL, why, sizeof(why)) < 0)
     return;
-  /* best effort: a failure is met again, and reported, by the acquire
-   * that needs the event; the last error stays what it was */
   if (c->cuda == NULL && (c->cuda = calloc(1, sizeof(*c->cuda))) == NULL)
     return;
+  /* best effort: a failure is met again, and reported, by the acquire
+   * that needs the event; the last error stays what it was */
   kept_len = c->last_error_len;
   memcpy(kept, c->last_error, sizeof(kept));
-  (void)done_event_ensure(c, dev); /* sets has_done: no spare made later */
+  if (done_event_begin(c, dev, &pd) == 0 && pd.e != NULL) {
+    c->cuda->connect_e = pd.e;
+    c->cuda->connect_request = pd.request_id;
+  }
+  memcpy(c->last_error, kept, sizeof(kept));
+  c->last_error_len = kept_len;
+}
+
+void tb__cuda_connect_end(struct tb_client *c, int hello_ok) {
+  struct done_pending pd;
+  char kept[TB__LAST_ERROR_MAX];
+  size_t kept_len;
+
+  if (c->cuda == NULL || c->cuda->connect_e == NULL)
+    return;
+  pd.e = c->cuda->connect_e;
+  pd.request_id = c->cuda->connect_request;
+  c->cuda->connect_e = NULL;
+  if (!hello_ok) { /* the connection is being given up: no reply to read */
+    own_event_destroy(pd.e->ev);
+    free(pd.e);
+    return;
+  }
+  kept_len = c->last_error_len;
+  memcpy(kept, c->last_error, sizeof(kept));
+  (void)done_event_finish(c, &pd); /* sets has_done: no spare made later */
   memcpy(c->last_error, kept, sizeof(kept));
   c->last_error_len = kept_len;
 }
