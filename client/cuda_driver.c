@@ -13,6 +13,7 @@
  * tb-bench can say where a cold acquire's time went. A trampoline costs two
  * clock reads (~50 ns) on calls that take microseconds. */
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -281,18 +282,38 @@ int tb__cuda_load(const struct tb_cuda **out) {
 
 int tb__cuda_loaded(void) { return atomic_load(&tb_cuda_up); }
 
+/* dl_iterate_phdr callback: is an object named libcuda.so* loaded? */
+static int tb_libcuda_seen(struct dl_phdr_info *info, size_t size, void *arg) {
+  const char *name = info->dlpi_name, *slash;
+  (void)size;
+  if (name == NULL)
+    return 0;
+  slash = strrchr(name, '/');
+  if (strncmp(slash != NULL ? slash + 1 : name, "libcuda.so", 10) == 0) {
+    *(int *)arg = 1;
+    return 1; /* stop */
+  }
+  return 0;
+}
+
 int tb__cuda_context_current(void) {
   const struct tb_cuda *cu;
   tb_cu_result (*get_current)(tb_cu_context *) = NULL;
   tb_cu_context cur = NULL;
   void *lib, *fn;
+  int seen = 0;
 
   if (atomic_load(&tb_cuda_up))
     return 1;
   /* Only a driver the application has loaded and initialised itself: a
    * cuInit of ours in a process that forks later would leave its children
    * without CUDA. cuCtxGetCurrent initialises nothing (before any cuInit
-   * it fails with CUDA_ERROR_NOT_INITIALIZED). */
+   * it fails with CUDA_ERROR_NOT_INITIALIZED). The list of loaded objects
+   * first: dlopen(RTLD_NOLOAD) of a library that is not loaded searches
+   * the file system (~20 us), which every host-only connect would pay. */
+  dl_iterate_phdr(tb_libcuda_seen, &seen);
+  if (!seen)
+    return 0;
   lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   if (lib == NULL)
     return 0;
