@@ -200,8 +200,6 @@ int tb__acquire_counting(void);
 
 /* How many of c's waits polled before sleeping (spin_us): for tests. */
 uint64_t tb__client_polled_waits(const struct tb_client *c);
-/* How many requests that expect a reply c has sent: for tests. */
-uint64_t tb__client_requests(const struct tb_client *c);
 /* Pretend the daemon said HelloReply.features: for tests of older daemons. */
 void tb__client_set_features(struct tb_client *c, uint32_t features);
 

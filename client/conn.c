@@ -386,10 +386,6 @@ uint64_t tb__client_polled_waits(const struct tb_client *c) {
   return c->polled_waits;
 }
 
-uint64_t tb__client_requests(const struct tb_client *c) {
-  return c->next_request_id - 1;
-}
-
 void tb__client_set_features(struct tb_client *c, uint32_t features) {
   c->features = features;
 }

@@ -693,6 +693,23 @@ static int view_here(struct tb_client *c, struct tb__map *m,
   return view_in(c, m, dev, ctx, out);
 }
 
+/* Work done ahead (opening ahead, Ready at connect) is quiet: the caller's
+ * last error (tb_client_last_error) is kept across it. */
+struct kept_error {
+  char text[TB__LAST_ERROR_MAX];
+  size_t len;
+};
+
+static void error_keep(const struct tb_client *c, struct kept_error *ke) {
+  memcpy(ke->text, c->last_error, sizeof(ke->text));
+  ke->len = c->last_error_len;
+}
+
+static void error_restore(struct tb_client *c, const struct kept_error *ke) {
+  memcpy(c->last_error, ke->text, sizeof(ke->text));
+  c->last_error_len = ke->len;
+}
+
 void tb__cuda_prefetch(struct tb_client *c,
                        const Tensorbroker__V1__BufferInfo *bi,
                        const Tensorbroker__V1__EventInfo *ready) {
@@ -701,8 +718,8 @@ void tb__cuda_prefetch(struct tb_client *c,
   struct tb__map *m;
   tb_cu_context ctx = NULL;
   tb_cu_event ev;
-  char why[256] = "", kept[TB__LAST_ERROR_MAX];
-  size_t kept_len;
+  struct kept_error ke;
+  char why[256] = "";
   int dev, rc;
 
   /* never the first to load the driver or to make a context current */
@@ -717,9 +734,7 @@ void tb__cuda_prefetch(struct tb_client *c,
     pthread_mutex_unlock(&k->lock);
     return;
   }
-  /* the caller's last error stays what it was (tb_client_last_error) */
-  kept_len = c->last_error_len;
-  memcpy(kept, c->last_error, sizeof(kept));
+  error_keep(c, &ke);
   /* the mapping an acquire on this thread's device would make (view_in,
    * as acquire_default does), kept in the cache without a lease */
   rc = tb__cuda_map_open(c, bi, &m);
@@ -747,8 +762,7 @@ void tb__cuda_prefetch(struct tb_client *c,
     pthread_mutex_unlock(&k->lock);
   }
   /* a failure is met again, and reported, by the acquire that needs it */
-  memcpy(c->last_error, kept, sizeof(kept));
-  c->last_error_len = kept_len;
+  error_restore(c, &ke);
 }
 
 /* A consumer's done event whose registration is in flight. */
@@ -880,8 +894,8 @@ static int done_event_ensure(struct tb_client *c, int device) {
 
 void tb__cuda_connect_begin(struct tb_client *c) {
   struct done_pending pd;
-  char why[256] = "", kept[TB__LAST_ERROR_MAX];
-  size_t kept_len;
+  struct kept_error ke;
+  char why[256] = "";
   int dev;
 
   /* never the first to load the driver, nor to make a context current:
@@ -893,20 +907,17 @@ void tb__cuda_connect_begin(struct tb_client *c) {
     return;
   /* best effort: a failure is met again, and reported, by the acquire
    * that needs the event; the last error stays what it was */
-  kept_len = c->last_error_len;
-  memcpy(kept, c->last_error, sizeof(kept));
+  error_keep(c, &ke);
   if (done_event_begin(c, dev, &pd) == 0 && pd.e != NULL) {
     c->cuda->connect_e = pd.e;
     c->cuda->connect_request = pd.request_id;
   }
-  memcpy(c->last_error, kept, sizeof(kept));
-  c->last_error_len = kept_len;
+  error_restore(c, &ke);
 }
 
 void tb__cuda_connect_end(struct tb_client *c, int hello_ok) {
   struct done_pending pd;
-  char kept[TB__LAST_ERROR_MAX];
-  size_t kept_len;
+  struct kept_error ke;
 
   if (c->cuda == NULL || c->cuda->connect_e == NULL)
     return;
@@ -918,11 +929,9 @@ void tb__cuda_connect_end(struct tb_client *c, int hello_ok) {
     free(pd.e);
     return;
   }
-  kept_len = c->last_error_len;
-  memcpy(kept, c->last_error, sizeof(kept));
+  error_keep(c, &ke);
   (void)done_event_finish(c, &pd); /* sets has_done: no spare made later */
-  memcpy(c->last_error, kept, sizeof(kept));
-  c->last_error_len = kept_len;
+  error_restore(c, &ke);
 }
 
 /* Make s wait for the version's ready event (none, or a no-sync s: 0). */
