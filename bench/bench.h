@@ -103,6 +103,9 @@ struct tbb_daemon {
 int tbb_daemon_start(struct tbb_daemon *d, const char *const *extra);
 void tbb_daemon_stop(struct tbb_daemon *d);
 
+/* The options tbb_connect uses, for a caller that changes some. */
+void tbb_connect_options(struct tb_connect_options *o, const char *sock,
+                         const char *name, int contract);
 int tbb_connect(const char *sock, const char *name, int contract,
                 tb_client **out);
 /* tb_connect_options.spin_us for the clients tbb_connect makes (children

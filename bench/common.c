@@ -475,14 +475,19 @@ int tbb_polling_spin_us(enum tbb_polling p) {
   return p == TBB_POLL_BUSY ? tbb_busy_poll_us : p == TBB_POLL_NONE ? -1 : 0;
 }
 
+void tbb_connect_options(struct tb_connect_options *o, const char *sock,
+                         const char *name, int contract) {
+  tb_connect_options_init(o);
+  o->spin_us = tbb_spin_us;
+  o->socket_path = sock;
+  o->client_name = name;
+  o->stream_contract = contract;
+}
+
 int tbb_connect(const char *sock, const char *name, int contract,
                 tb_client **out) {
   struct tb_connect_options o;
-  tb_connect_options_init(&o);
-  o.spin_us = tbb_spin_us;
-  o.socket_path = sock;
-  o.client_name = name;
-  o.stream_contract = contract;
+  tbb_connect_options(&o, sock, name, contract);
   return tb_client_connect(&o, out);
 }
 

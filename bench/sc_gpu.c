@@ -600,10 +600,7 @@ static int tb_gpu_consumer(void *p) {
                                are not counted either */
         counts_now(&k0);
       struct tb_connect_options co;
-      tb_connect_options_init(&co);
-      co.spin_us = tbb_spin_us;
-      co.socket_path = a->sock;
-      co.client_name = "bench-gpu-cold";
+      tbb_connect_options(&co, a->sock, "bench-gpu-cold", TB_CONTRACT_SPEC);
       co.no_prefetch = a->cold == 4;
       uint64_t tc = tbb_now_ns();
       rc = tb_client_connect(&co, &c);

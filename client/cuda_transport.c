@@ -112,6 +112,12 @@ static int own_event_find(const uint8_t *handle, tb_cu_event *ev) {
   return o != NULL;
 }
 
+/* A consumer's done event whose registration is in flight. */
+struct done_pending {
+  struct tb__cuda_ev *e; /* NULL: nothing in flight */
+  uint64_t request_id;
+};
+
 struct tb__cuda_client {
   struct tb__cuda_reg *regs;
   struct tb__cuda_ev *ready;
@@ -124,9 +130,8 @@ struct tb__cuda_client {
     uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
   } spare;
   /* The done event tb__cuda_connect_begin sent to be registered, whose
-   * reply tb__cuda_connect_end reads (NULL: none). */
-  struct tb__cuda_ev *connect_e;
-  uint64_t connect_request;
+   * reply tb__cuda_connect_end reads (e NULL: none). */
+  struct done_pending connect;
 };
 
 /* Lives in the refcounted connection, under its lock: deleters record the
@@ -765,12 +770,6 @@ void tb__cuda_prefetch(struct tb_client *c,
   error_restore(c, &ke);
 }
 
-/* A consumer's done event whose registration is in flight. */
-struct done_pending {
-  struct tb__cuda_ev *e; /* NULL: nothing in flight */
-  uint64_t request_id;
-};
-
 /* The consumer's done event for a device, created in a context of that
  * device and registered while we hold the call lock, so that deleters
  * (which may not take it) find it ready. The registration is sent here
@@ -893,7 +892,7 @@ static int done_event_ensure(struct tb_client *c, int device) {
 }
 
 void tb__cuda_connect_begin(struct tb_client *c) {
-  struct done_pending pd;
+  struct tb__cuda_client *cc = NULL;
   struct kept_error ke;
   char why[256] = "";
   int dev;
@@ -903,15 +902,11 @@ void tb__cuda_connect_begin(struct tb_client *c) {
   if (!c->prefetch || !tb__cuda_context_current() ||
       tb__cuda_current_device(&dev, NULL, why, sizeof(why)) < 0)
     return;
-  if (c->cuda == NULL && (c->cuda = calloc(1, sizeof(*c->cuda))) == NULL)
-    return;
   /* best effort: a failure is met again, and reported, by the acquire
    * that needs the event; the last error stays what it was */
   error_keep(c, &ke);
-  if (done_event_begin(c, dev, &pd) == 0 && pd.e != NULL) {
-    c->cuda->connect_e = pd.e;
-    c->cuda->connect_request = pd.request_id;
-  }
+  if (cuda_client(c, &cc) == 0)
+    (void)done_event_begin(c, dev, &cc->connect);
   error_restore(c, &ke);
 }
 
@@ -919,11 +914,10 @@ void tb__cuda_connect_end(struct tb_client *c, int hello_ok) {
   struct done_pending pd;
   struct kept_error ke;
 
-  if (c->cuda == NULL || c->cuda->connect_e == NULL)
+  if (c->cuda == NULL || c->cuda->connect.e == NULL)
     return;
-  pd.e = c->cuda->connect_e;
-  pd.request_id = c->cuda->connect_request;
-  c->cuda->connect_e = NULL;
+  pd = c->cuda->connect;
+  c->cuda->connect.e = NULL;
   if (!hello_ok) { /* the connection is being given up: no reply to read */
     own_event_destroy(pd.e->ev);
     free(pd.e);
