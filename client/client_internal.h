@@ -155,6 +155,12 @@ int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
              int n_send_fds, long extra_ms, tb__server_message **out,
              int *fds, int *nfds);
 
+/* BufferRegister br, passing fd along (-1: none); the daemon's id for the
+ * buffer in *id. */
+int tb__buffer_register(struct tb_client *c,
+                        Tensorbroker__V1__BufferRegister *br, int fd,
+                        uint64_t *id);
+
 /* tb__call in two halves, for a request whose reply is collected later
  * (the daemon answers a session's requests in order): send r and return its
  * id in *id; then wait for the reply with that id as tb__call does. No

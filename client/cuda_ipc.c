@@ -194,6 +194,32 @@ static int tb_capture_state(const struct tb_cuda *cu, tb_cu_stream s,
   return st == TB_CU_STREAM_CAPTURE_STATUS_ACTIVE;
 }
 
+/* Makes s's context current (saved puts the thread's back): tb_cu_get,
+ * tb_stream_ctx and tb_ctx_enter in one. With what, also returns s's
+ * capture state as tb_capture_state does (0 or 1), leaving the context
+ * again on its error. */
+static int tb_stream_enter(const struct tb__cuda_stream *s, const char *what,
+                           const struct tb_cuda **cu,
+                           struct tb_ctx_saved *saved, char *why,
+                           size_t whylen) {
+  tb_cu_context ctx;
+  int rc;
+
+  rc = tb_cu_get(cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_stream_ctx(*cu, s->stream, &ctx, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_ctx_enter(*cu, ctx, saved, why, whylen);
+  if (rc != 0 || what == NULL)
+    return rc;
+  rc = tb_capture_state(*cu, s->stream, what, why, whylen);
+  if (rc < 0)
+    tb_ctx_leave(*cu, saved);
+  return rc;
+}
+
 /* Has every operation enqueued on s finished? Only asked of streams
  * created non-blocking: those take no implicit dependency on the legacy
  * stream, so an event recorded on them now would mark exactly this work.
@@ -214,7 +240,6 @@ int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
                     size_t whylen) {
   const struct tb_cuda *cu;
   struct tb_ctx_saved saved;
-  tb_cu_context ctx;
   tb_cu_result r;
   int rc, idle = 0, mode;
 
@@ -224,18 +249,9 @@ int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
     *skipped = 0;
   if (s->no_sync)
     return 0;
-  rc = tb_cu_get(&cu, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_stream_ctx(cu, s->stream, &ctx, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_capture_state(cu, s->stream, "recording the event", why, whylen);
+  rc = tb_stream_enter(s, "recording the event", &cu, &saved, why, whylen);
   if (rc < 0)
-    goto out_leave;
+    return rc;
   if (rc == 1) {
     /* Inside a capture a plain record would become an internal node that
      * no other process can observe; EXTERNAL makes the graph record the
@@ -277,25 +293,15 @@ int tb__cuda_wait(const struct tb__cuda_stream *s, tb_cu_event ev, char *why,
                   size_t whylen) {
   const struct tb_cuda *cu;
   struct tb_ctx_saved saved;
-  tb_cu_context ctx;
   tb_cu_result r;
   int rc;
 
   if (s->no_sync)
     return 0;
-  rc = tb_cu_get(&cu, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_stream_ctx(cu, s->stream, &ctx, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_capture_state(cu, s->stream, "waiting for the producer's event",
-                        why, whylen);
+  rc = tb_stream_enter(s, "waiting for the producer's event", &cu, &saved,
+                       why, whylen);
   if (rc < 0)
-    goto out_leave;
+    return rc;
   /* Capturing: a plain wait on an event recorded outside the capture is
    * refused and invalidates it (measured); the EXTERNAL wait becomes a
    * node that waits for the event's latest record when the graph runs. */
@@ -303,7 +309,6 @@ int tb__cuda_wait(const struct tb__cuda_stream *s, tb_cu_event ev, char *why,
                             rc == 1 ? TB_CU_EVENT_WAIT_EXTERNAL
                                     : TB_CU_EVENT_WAIT_DEFAULT);
   rc = r == 0 ? 0 : tb_cu_fail(why, whylen, "cuStreamWaitEvent", r);
-out_leave:
   tb_ctx_leave(cu, &saved);
   return rc;
 }
@@ -1062,18 +1067,11 @@ int tb__cuda_stream_device(const struct tb__cuda_stream *s, int *ordinal,
                            char *why, size_t whylen) {
   const struct tb_cuda *cu;
   struct tb_ctx_saved saved;
-  tb_cu_context ctx;
   tb_cu_device d;
   tb_cu_result r;
   int rc;
 
-  rc = tb_cu_get(&cu, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_stream_ctx(cu, s->stream, &ctx, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
+  rc = tb_stream_enter(s, NULL, &cu, &saved, why, whylen);
   if (rc != 0)
     return rc;
   r = cu->cuCtxGetDevice(&d);
@@ -1088,22 +1086,13 @@ int tb__cuda_capturing(const struct tb__cuda_stream *s, const char *what,
                        char *why, size_t whylen) {
   const struct tb_cuda *cu;
   struct tb_ctx_saved saved;
-  tb_cu_context ctx;
   int rc;
 
   if (s->no_sync)
     return 0;
-  rc = tb_cu_get(&cu, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_stream_ctx(cu, s->stream, &ctx, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_capture_state(cu, s->stream, what, why, whylen);
-  tb_ctx_leave(cu, &saved);
+  rc = tb_stream_enter(s, what, &cu, &saved, why, whylen);
+  if (rc >= 0)
+    tb_ctx_leave(cu, &saved);
   return rc;
 }
 

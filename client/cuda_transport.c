@@ -225,9 +225,6 @@ static int register_alloc(struct tb_client *c, const struct tb__cuda_alloc *a,
                           const uint8_t *handle, uint64_t *id) {
   Tensorbroker__V1__BufferRegister br = TENSORBROKER__V1__BUFFER_REGISTER__INIT;
   Tensorbroker__V1__Device dev = TENSORBROKER__V1__DEVICE__INIT;
-  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  tb__server_message *m = NULL;
-  int fds[TB__MAX_FDS], nfds = 0, rc;
 
   dev.type = kDLCUDA;
   dev.id = a->device;
@@ -238,22 +235,7 @@ static int register_alloc(struct tb_client *c, const struct tb__cuda_alloc *a,
   br.device = &dev;
   br.cuda_ipc_handle.data = (uint8_t *)handle;
   br.cuda_ipc_handle.len = TB__CUDA_IPC_HANDLE_SIZE;
-  r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
-  r.buffer_register = &br;
-  rc = tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds);
-  if (rc < 0)
-    return rc;
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
-  if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_BUFFER_REGISTER ||
-      m->reply->buffer_register == NULL ||
-      m->reply->buffer_register->buffer_id == 0) {
-    tb__msg_free(c, m);
-    return tb__set_error(c, TB_EPROTO, "BufferRegister answered without an id");
-  }
-  *id = m->reply->buffer_register->buffer_id;
-  tb__msg_free(c, m);
-  return 0;
+  return tb__buffer_register(c, &br, -1, id);
 }
 
 static void unregister_buffer(struct tb_client *c, uint64_t id) {

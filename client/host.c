@@ -14,31 +14,13 @@ static int register_memfd(struct tb_client *c, int fd, size_t size,
                           unsigned flags, uint64_t *id) {
   Tensorbroker__V1__BufferRegister br = TENSORBROKER__V1__BUFFER_REGISTER__INIT;
   Tensorbroker__V1__Device dev = TENSORBROKER__V1__DEVICE__INIT;
-  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  tb__server_message *m = NULL;
-  int fds[TB__MAX_FDS], nfds = 0, rc;
 
   dev.type = kDLCPU;
   br.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
   br.size = size;
   br.device = &dev;
   br.consumers_may_write = (flags & TB_BUFFER_CONSUMERS_MAY_WRITE) != 0;
-  r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
-  r.buffer_register = &br;
-  rc = tb__call(c, &r, &fd, 1, 0, &m, fds, &nfds);
-  if (rc < 0)
-    return rc;
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
-  if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_BUFFER_REGISTER ||
-      m->reply->buffer_register == NULL ||
-      m->reply->buffer_register->buffer_id == 0) {
-    tb__msg_free(c, m);
-    return tb__set_error(c, TB_EPROTO, "BufferRegister answered without an id");
-  }
-  *id = m->reply->buffer_register->buffer_id;
-  tb__msg_free(c, m);
-  return 0;
+  return tb__buffer_register(c, &br, fd, id);
 }
 
 int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,

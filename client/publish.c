@@ -122,6 +122,31 @@ static int tensor_check(struct tb_client *c, const DLTensor *t,
   return 0;
 }
 
+int tb__buffer_register(struct tb_client *c,
+                        Tensorbroker__V1__BufferRegister *br, int fd,
+                        uint64_t *id) {
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
+  r.buffer_register = br;
+  rc = tb__call(c, &r, fd >= 0 ? &fd : NULL, fd >= 0, 0, &m, fds, &nfds);
+  if (rc < 0)
+    return rc;
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_BUFFER_REGISTER ||
+      m->reply->buffer_register == NULL ||
+      m->reply->buffer_register->buffer_id == 0) {
+    tb__msg_free(c, m);
+    return tb__set_error(c, TB_EPROTO, "BufferRegister answered without an id");
+  }
+  *id = m->reply->buffer_register->buffer_id;
+  tb__msg_free(c, m);
+  return 0;
+}
+
 /* Send Publish and read the version. Holds call_lock. */
 static int send_publish(struct tb_client *c, const char *channel,
                         const DLTensor *t, const struct tb_publish_options *o,
