@@ -183,15 +183,23 @@ uint64_t tbg_publish(tb_client *c, const struct tbg_gpu *g, const char *channel,
   return v;
 }
 
-int tbg_acquire(tb_client *c, const char *channel, int mode, uint64_t version,
-                void *stream, DLManagedTensorVersioned **out) {
+int tbg_acquire_on(tb_client *c, const char *channel, int mode,
+                   uint64_t version, void *stream, int device, unsigned flags,
+                   DLManagedTensorVersioned **out) {
   struct tb_acquire_options o;
   tb_acquire_options_init(&o);
   o.mode = mode;
   o.version = version;
   o.timeout_ms = TBT_TIMEOUT_MS;
   o.stream = stream;
+  o.device = device;
+  o.flags = flags;
   return tb_acquire(c, channel, &o, out);
+}
+
+int tbg_acquire(tb_client *c, const char *channel, int mode, uint64_t version,
+                void *stream, DLManagedTensorVersioned **out) {
+  return tbg_acquire_on(c, channel, mode, version, stream, -1, 0, out);
 }
 
 tb_cu_deviceptr tbg_tensor_ptr(const DLManagedTensorVersioned *t, size_t n) {
@@ -243,6 +251,71 @@ void tbg_child_hear(struct tbt_chan *ch, const char *want, char *rest,
   }
 }
 
+uint64_t tbg_child_hear_version(struct tbt_chan *ch) {
+  char line[100];
+  tbg_child_hear(ch, "v", line, sizeof line);
+  return strtoull(line, NULL, 10);
+}
+
+int tbg_slow_producer(struct tbt_chan *ch, void *slow) {
+  const struct tbg_slow *a = slow;
+  struct tbg_gpu g;
+  tbg_gpu_init(&g, a->producer_ordinal);
+  tb_client *c = tbg_connect(a->daemon, "producer", TB_CONTRACT_SPEC);
+  tb_cu_stream s = tbg_stream(&g, 1);
+  tb_cu_deviceptr p = tbg_alloc(&g, a->n * 4);
+  tbg_fill(&g, p, a->old_value, a->n, s);
+  TBG_CU(g.cu->cuStreamSynchronize(s));
+  tbg_child_hear(ch, "go", NULL, 0);
+  tbg_spin_fill(&g, p, a->new_value, a->n, a->spin_ms, s);
+  uint64_t v = tbg_publish(c, &g, a->channel, p, a->n, s, 1);
+  tbg_child_say(ch, "published %llu", (unsigned long long)v);
+  if (a->wait_for_kill) {
+    tbg_child_hear(ch, "never", NULL, 0); /* killed here, its kernel running */
+    return 3;
+  }
+  tbg_child_hear(ch, "done", NULL, 0);
+  /* the producer's own view, after its kernel: all new */
+  if (tbg_count(&g, p, a->new_value, a->n, s) != 0)
+    TBG_FAIL("producer's buffer is not NEW after its kernel");
+  tb_client_disconnect(c);
+  return 0;
+}
+
+int tbg_slow_consumer(struct tbt_chan *ch, void *slow) {
+  const struct tbg_slow *a = slow;
+  struct tbg_gpu g;
+  tbg_gpu_init(&g, a->consumer_ordinal);
+  tb_client *c = tbg_connect(a->daemon, "consumer", TB_CONTRACT_SPEC);
+  tb_cu_stream sa = tbg_stream(&g, 1), sb = tbg_stream(&g, 1);
+  tb_cu_deviceptr ca = tbg_alloc(&g, 4), cb = tbg_alloc(&g, 4);
+  DLManagedTensorVersioned *ta = NULL, *tb = NULL;
+  tbg_child_say(ch, "ready");
+  uint64_t ver = tbg_child_hear_version(ch);
+
+  TBG_OK(c, tbg_acquire_on(c, a->channel, TB_ACQUIRE_EXACT, ver, sa,
+                           a->consumer_device, 0, &ta));
+  tbg_count_async(&g, tbg_tensor_ptr(ta, a->n), a->new_value, a->n, ca, sa);
+  TBG_OK(c, tbg_acquire_on(c, a->channel, TB_ACQUIRE_EXACT, ver,
+                           TB_STREAM_NO_SYNC, a->consumer_device, 0, &tb));
+  tbg_count_async(&g, tbg_tensor_ptr(tb, a->n), a->new_value, a->n, cb, sb);
+  unsigned stale = tbg_counter_read(&g, cb, sb);
+  unsigned waited = tbg_counter_read(&g, ca, sa);
+  fprintf(stderr, "%s: without wait %u of %zu words stale; with wait %u\n",
+          a->consumer_label, stale, a->n, waited);
+  if (stale == 0)
+    TBG_FAIL("the unsynchronised read saw no stale data: the producer's "
+             "kernel finished too early, so this run proves nothing");
+  if (waited != 0)
+    TBG_FAIL("%s: %u words wrong although the stream waited on the "
+             "producer's event", a->consumer_label, waited);
+  TBG_OK(c, tb_release(ta, sa));
+  TBG_OK(c, tb_release(tb, TB_STREAM_NO_SYNC));
+  tb_client_disconnect(c);
+  tbg_child_say(ch, "ok");
+  return 0;
+}
+
 /* ---- parent side ---- */
 
 #include <setjmp.h>
@@ -258,6 +331,14 @@ void tbg_spawn(struct tbt_child *c, tbt_child_fn fn, void *arg) {
   int rc = tbt_child_start(c, fn, arg);
   if (rc != 0)
     fail_msg("fork: %s", strerror(-rc));
+}
+
+void tbg_start(struct tbt_daemon *d, struct tbt_child *p, tbt_child_fn producer,
+               void *parg, struct tbt_child *c, tbt_child_fn consumer,
+               void *carg) {
+  tbg_daemon_up(d);
+  tbg_spawn(p, producer, parg);
+  tbg_spawn(c, consumer, carg);
 }
 
 void tbg_hear(struct tbt_child *c, const char *who, const char *want,
@@ -292,11 +373,22 @@ void tbg_reap(struct tbt_child *c, const char *who) {
     fail_msg("%s exited with %d", who, code);
 }
 
+void tbg_ready_go(struct tbt_child *p, struct tbt_child *c) {
+  tbg_hear(c, "consumer", "ready", NULL, 0);
+  tbg_say(p, "go");
+}
+
 void tbg_relay(struct tbt_child *from, const char *who, const char *want,
                struct tbt_child *to, const char *prefix) {
   char line[100];
   tbg_hear(from, who, want, line, sizeof line);
   tbg_say(to, "%s %s", prefix, line);
+}
+
+void tbg_pass(struct tbt_child *from, const char *who, const char *word,
+              struct tbt_child *to) {
+  tbg_hear(from, who, word, NULL, 0);
+  tbg_say(to, "%s", word);
 }
 
 void tbg_daemon_down(struct tbt_daemon *d) {
@@ -310,4 +402,13 @@ void tbg_finish(struct tbt_child *p, struct tbt_child *c, struct tbt_daemon *d) 
   tbg_reap(c, "consumer");
   tbg_reap(p, "producer");
   tbg_daemon_down(d);
+}
+
+void tbg_slow_run(const struct tbg_slow *slow) {
+  struct tbt_child p, c;
+  tbg_start(slow->daemon, &p, tbg_slow_producer, (void *)slow, &c,
+            tbg_slow_consumer, (void *)slow);
+  tbg_ready_go(&p, &c);
+  tbg_relay(&p, "producer", "published", &c, "v");
+  tbg_finish(&p, &c, slow->daemon);
 }

@@ -107,6 +107,11 @@ int tbg_publish_rc(tb_client *c, const struct tbg_gpu *g, const char *channel,
 /* Acquire (mode, version) waiting at most 20 s, with stream. */
 int tbg_acquire(tb_client *c, const char *channel, int mode, uint64_t version,
                 void *stream, DLManagedTensorVersioned **out);
+/* The same with tb_acquire_options.device and .flags (tbg_acquire is this
+ * with -1 and 0, their defaults). */
+int tbg_acquire_on(tb_client *c, const char *channel, int mode,
+                   uint64_t version, void *stream, int device, unsigned flags,
+                   DLManagedTensorVersioned **out);
 /* Check t is a 1-d u32 CUDA tensor of n words; returns its data pointer. */
 tb_cu_deviceptr tbg_tensor_ptr(const DLManagedTensorVersioned *t, size_t n);
 /* Wait (bounded) for a notice of type, discarding others. */
@@ -118,6 +123,41 @@ void tbg_child_say(struct tbt_chan *ch, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void tbg_child_hear(struct tbt_chan *ch, const char *want, char *rest,
                     size_t restlen);
+/* Wait for "v VERSION" from the parent (a relayed version); returns
+ * VERSION. */
+uint64_t tbg_child_hear_version(struct tbt_chan *ch);
+
+/* A slow producer and the consumer that shows it can tell (gpu_slow_producer,
+ * and gpu_cross_gpu's slow_producer across two GPUs). Both children take a
+ * struct tbg_slow as their argument.
+ *
+ * tbg_slow_producer: on producer_ordinal, fills its buffer of n words with
+ * old_value and synchronises; on "go" a kernel spinning spin_ms writes
+ * new_value and the version is published at once on that kernel's stream
+ * (history depth 1), said as "published V". Then, unless wait_for_kill, it
+ * waits for "done", checks its own view (all new_value) and disconnects;
+ * with wait_for_kill it waits for "never" (the parent kills it there, its
+ * kernel still running) and exits 3.
+ *
+ * tbg_slow_consumer: on consumer_ordinal, says "ready", hears "v V", and
+ * acquires V twice at once (opts.device consumer_device): on a stream the
+ * library makes wait on the producer's event, and with stream -1 (no
+ * wait); on both it counts words != new_value. The -1 count must be
+ * non-zero (the read was stale: the window is real), the waited one zero.
+ * Reports the counts on stderr as "consumer_label: ...", says "ok". */
+struct tbg_slow {
+  struct tbt_daemon *daemon;
+  const char *channel;
+  size_t n;
+  unsigned old_value, new_value;
+  unsigned spin_ms;
+  int producer_ordinal;
+  int wait_for_kill;
+  int consumer_ordinal, consumer_device;
+  const char *consumer_label;
+};
+int tbg_slow_producer(struct tbt_chan *ch, void *slow);
+int tbg_slow_consumer(struct tbt_chan *ch, void *slow);
 
 
 /* ---- parent side (cmocka assertions) ---- */
@@ -126,6 +166,14 @@ void tbg_child_hear(struct tbt_chan *ch, const char *want, char *rest,
 void tbg_daemon_up(struct tbt_daemon *d);
 /* Fork a child running fn(ch, arg) or fail. */
 void tbg_spawn(struct tbt_child *c, tbt_child_fn fn, void *arg);
+/* The usual start of a producer/consumer test: start the daemon, fork
+ * producer(parg) as p, then consumer(carg) as c. */
+void tbg_start(struct tbt_daemon *d, struct tbt_child *p, tbt_child_fn producer,
+               void *parg, struct tbt_child *c, tbt_child_fn consumer,
+               void *carg);
+/* For a producer that waits until the consumer is set up: hear the
+ * consumer's "ready", then say "go" to the producer. */
+void tbg_ready_go(struct tbt_child *p, struct tbt_child *c);
 /* Wait for a line from child c starting with want; the rest goes to rest. */
 void tbg_hear(struct tbt_child *c, const char *who, const char *want,
               char *rest, size_t restlen);
@@ -137,12 +185,20 @@ void tbg_reap(struct tbt_child *c, const char *who);
  * "prefix REST" to child to: the parent relays a version number. */
 void tbg_relay(struct tbt_child *from, const char *who, const char *want,
                struct tbt_child *to, const char *prefix);
+/* Hear the line word from child from (named who) and say word to child
+ * to: one child tells the other, through the parent, that it may go on. */
+void tbg_pass(struct tbt_child *from, const char *who, const char *word,
+              struct tbt_child *to);
 /* Stop the daemon (it must exit 0) and remove its files. */
 void tbg_daemon_down(struct tbt_daemon *d);
 /* The usual end of a producer/consumer test: hear the consumer's "ok",
  * say "done" to the producer, reap both (each must exit 0) and stop the
  * daemon. */
 void tbg_finish(struct tbt_child *p, struct tbt_child *c, struct tbt_daemon *d);
+/* A whole slow-producer test: tbg_start with tbg_slow_producer and
+ * tbg_slow_consumer on slow->daemon, tbg_ready_go, relay the producer's
+ * "published V" as "v V", tbg_finish. */
+void tbg_slow_run(const struct tbg_slow *slow);
 
 /* main() of a GPU test: skipped (exit 77) without a GPU, else the cmocka
  * tests given. */

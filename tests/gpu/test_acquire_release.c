@@ -70,23 +70,21 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   struct tb_cuda_counters k0, k1;
   struct tb_acquire_options o;
   DLManagedTensorVersioned *t1 = NULL, *t2 = NULL;
-  char line[100];
   (void)arg;
   tbg_gpu_init(&g, 0);
   tb_client *c = tbg_connect(&daemon_, "consumer", TB_CONTRACT_SPEC);
   tb_cu_stream cs = tbg_stream(&g, 1);
   tb_cu_deviceptr cnt = tbg_alloc(&g, 4);
 
-  tbg_child_hear(ch, "v", line, sizeof line);
-  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, strtoull(line, NULL, 10), cs,
-                        &t1));
+  uint64_t v1 = tbg_child_hear_version(ch);
+  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, v1, cs, &t1));
   tbg_child_say(ch, "ok");
-  tbg_child_hear(ch, "v", line, sizeof line);
+  uint64_t v2 = tbg_child_hear_version(ch);
   /* a slow read of version 1 in flight on cs */
   tbg_spin_count_async(&g, tbg_tensor_ptr(t1, N), V1, N, SPIN_MS, cnt, cs);
   tb_acquire_options_init(&o);
   o.mode = TB_ACQUIRE_EXACT;
-  o.version = strtoull(line, NULL, 10);
+  o.version = v2;
   o.timeout_ms = 20000;
   o.stream = cs;
   o.release = t1;
@@ -116,21 +114,14 @@ static int consumer(struct tbt_chan *ch, void *arg) {
 
 static void acquire_releases_cuda(void **state) {
   struct tbt_child p, c;
-  char line[100];
   (void)state;
-  tbg_daemon_up(&daemon_);
-  tbg_spawn(&p, producer, NULL);
-  tbg_spawn(&c, consumer, NULL);
-  tbg_hear(&p, "producer", "published", line, sizeof line);
-  tbg_say(&c, "v %s", line);
+  tbg_start(&daemon_, &p, producer, NULL, &c, consumer, NULL);
+  tbg_relay(&p, "producer", "published", &c, "v");
   tbg_hear(&c, "consumer", "ok", NULL, 0);
   tbg_say(&p, "next");
-  tbg_hear(&p, "producer", "published", line, sizeof line);
-  tbg_say(&c, "v %s", line);
-  tbg_hear(&c, "consumer", "released", NULL, 0);
-  tbg_say(&p, "released");
-  tbg_hear(&p, "producer", "overwritten", NULL, 0);
-  tbg_say(&c, "overwritten");
+  tbg_relay(&p, "producer", "published", &c, "v");
+  tbg_pass(&c, "consumer", "released", &p);
+  tbg_pass(&p, "producer", "overwritten", &c);
   tbg_finish(&p, &c, &daemon_);
 }
 

@@ -90,7 +90,6 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   struct tbg_gpu g;
   struct tb_cuda_counters k0, k1;
   DLManagedTensorVersioned *t = NULL;
-  char line[100];
   (void)arg;
   tbg_gpu_init(&g, 0);
   tb_cu_stream cs = tbg_stream(&g, 1);
@@ -118,10 +117,9 @@ static int consumer(struct tbt_chan *ch, void *arg) {
     TBG_FAIL("the daemon counted %llu requests after connect, expected 3 "
              "(Hello, EventRegister, ListSessions)", (unsigned long long)n0);
 
-  tbg_child_hear(ch, "v", line, sizeof line);
+  uint64_t v = tbg_child_hear_version(ch);
   tb__cuda_counters(&k0);
-  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, strtoull(line, NULL, 10), cs,
-                        &t));
+  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, v, cs, &t));
   tb__cuda_counters(&k1);
   uint64_t n1 = requests(c);
   if (n1 - n0 != 2 || k1.event_create != k0.event_create)
@@ -208,14 +206,10 @@ static int app_driver(struct tbt_chan *ch, void *arg) {
 static void first_acquire_one_request(void **state) {
   struct tbt_child p, c;
   (void)state;
-  tbg_daemon_up(&daemon_);
-  tbg_spawn(&p, producer, NULL);
-  tbg_spawn(&c, consumer, NULL);
+  tbg_start(&daemon_, &p, producer, NULL, &c, consumer, NULL);
   tbg_relay(&p, "producer", "published", &c, "v");
-  tbg_hear(&c, "consumer", "released", NULL, 0);
-  tbg_say(&p, "released");
-  tbg_hear(&p, "producer", "waited", NULL, 0);
-  tbg_say(&c, "waited");
+  tbg_pass(&c, "consumer", "released", &p);
+  tbg_pass(&p, "producer", "waited", &c);
   tbg_finish(&p, &c, &daemon_);
 }
 

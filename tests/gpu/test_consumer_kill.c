@@ -50,14 +50,12 @@ static int producer(struct tbt_chan *ch, void *arg) {
 static int consumer(struct tbt_chan *ch, void *arg) {
   int doomed = *(const int *)arg;
   struct tbg_gpu g;
-  char line[100];
   DLManagedTensorVersioned *t = NULL;
   tbg_gpu_init(&g, 0);
   tb_client *c = tbg_connect(&daemon_, doomed ? "doomed" : "other",
                              TB_CONTRACT_SPEC);
   tb_cu_stream s = tbg_stream(&g, 1);
-  tbg_child_hear(ch, "v", line, sizeof line);
-  unsigned long long v1 = strtoull(line, NULL, 10);
+  uint64_t v1 = tbg_child_hear_version(ch);
   TBG_OK(c, tbg_acquire(c, "gpu/ckill", TB_ACQUIRE_EXACT, v1, s, &t));
   if (tbg_count(&g, tbg_tensor_ptr(t, N), 21, N, s) != 0)
     TBG_FAIL("version 1 reads wrong");
@@ -72,8 +70,7 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   }
   TBG_OK(c, tb_release(t, s));
   tbg_child_say(ch, "released");
-  tbg_child_hear(ch, "v", line, sizeof line);
-  unsigned long long v2 = strtoull(line, NULL, 10);
+  uint64_t v2 = tbg_child_hear_version(ch);
   TBG_OK(c, tbg_acquire(c, "gpu/ckill", TB_ACQUIRE_EXACT, v2, s, &t));
   if (tbg_count(&g, tbg_tensor_ptr(t, N), 22, N, s) != 0)
     TBG_FAIL("version 2 reads wrong after the other consumer died");
@@ -90,9 +87,7 @@ static void consumer_kill(void **state) {
   struct tbt_child p, k, o;
   char line[100];
   (void)state;
-  tbg_daemon_up(&daemon_);
-  tbg_spawn(&p, producer, NULL);
-  tbg_spawn(&k, consumer, (void *)&doomed);
+  tbg_start(&daemon_, &p, producer, NULL, &k, consumer, (void *)&doomed);
   tbg_spawn(&o, consumer, (void *)&other);
   tbg_hear(&p, "producer", "published", line, sizeof line);
   tbg_say(&k, "v %s", line);

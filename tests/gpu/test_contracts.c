@@ -116,7 +116,6 @@ static void contracts(void **state) {
   static const int order[4] = {TB_CONTRACT_SPEC, TB_CONTRACT_PER_THREAD,
                                TB_CONTRACT_NO_SYNC, TB_CONTRACT_EXPLICIT};
   struct tbt_child p, c;
-  char line[100];
   (void)state;
   tbg_daemon_up(&daemon_);
   tbg_spawn(&p, producer, NULL);
@@ -124,8 +123,7 @@ static void contracts(void **state) {
     tbg_spawn(&c, consumer, (void *)&order[r]);
     tbg_hear(&c, tb_contract_name(order[r]), "ready", NULL, 0);
     tbg_say(&p, "go");
-    tbg_hear(&p, "producer", "published", line, sizeof line);
-    tbg_say(&c, "v %s", line);
+    tbg_relay(&p, "producer", "published", &c, "v");
     tbg_hear(&c, tb_contract_name(order[r]), "ok", NULL, 0);
     tbg_reap(&c, tb_contract_name(order[r]));
   }

@@ -75,20 +75,6 @@ static void skip_without_two_gpus(void) {
 /* Make g's context current (kernels and allocations go to its device). */
 static void use(struct tbg_gpu *g) { TBG_CU(g->cu->cuCtxSetCurrent(g->ctx)); }
 
-static int acquire_on(tb_client *c, const char *channel, int mode,
-                      uint64_t version, void *stream, int device,
-                      unsigned flags, DLManagedTensorVersioned **out) {
-  struct tb_acquire_options o;
-  tb_acquire_options_init(&o);
-  o.mode = mode;
-  o.version = version;
-  o.timeout_ms = TBT_TIMEOUT_MS;
-  o.stream = stream;
-  o.device = device;
-  o.flags = flags;
-  return tb_acquire(c, channel, &o, out);
-}
-
 static void uuid_text(const uint8_t u[16], char *buf, size_t len) {
   snprintf(buf, len,
            "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x"
@@ -131,24 +117,23 @@ static int dir_producer(struct tbt_chan *ch, void *arg) {
 static int dir_consumer(struct tbt_chan *ch, void *arg) {
   const struct dir *d = arg;
   struct tbg_gpu gs, gd;
-  char line[100];
   DLManagedTensorVersioned *t = NULL;
   tbg_gpu_init(&gs, d->src);
   tb_cu_stream wrong = tbg_stream(&gs, 1);
   tbg_gpu_init(&gd, d->dst); /* the consumer's device is current */
   tb_client *c = tbg_connect(&daemon_, "consumer", TB_CONTRACT_SPEC);
   tb_cu_stream s = tbg_stream(&gd, 1);
-  tbg_child_hear(ch, "v", line, sizeof line);
-  unsigned long long v = strtoull(line, NULL, 10);
+  uint64_t v = tbg_child_hear_version(ch);
 
   /* a stream of another device than opts.device */
-  TBG_RC(c, acquire_on(c, d->channel, TB_ACQUIRE_EXACT, v, wrong, d->dst, 0,
-                       &t), TB_ESTREAM);
+  TBG_RC(c, tbg_acquire_on(c, d->channel, TB_ACQUIRE_EXACT, v, wrong, d->dst,
+                           0, &t), TB_ESTREAM);
   /* a device this process does not have */
-  TBG_RC(c, acquire_on(c, d->channel, TB_ACQUIRE_EXACT, v, s, 99, 0, &t),
+  TBG_RC(c, tbg_acquire_on(c, d->channel, TB_ACQUIRE_EXACT, v, s, 99, 0, &t),
          TB_EDEVICE);
 
-  TBG_OK(c, acquire_on(c, d->channel, TB_ACQUIRE_EXACT, v, s, d->dst, 0, &t));
+  TBG_OK(c, tbg_acquire_on(c, d->channel, TB_ACQUIRE_EXACT, v, s, d->dst, 0,
+                           &t));
   if (t->dl_tensor.device.device_id != d->src)
     TBG_FAIL("peer-mapped tensor says device %d; the memory is on %d",
              (int)t->dl_tensor.device.device_id, d->src);
@@ -164,7 +149,8 @@ static int dir_consumer(struct tbt_chan *ch, void *arg) {
   struct tb_cuda_counters before, after;
   DLManagedTensorVersioned *t2 = NULL;
   tb__cuda_counters(&before);
-  TBG_OK(c, acquire_on(c, d->channel, TB_ACQUIRE_EXACT, v, s, d->dst, 0, &t2));
+  TBG_OK(c, tbg_acquire_on(c, d->channel, TB_ACQUIRE_EXACT, v, s, d->dst, 0,
+                           &t2));
   tb__cuda_counters(&after);
   if (after.ipc_open_mem != before.ipc_open_mem)
     TBG_FAIL("second acquire on device %d opened the handle again", d->dst);
@@ -182,15 +168,13 @@ static int dir_consumer(struct tbt_chan *ch, void *arg) {
 static void both_directions(void **state) {
   static const struct dir dirs[2] = {{0, 1, 0xA0B1C2D3u, "xgpu/0to1"},
                                      {1, 0, 0x1F2E3D4Cu, "xgpu/1to0"}};
-  char line[100];
   (void)state;
   tbg_daemon_up(&daemon_);
   for (int i = 0; i < 2; i++) {
     struct tbt_child p, c;
     tbg_spawn(&p, dir_producer, (void *)&dirs[i]);
     tbg_spawn(&c, dir_consumer, (void *)&dirs[i]);
-    tbg_hear(&p, "producer", "published", line, sizeof line);
-    tbg_say(&c, "v %s", line);
+    tbg_relay(&p, "producer", "published", &c, "v");
     tbg_hear(&c, "consumer", "ok", NULL, 0);
     tbg_say(&p, "done");
     tbg_reap(&c, "consumer");
@@ -201,71 +185,22 @@ static void both_directions(void **state) {
 
 /* ---- slow producer on GPU 0, consumer on GPU 1 ---- */
 
-static int slow_producer_child(struct tbt_chan *ch, void *arg) {
-  const char *channel = arg;
-  struct tbg_gpu g;
-  tbg_gpu_init(&g, 0);
-  tb_client *c = tbg_connect(&daemon_, "producer", TB_CONTRACT_SPEC);
-  tb_cu_stream s = tbg_stream(&g, 1);
-  tb_cu_deviceptr p = tbg_alloc(&g, N * 4ull);
-  tbg_fill(&g, p, OLD, N, s);
-  TBG_CU(g.cu->cuStreamSynchronize(s));
-  tbg_child_hear(ch, "go", NULL, 0);
-  tbg_spin_fill(&g, p, NEW, N, SPIN_MS, s);
-  uint64_t v = tbg_publish(c, &g, channel, p, N, s, 1);
-  tbg_child_say(ch, "published %llu", (unsigned long long)v);
-  tbg_child_hear(ch, "done", NULL, 0);
-  if (tbg_count(&g, p, NEW, N, s) != 0)
-    TBG_FAIL("producer's buffer is not NEW after its kernel");
-  tb_client_disconnect(c);
-  return 0;
-}
-
-static int slow_consumer(struct tbt_chan *ch, void *arg) {
-  struct tbg_gpu g;
-  char line[100];
-  (void)arg;
-  tbg_gpu_init(&g, 1);
-  tb_client *c = tbg_connect(&daemon_, "consumer", TB_CONTRACT_SPEC);
-  tb_cu_stream sa = tbg_stream(&g, 1), sb = tbg_stream(&g, 1);
-  tb_cu_deviceptr ca = tbg_alloc(&g, 4), cb = tbg_alloc(&g, 4);
-  DLManagedTensorVersioned *ta = NULL, *tb = NULL;
-  tbg_child_say(ch, "ready");
-  tbg_child_hear(ch, "v", line, sizeof line);
-  unsigned long long ver = strtoull(line, NULL, 10);
-
-  TBG_OK(c, acquire_on(c, "xgpu/slow", TB_ACQUIRE_EXACT, ver, sa, 1, 0, &ta));
-  tbg_count_async(&g, tbg_tensor_ptr(ta, N), NEW, N, ca, sa);
-  TBG_OK(c, acquire_on(c, "xgpu/slow", TB_ACQUIRE_EXACT, ver,
-                       TB_STREAM_NO_SYNC, 1, 0, &tb));
-  tbg_count_async(&g, tbg_tensor_ptr(tb, N), NEW, N, cb, sb);
-  unsigned stale = tbg_counter_read(&g, cb, sb);
-  unsigned waited = tbg_counter_read(&g, ca, sa);
-  fprintf(stderr, "GPU 1 reading GPU 0: without wait %u of %u words stale; "
-          "with wait %u\n", stale, N, waited);
-  if (stale == 0)
-    TBG_FAIL("the unsynchronised read saw no stale data: the producer's "
-             "kernel finished too early, so this run proves nothing");
-  if (waited != 0)
-    TBG_FAIL("%u words wrong although GPU 1's stream waited on GPU 0's "
-             "event", waited);
-  TBG_OK(c, tb_release(ta, sa));
-  TBG_OK(c, tb_release(tb, TB_STREAM_NO_SYNC));
-  tb_client_disconnect(c);
-  tbg_child_say(ch, "ok");
-  return 0;
-}
+static const struct tbg_slow slow = {
+    .daemon = &daemon_,
+    .channel = "xgpu/slow",
+    .n = N,
+    .old_value = OLD,
+    .new_value = NEW,
+    .spin_ms = SPIN_MS,
+    .producer_ordinal = 0,
+    .consumer_ordinal = 1,
+    .consumer_device = 1,
+    .consumer_label = "GPU 1 reading GPU 0",
+};
 
 static void slow_producer(void **state) {
-  struct tbt_child p, c;
   (void)state;
-  tbg_daemon_up(&daemon_);
-  tbg_spawn(&p, slow_producer_child, "xgpu/slow");
-  tbg_spawn(&c, slow_consumer, NULL);
-  tbg_hear(&c, "consumer", "ready", NULL, 0);
-  tbg_say(&p, "go");
-  tbg_relay(&p, "producer", "published", &c, "v");
-  tbg_finish(&p, &c, &daemon_);
+  tbg_slow_run(&slow);
 }
 
 /* ---- CUDA_VISIBLE_DEVICES a,b against b,a ---- */
@@ -290,7 +225,7 @@ static int vis_producer(struct tbt_chan *ch, void *arg) {
 
 static int vis_consumer(struct tbt_chan *ch, void *arg) {
   struct tbg_gpu g0, g1;
-  char line[100], u[40];
+  char u[40];
   DLManagedTensorVersioned *t = NULL, *t0 = NULL;
   (void)arg;
   setenv("CUDA_VISIBLE_DEVICES", vis_ba, 1);
@@ -300,11 +235,11 @@ static int vis_consumer(struct tbt_chan *ch, void *arg) {
   tb_cu_stream s1 = tbg_stream(&g1, 1);
   use(&g0);
   tb_cu_stream s0 = tbg_stream(&g0, 1);
-  tbg_child_hear(ch, "v", line, sizeof line);
-  unsigned long long v = strtoull(line, NULL, 10);
+  uint64_t v = tbg_child_hear_version(ch);
   /* default device (-1): where the memory is, by UUID: our ordinal 1 */
   use(&g1);
-  TBG_OK(c, acquire_on(c, "xgpu/vis", TB_ACQUIRE_EXACT, v, s1, -1, 0, &t));
+  TBG_OK(c, tbg_acquire_on(c, "xgpu/vis", TB_ACQUIRE_EXACT, v, s1, -1, 0,
+                           &t));
   int id = t->dl_tensor.device.device_id;
   if (id != 1)
     TBG_FAIL("with CUDA_VISIBLE_DEVICES=%s the tensor says device %d; the "
@@ -313,7 +248,8 @@ static int vis_consumer(struct tbt_chan *ch, void *arg) {
     TBG_FAIL("reading on our device 1 (the same GPU) is wrong");
   /* and from our device 0 (the other GPU) by peer access */
   use(&g0);
-  TBG_OK(c, acquire_on(c, "xgpu/vis", TB_ACQUIRE_EXACT, v, s0, 0, 0, &t0));
+  TBG_OK(c, tbg_acquire_on(c, "xgpu/vis", TB_ACQUIRE_EXACT, v, s0, 0, 0,
+                           &t0));
   if (t0->dl_tensor.device.device_id != 1)
     TBG_FAIL("peer-mapped tensor says device %d, not 1",
              (int)t0->dl_tensor.device.device_id);
@@ -386,15 +322,14 @@ static int kill_producer(struct tbt_chan *ch, void *arg) {
 
 static int kill_consumer(struct tbt_chan *ch, void *arg) {
   struct tbg_gpu g;
-  char line[100];
   DLManagedTensorVersioned *t = NULL;
   (void)arg;
   tbg_gpu_init(&g, 1);
   tb_client *c = tbg_connect(&daemon_, "doomed", TB_CONTRACT_SPEC);
   tb_cu_stream s = tbg_stream(&g, 1);
-  tbg_child_hear(ch, "v", line, sizeof line);
-  unsigned long long v1 = strtoull(line, NULL, 10);
-  TBG_OK(c, acquire_on(c, "xgpu/kill", TB_ACQUIRE_EXACT, v1, s, 1, 0, &t));
+  uint64_t v1 = tbg_child_hear_version(ch);
+  TBG_OK(c, tbg_acquire_on(c, "xgpu/kill", TB_ACQUIRE_EXACT, v1, s, 1, 0,
+                           &t));
   tb_cu_deviceptr cnt = tbg_alloc(&g, 4);
   tbg_spin_count_async(&g, tbg_tensor_ptr(t, N), 31, N, 2000, cnt, s);
   if (g.cu->cuStreamQuery(s) != TB_CUDA_ERROR_NOT_READY)
@@ -407,9 +342,7 @@ static int kill_consumer(struct tbt_chan *ch, void *arg) {
 static void consumer_kill(void **state) {
   struct tbt_child p, k;
   (void)state;
-  tbg_daemon_up(&daemon_);
-  tbg_spawn(&p, kill_producer, NULL);
-  tbg_spawn(&k, kill_consumer, NULL);
+  tbg_start(&daemon_, &p, kill_producer, NULL, &k, kill_consumer, NULL);
   tbg_relay(&p, "producer", "published", &k, "v");
   tbg_hear(&k, "doomed", "reading", NULL, 0);
   tbg_say(&p, "next");
@@ -453,7 +386,6 @@ static int copy_producer(struct tbt_chan *ch, void *arg) {
 
 static int copy_consumer(struct tbt_chan *ch, void *arg) {
   struct tbg_gpu g0, g1;
-  char line[100];
   DLManagedTensorVersioned *t = NULL, *same = NULL;
   (void)arg;
   tbg_gpu_init(&g0, 0);
@@ -462,10 +394,9 @@ static int copy_consumer(struct tbt_chan *ch, void *arg) {
   tb_client *c = tbg_connect(&daemon_, "consumer", TB_CONTRACT_SPEC);
   tb_cu_stream s1 = tbg_stream(&g1, 1);
   tbg_child_say(ch, "ready");
-  tbg_child_hear(ch, "v", line, sizeof line);
-  unsigned long long v = strtoull(line, NULL, 10);
-  TBG_OK(c, acquire_on(c, "xgpu/copy", TB_ACQUIRE_EXACT, v, s1, 1,
-                       TB_ACQUIRE_COPY_TO_DEVICE, &t));
+  uint64_t v = tbg_child_hear_version(ch);
+  TBG_OK(c, tbg_acquire_on(c, "xgpu/copy", TB_ACQUIRE_EXACT, v, s1, 1,
+                           TB_ACQUIRE_COPY_TO_DEVICE, &t));
   if (!(t->flags & DLPACK_FLAG_BITMASK_IS_COPIED))
     TBG_FAIL("copied tensor lacks DLPACK_FLAG_BITMASK_IS_COPIED");
   if (t->flags & DLPACK_FLAG_BITMASK_READ_ONLY)
@@ -493,8 +424,8 @@ static int copy_consumer(struct tbt_chan *ch, void *arg) {
 
   /* the same device with the flag: zero-copy, the memory's own mapping */
   use(&g0);
-  TBG_OK(c, acquire_on(c, "xgpu/copy", TB_ACQUIRE_LATEST, 0, s0, 0,
-                       TB_ACQUIRE_COPY_TO_DEVICE, &same));
+  TBG_OK(c, tbg_acquire_on(c, "xgpu/copy", TB_ACQUIRE_LATEST, 0, s0, 0,
+                           TB_ACQUIRE_COPY_TO_DEVICE, &same));
   if (same->flags & DLPACK_FLAG_BITMASK_IS_COPIED)
     TBG_FAIL("same-device acquire with the copy flag copied");
   if (same->dl_tensor.device.device_id != 0 ||
@@ -511,16 +442,11 @@ static int copy_consumer(struct tbt_chan *ch, void *arg) {
 static void copy_flag(void **state) {
   struct tbt_child p, c;
   (void)state;
-  tbg_daemon_up(&daemon_);
-  tbg_spawn(&p, copy_producer, NULL);
-  tbg_spawn(&c, copy_consumer, NULL);
-  tbg_hear(&c, "consumer", "ready", NULL, 0);
-  tbg_say(&p, "go");
+  tbg_start(&daemon_, &p, copy_producer, NULL, &c, copy_consumer, NULL);
+  tbg_ready_go(&p, &c);
   tbg_relay(&p, "producer", "published", &c, "v");
-  tbg_hear(&c, "consumer", "copied", NULL, 0);
-  tbg_say(&p, "copied");
-  tbg_hear(&p, "producer", "free", NULL, 0);
-  tbg_say(&c, "free");
+  tbg_pass(&c, "consumer", "copied", &p);
+  tbg_pass(&p, "producer", "free", &c);
   tbg_finish(&p, &c, &daemon_);
 }
 

@@ -47,7 +47,6 @@ static int producer(struct tbt_chan *ch, void *arg) {
 
 static int consumer(struct tbt_chan *ch, void *arg) {
   struct tbg_gpu g;
-  char line[100];
   DLManagedTensorVersioned *t = NULL, *t2 = NULL;
   void *graph = NULL, *exec = NULL, *graph0 = NULL, *exec0 = NULL;
   int st = -1;
@@ -58,8 +57,7 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   tb_client *c = tbg_connect(&daemon_, "consumer", TB_CONTRACT_SPEC);
   tb_cu_stream cs = tbg_stream(&g, 0), cs0 = tbg_stream(&g, 0);
   tb_cu_deviceptr cnt = tbg_alloc(&g, 4), cnt0 = tbg_alloc(&g, 4);
-  tbg_child_hear(ch, "v", line, sizeof line);
-  unsigned long long v1 = strtoull(line, NULL, 10);
+  uint64_t v1 = tbg_child_hear_version(ch);
 
   TBG_CU(cu->cuStreamBeginCapture(cs, TB_CU_STREAM_CAPTURE_MODE_GLOBAL));
   TBG_RC(c, tbg_acquire(c, "gpu/graph", TB_ACQUIRE_EXACT, v1, NULL, &t),
@@ -88,8 +86,7 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   TBG_OK(c, tb_release(t, TB_STREAM_NO_SYNC));
 
   tbg_child_say(ch, "captured");
-  tbg_child_hear(ch, "v", line, sizeof line);
-  unsigned long long v2 = strtoull(line, NULL, 10);
+  uint64_t v2 = tbg_child_hear_version(ch);
   TBG_OK(c, tbg_acquire(c, "gpu/graph", TB_ACQUIRE_EXACT, v2,
                         TB_STREAM_NO_SYNC, &t2));
   if (tbg_tensor_ptr(t2, N) != p)
@@ -120,9 +117,7 @@ static int consumer(struct tbt_chan *ch, void *arg) {
 static void graph_capture(void **state) {
   struct tbt_child p, c;
   (void)state;
-  tbg_daemon_up(&daemon_);
-  tbg_spawn(&p, producer, NULL);
-  tbg_spawn(&c, consumer, NULL);
+  tbg_start(&daemon_, &p, producer, NULL, &c, consumer, NULL);
   tbg_relay(&p, "producer", "published", &c, "v");
   tbg_hear(&c, "consumer", "captured", NULL, 0);
   tbg_say(&p, "republish");

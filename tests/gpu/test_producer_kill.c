@@ -54,15 +54,13 @@ static int producer(struct tbt_chan *ch, void *arg) {
 
 static int consumer(struct tbt_chan *ch, void *arg) {
   struct tbg_gpu g;
-  char line[100];
   DLManagedTensorVersioned *t = NULL, *t2 = NULL;
   (void)arg;
   tbg_gpu_init(&g, 0);
   tb_client *c = tbg_connect(&daemon_, "consumer", TB_CONTRACT_SPEC);
   tb_cu_stream s = tbg_stream(&g, 1);
   TBG_OK(c, tb_subscribe(c, "gpu/pkill"));
-  tbg_child_hear(ch, "v", line, sizeof line);
-  unsigned long long v1 = strtoull(line, NULL, 10);
+  uint64_t v1 = tbg_child_hear_version(ch);
   TBG_OK(c, tbg_acquire(c, "gpu/pkill", TB_ACQUIRE_EXACT, v1, s, &t));
   if (tbg_count(&g, tbg_tensor_ptr(t, N), 31, N, s) != 0)
     TBG_FAIL("version 1 reads wrong");
@@ -81,22 +79,18 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   return 0;
 }
 
-static int producer_pending(struct tbt_chan *ch, void *arg) {
-  struct tbg_gpu g;
-  (void)arg;
-  tbg_gpu_init(&g, 0);
-  tb_client *c = tbg_connect(&daemon_, "producer", TB_CONTRACT_SPEC);
-  tb_cu_stream s = tbg_stream(&g, 1);
-  tb_cu_deviceptr a = tbg_alloc(&g, N * 4ull);
-  tbg_fill(&g, a, OLD, N, s);
-  TBG_CU(g.cu->cuStreamSynchronize(s));
-  tbg_child_hear(ch, "go", NULL, 0);
-  tbg_spin_fill(&g, a, NEW, N, SPIN_MS, s);
-  uint64_t v = tbg_publish(c, &g, "gpu/pkill2", a, N, s, 1);
-  tbg_child_say(ch, "published %llu", (unsigned long long)v);
-  tbg_child_hear(ch, "never", NULL, 0); /* killed here, its kernel running */
-  return 3;
-}
+/* The pending case's producer: OLD, then on "go" a kernel writing NEW after
+ * SPIN_MS, published at once; it is killed while that kernel runs. */
+static const struct tbg_slow pending = {
+    .daemon = &daemon_,
+    .channel = "gpu/pkill2",
+    .n = N,
+    .old_value = OLD,
+    .new_value = NEW,
+    .spin_ms = SPIN_MS,
+    .producer_ordinal = 0,
+    .wait_for_kill = 1,
+};
 
 static uint64_t ms_now(void) {
   struct timespec ts;
@@ -106,7 +100,6 @@ static uint64_t ms_now(void) {
 
 static int consumer_pending(struct tbt_chan *ch, void *arg) {
   struct tbg_gpu g;
-  char line[100];
   DLManagedTensorVersioned *t = NULL;
   (void)arg;
   tbg_gpu_init(&g, 0);
@@ -115,8 +108,7 @@ static int consumer_pending(struct tbt_chan *ch, void *arg) {
   tb_cu_deviceptr cnt = tbg_alloc(&g, sizeof(unsigned));
   TBG_OK(c, tb_subscribe(c, "gpu/pkill2"));
   tbg_child_say(ch, "ready");
-  tbg_child_hear(ch, "v", line, sizeof line);
-  unsigned long long v = strtoull(line, NULL, 10);
+  uint64_t v = tbg_child_hear_version(ch);
   TBG_OK(c, tbg_acquire(c, "gpu/pkill2", TB_ACQUIRE_EXACT, v, s, &t));
   tbg_count_async(&g, tbg_tensor_ptr(t, N), NEW, N, cnt, s);
   if (g.cu->cuStreamQuery(s) == 0)
@@ -183,11 +175,9 @@ static void producer_kill_pending(void **state) {
   struct tbt_child p, c;
   char outcome[200];
   (void)state;
-  tbg_daemon_up(&daemon_);
-  tbg_spawn(&p, producer_pending, NULL);
-  tbg_spawn(&c, consumer_pending, NULL);
-  tbg_hear(&c, "consumer", "ready", NULL, 0);
-  tbg_say(&p, "go");
+  tbg_start(&daemon_, &p, tbg_slow_producer, (void *)&pending, &c,
+            consumer_pending, NULL);
+  tbg_ready_go(&p, &c);
   tbg_relay(&p, "producer", "published", &c, "v");
   tbg_hear(&c, "consumer", "leased", NULL, 0);
   kill(p.pid, SIGKILL);
@@ -212,9 +202,7 @@ static void producer_kill_pending(void **state) {
 static void producer_kill(void **state) {
   struct tbt_child p, c;
   (void)state;
-  tbg_daemon_up(&daemon_);
-  tbg_spawn(&p, producer, NULL);
-  tbg_spawn(&c, consumer, NULL);
+  tbg_start(&daemon_, &p, producer, NULL, &c, consumer, NULL);
   tbg_relay(&p, "producer", "published", &c, "v");
   tbg_hear(&c, "consumer", "leased", NULL, 0);
   kill(p.pid, SIGKILL);

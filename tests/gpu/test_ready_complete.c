@@ -129,12 +129,6 @@ static DLManagedTensorVersioned *acquire_counted(tb_client *c, uint64_t ver,
   return t;
 }
 
-static uint64_t hear_version(struct tbt_chan *ch) {
-  char line[100];
-  tbg_child_hear(ch, "v", line, sizeof line);
-  return strtoull(line, NULL, 10);
-}
-
 static int consumer(struct tbt_chan *ch, void *arg) {
   struct tbg_gpu g;
   DLManagedTensorVersioned *t, *t2;
@@ -150,7 +144,7 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   tbg_child_say(ch, "ready");
 
   /* 1 */
-  uint64_t v1 = hear_version(ch);
+  uint64_t v1 = tbg_child_hear_version(ch);
   t = acquire_counted(c, v1, cs, 0, 0, "finished version");
   if (tbg_count(&g, tbg_tensor_ptr(t, N), V1, N, cs) != 0)
     TBG_FAIL("finished version: wrong data");
@@ -177,7 +171,7 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   tbg_child_say(ch, "ok");
 
   /* 3 */
-  uint64_t v2 = hear_version(ch);
+  uint64_t v2 = tbg_child_hear_version(ch);
   t = acquire_counted(c, v2, cs, 1, 0, "version in flight"); /* event opened in 2 */
   tbg_spin_count_async(&g, tbg_tensor_ptr(t, N), V2, N, SPIN_MS, cnt, cs);
   TBG_OK(c, tb_release(t, cs)); /* our read is in flight: a done event */
@@ -186,7 +180,7 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   tbg_child_say(ch, "ok");
 
   /* 4 */
-  uint64_t v3 = hear_version(ch);
+  uint64_t v3 = tbg_child_hear_version(ch);
   t = acquire_counted(c, v3, cs, 1, 1,
                       "legacy-stream work, published from a blocking stream");
   tbg_count_async(&g, tbg_tensor_ptr(t, N), V3, N, cnt, cs);
@@ -211,22 +205,17 @@ static int consumer(struct tbt_chan *ch, void *arg) {
 
 static void ready_complete(void **state) {
   struct tbt_child p, c;
-  char line[100];
   (void)state;
-  tbg_daemon_up(&daemon_);
-  tbg_spawn(&p, producer, NULL);
-  tbg_spawn(&c, consumer, NULL);
+  tbg_start(&daemon_, &p, producer, NULL, &c, consumer, NULL);
   tbg_hear(&c, "consumer", "ready", NULL, 0);
   for (int i = 0; i < 3; i++) {
-    tbg_hear(&p, "producer", "published", line, sizeof line);
-    tbg_say(&c, "v %s", line);
+    tbg_relay(&p, "producer", "published", &c, "v");
     if (i < 2) {
       tbg_hear(&c, "consumer", "ok", NULL, 0);
       tbg_say(&p, "next");
     }
   }
-  tbg_hear(&c, "consumer", "released", NULL, 0);
-  tbg_say(&p, "released");
+  tbg_pass(&c, "consumer", "released", &p);
   tbg_hear(&p, "producer", "freed", NULL, 0);
   tbg_say(&p, "done");
   tbg_say(&c, "done");

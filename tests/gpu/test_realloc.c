@@ -88,15 +88,13 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   struct tb_cuda_counters k0, k1;
   struct tb_lease_info li;
   DLManagedTensorVersioned *t = NULL;
-  char line[100];
   (void)arg;
   tbg_gpu_init(&g, 0);
   tb_client *c = tbg_connect(&daemon_, "consumer", TB_CONTRACT_SPEC);
   tb_cu_stream s = tbg_stream(&g, 1);
 
-  tbg_child_hear(ch, "v", line, sizeof line);
-  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, strtoull(line, NULL, 10), s,
-                        &t));
+  uint64_t v1 = tbg_child_hear_version(ch);
+  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, v1, s, &t));
   TBG_OK(c, tb_lease_info(t, &li));
   uint64_t old_buffer = li.buffer_id;
   tb_cu_deviceptr old_ptr = tbg_tensor_ptr(t, N);
@@ -105,18 +103,16 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   TBG_OK(c, tb_release(t, s)); /* the mapping stays cached */
   tbg_child_say(ch, "ok");
 
-  tbg_child_hear(ch, "v", line, sizeof line);
-  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, strtoull(line, NULL, 10), s,
-                        &t));
+  uint64_t v2 = tbg_child_hear_version(ch);
+  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, v2, s, &t));
   TBG_OK(c, tb_lease_info(t, &li));
   uint64_t other_buffer = li.buffer_id;
   TBG_OK(c, tb_release(t, s)); /* cached too */
   tbg_child_say(ch, "ok");
 
-  tbg_child_hear(ch, "v", line, sizeof line);
+  uint64_t v3 = tbg_child_hear_version(ch);
   tb__cuda_counters(&k0);
-  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, strtoull(line, NULL, 10), s,
-                        &t));
+  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, v3, s, &t));
   tb__cuda_counters(&k1);
   TBG_OK(c, tb_lease_info(t, &li));
   unsigned wrong = tbg_count(&g, tbg_tensor_ptr(t, N), NEW, N, s);
@@ -136,10 +132,9 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   tbg_child_say(ch, "ok");
 
   /* 2: the freed allocation's buffer is retired and its mapping closed */
-  tbg_child_hear(ch, "v", line, sizeof line);
+  uint64_t v4 = tbg_child_hear_version(ch);
   tb__cuda_counters(&k0);
-  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, strtoull(line, NULL, 10), s,
-                        &t));
+  TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, v4, s, &t));
   if (tbg_count(&g, tbg_tensor_ptr(t, N), NEW, N, s) != 0)
     TBG_FAIL("the version after the sweep: wrong data");
   TBG_OK(c, tb_release(t, s));
@@ -164,9 +159,7 @@ static void realloc_same_address(void **state) {
   struct tbt_child p, c;
   char line[100];
   (void)state;
-  tbg_daemon_up(&daemon_);
-  tbg_spawn(&p, producer, NULL);
-  tbg_spawn(&c, consumer, NULL);
+  tbg_start(&daemon_, &p, producer, NULL, &c, consumer, NULL);
   for (int i = 0; i < 2; i++) {
     tbg_relay(&p, "producer", "published", &c, "v");
     tbg_hear(&c, "consumer", "ok", NULL, 0);
