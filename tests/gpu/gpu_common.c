@@ -252,9 +252,12 @@ void tbg_child_hear(struct tbt_chan *ch, const char *want, char *rest,
 }
 
 uint64_t tbg_child_hear_version(struct tbt_chan *ch) {
-  char line[100];
+  char line[400], *end;
   tbg_child_hear(ch, "v", line, sizeof line);
-  return strtoull(line, NULL, 10);
+  uint64_t v = strtoull(line, &end, 10);
+  if (end == line || *end != '\0' || v == 0)
+    TBG_FAIL("expected 'v VERSION' from the parent, got 'v %s'", line);
+  return v;
 }
 
 int tbg_slow_producer(struct tbt_chan *ch, void *slow) {
