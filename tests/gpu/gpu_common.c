@@ -251,6 +251,18 @@ void tbg_child_hear(struct tbt_chan *ch, const char *want, char *rest,
   }
 }
 
+void tbg_wait_free_one_wait(tb_client *c, const char *channel,
+                            uint64_t version, tb_cu_stream s,
+                            const char *done_event) {
+  struct tb_cuda_counters k0, k1;
+  tb__cuda_counters(&k0);
+  TBG_OK(c, tb_wait_free(c, channel, version, 0, s));
+  tb__cuda_counters(&k1);
+  if (k1.stream_wait - k0.stream_wait != 1)
+    TBG_FAIL("wait_free made %lu cuStreamWaitEvent calls, expected 1 (%s)",
+             k1.stream_wait - k0.stream_wait, done_event);
+}
+
 uint64_t tbg_child_hear_version(struct tbt_chan *ch) {
   char line[400], *end;
   tbg_child_hear(ch, "v", line, sizeof line);

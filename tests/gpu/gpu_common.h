@@ -114,6 +114,12 @@ int tbg_acquire_on(tb_client *c, const char *channel, int mode,
                    DLManagedTensorVersioned **out);
 /* Check t is a 1-d u32 CUDA tensor of n words; returns its data pointer. */
 tb_cu_deviceptr tbg_tensor_ptr(const DLManagedTensorVersioned *t, size_t n);
+/* tb_wait_free(c, channel, version, 0, s), which must make exactly one
+ * cuStreamWaitEvent: the wait on the consumer's done event, named by
+ * done_event in the failure message. */
+void tbg_wait_free_one_wait(tb_client *c, const char *channel,
+                            uint64_t version, tb_cu_stream s,
+                            const char *done_event);
 /* Wait (bounded) for a notice of type, discarding others. */
 void tbg_wait_notice(tb_client *c, int type, struct tb_notice *out);
 

@@ -60,7 +60,6 @@ static tb_client *connect_opts(const char *name, int no_prefetch) {
 
 static int producer(struct tbt_chan *ch, void *arg) {
   struct tbg_gpu g;
-  struct tb_cuda_counters k0, k1;
   (void)arg;
   tbg_gpu_init(&g, 0);
   tb_client *c = tbg_connect(&daemon_, "producer", TB_CONTRACT_SPEC);
@@ -72,13 +71,8 @@ static int producer(struct tbt_chan *ch, void *arg) {
   tbg_child_hear(ch, "released", NULL, 0);
   /* one more version, so that version v leaves the history */
   tbg_publish(c, &g, CH, p, N, s, 1);
-  tb__cuda_counters(&k0);
-  TBG_OK(c, tb_wait_free(c, CH, v, 0, s));
-  tb__cuda_counters(&k1);
-  if (k1.stream_wait - k0.stream_wait != 1)
-    TBG_FAIL("wait_free made %lu cuStreamWaitEvent calls, expected 1 (the "
-             "done event the consumer prepared at connect)",
-             k1.stream_wait - k0.stream_wait);
+  tbg_wait_free_one_wait(c, CH, v, s,
+                         "the done event the consumer prepared at connect");
   tbg_child_say(ch, "waited");
   tbg_child_hear(ch, "done", NULL, 0);
   TBG_CU(g.cu->cuStreamSynchronize(s));
