@@ -169,7 +169,10 @@ struct h_arg {
                        again); 2 new buffer (raw: new handles each round);
                        tb only: 3 new buffer, subscribed; 4 new client
                        with no_prefetch (its done event registered by
-                       its acquire, not by its connect) */
+                       its acquire, not by its connect); 5 new client
+                       naming the channel at connect (its buffer comes
+                       with the connect, opened by the acquire while the
+                       daemon answers) */
   int idle;         /* warm: the producer's write is finished before timing
                        starts, as in the torch.multiprocessing baseline;
                        raw 2: the producer checks its stream is idle
@@ -602,6 +605,7 @@ static int tb_gpu_consumer(void *p) {
     counts_now(&k1);
     note_counters(a->sh, &k0, &k1, a->sh->iters);
   } else if (a->cold) {
+    static const char *const cold_named[] = {"bench/gpu/cold", NULL};
     o.mode = TB_ACQUIRE_LATEST;
     struct counts k0 = {0}, k1;
     for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
@@ -612,6 +616,8 @@ static int tb_gpu_consumer(void *p) {
       struct tb_connect_options co;
       tbb_connect_options(&co, a->sock, "bench-gpu-cold", TB_CONTRACT_SPEC);
       co.no_prefetch = a->cold == 4;
+      if (a->cold == 5)
+        co.channels = cold_named;
       uint64_t tc = tbb_now_ns();
       rc = tb_client_connect(&co, &c);
       tc = tbb_now_ns() - tc;
@@ -1051,6 +1057,13 @@ void tbb_scenario_gpu_handoff(void) {
     tbb_row_latency("tb connect of those new clients (not timed above)",
                     sh->connect_ns, n > 1024 ? 1024 : n, NULL);
   }
+  /* the same, the channel named at connect: its buffer comes with the
+   * HelloReply and the acquire opens it while the daemon answers */
+  if (cold_row(&d, sh, n, 5,
+               "tb cold acquire, new client, channel named at connect",
+               raw_same, "new client, named") == 0)
+    tbb_row_latency("tb connect of those new clients, channel named",
+                    sh->connect_ns, n > 1024 ? 1024 : n, NULL);
   /* the same, the done event registered by the acquire (the library before
    * "Ready at connect"): what preparing it at connect saves */
   if (cold_row(&d, sh, n, 4,

@@ -133,6 +133,8 @@ struct tb_client {
 
   struct tb_buffer *buffers;
   struct tb__cuda_client *cuda; /* cuda_transport.c; NULL until used */
+  struct tb__hint *hints; /* hint.c: channels named at connect */
+  size_t n_hints;
 
   char last_error[TB__LAST_ERROR_MAX];
   size_t last_error_len; /* full length, may exceed the buffer */
@@ -331,6 +333,17 @@ void tb__cuda_acquire_early(struct tb_client *c);
  * "Ready at connect"). Quiet on failure. */
 void tb__cuda_connect_begin(struct tb_client *c);
 void tb__cuda_connect_end(struct tb_client *c, int hello_ok);
+/* Channels named at connect (hint.c). tb__hints_keep: connect, keep the
+ * HelloReply's latest CUDA buffers (quiet on failure). tb__hint_open: an
+ * acquire on channel, after its request went out: open that channel's
+ * kept buffer and ready event (tb__cuda_prefetch) and forget it.
+ * tb__hints_retire: a BufferRetired notice; the buffer is not opened. */
+void tb__hints_keep(struct tb_client *c,
+                    const Tensorbroker__V1__HelloReply *hr);
+void tb__hint_open(struct tb_client *c, const char *channel);
+void tb__hints_retire(struct tb_client *c, uint64_t buffer_id,
+                      uint32_t generation);
+void tb__hints_free(struct tb_client *c);
 /* Consumer, on a NewVersion notice that carries a buffer (Hello.prefetch):
  * when the driver is loaded and a context is current, open the buffer for
  * the current device into the mapping cache, and the ready event (unless

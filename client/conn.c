@@ -205,6 +205,9 @@ static void handle_notice(struct tb_client *c,
     n.buffer_id = no->buffer_retired->buffer_id;
     tb__map_retire(c->conn, no->buffer_retired->buffer_id,
                    no->buffer_retired->generation);
+    if (c->n_hints > 0)
+      tb__hints_retire(c, no->buffer_retired->buffer_id,
+                       no->buffer_retired->generation);
     break;
   case TENSORBROKER__V1__NOTICE__BODY_CHANNEL_CLOSED:
     n.type = TB_NOTICE_CHANNEL_CLOSED;
@@ -619,6 +622,7 @@ static int open_socket(const char *path, int *out) {
 /* The Hello in two halves, so that connect can send the done event's
  * registration before it waits (tb__cuda_connect_begin). */
 static int hello_send(struct tb_client *c, const char *name, int contract,
+                      const char *const *channels, size_t n_channels,
                       uint64_t *id) {
   Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
@@ -633,6 +637,10 @@ static int hello_send(struct tb_client *c, const char *name, int contract,
   h.library_version = (char *)TB_VERSION_STRING;
   h.prefetch = c->prefetch != 0;
   h.says_goodbye = 1; /* tb_client_disconnect says it */
+  if (c->prefetch) {
+    h.channels = (char **)channels;
+    h.n_channels = n_channels;
+  }
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
   r.hello = &h;
   return tb__send_request(c, &r, NULL, 0, id);
@@ -668,6 +676,8 @@ static int hello_reply(struct tb_client *c, uint64_t id) {
     c->max_metadata = m->reply->hello->max_metadata;
   c->features = m->reply->hello->features;
   c->pid = getpid();
+  if (c->prefetch)
+    tb__hints_keep(c, m->reply->hello);
   tb__msg_free(c, m);
   return 0;
 }
@@ -679,6 +689,7 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
   struct tb_client *c;
   struct tb__conn *k;
   uint64_t hello_id = 0;
+  size_t n_channels = 0;
   int rc, fd = -1, spin_auto = 0;
 
   if (out == NULL)
@@ -717,6 +728,12 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
     if (o.client_name != NULL)
       return TB_ENAME;
     name = ""; /* an odd program name is not the caller's fault */
+  }
+  for (; o.channels != NULL && o.channels[n_channels] != NULL; n_channels++) {
+    if (n_channels == TB_CONNECT_CHANNELS_MAX)
+      return TB_ELIMIT;
+    if (tb__name_check(o.channels[n_channels], TB_NAME_MAX) < 0)
+      return TB_ENAME;
   }
   if (o.socket_path != NULL) {
     if (strlen(o.socket_path) >= sizeof(path))
@@ -774,7 +791,8 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
   c->max_ndim = TB__DEFAULT_MAX_NDIM;
   c->max_metadata = TB__DEFAULT_MAX_METADATA;
 
-  rc = hello_send(c, name, o.stream_contract, &hello_id);
+  rc = hello_send(c, name, o.stream_contract, o.channels, n_channels,
+                  &hello_id);
   if (rc == 0) {
     tb__cuda_connect_begin(c); /* its request follows the Hello */
     rc = hello_reply(c, hello_id);
@@ -812,6 +830,7 @@ void tb_client_disconnect(tb_client *c) {
   k = c->conn;
   tb__buffers_free_all(c);
   tb__cuda_client_free(c);
+  tb__hints_free(c);
   tb__freed_free_all(c);
   pthread_mutex_lock(&k->lock);
   if ((c->features & TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE) &&

@@ -478,7 +478,10 @@ int tb_acquire(tb_client *c, const char *channel,
     goto out_unlock;
   }
   t1 = ACQ_NOW();
-  tb__cuda_acquire_early(c); /* while the daemon answers */
+  /* while the daemon answers */
+  if (c->n_hints > 0)
+    tb__hint_open(c, channel);
+  tb__cuda_acquire_early(c);
   t2 = ACQ_NOW();
   acq_mark = t2;
   tb__acq_waiting = acq_on;

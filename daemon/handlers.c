@@ -65,11 +65,42 @@ static int client_name_ok(const char *name) {
   return 1;
 }
 
+/* HelloReply.latest: the newest version of each channel the Hello names,
+ * where it is in a CUDA buffer this session may be sent (prefetch), as
+ * long as the reply stays well inside one datagram; a name given twice
+ * gets one entry (its buffer is recorded as sent the first time). */
+static void hello_latest(struct tbd_registry *r, struct tbd_session *s,
+                         const Tensorbroker__V1__Hello *h,
+                         Tensorbroker__V1__HelloReply *hr,
+                         struct tbd_new_version *latest,
+                         Tensorbroker__V1__NewVersion **ptrs) {
+  size_t room = (size_t)r->lim.max_message - 1024, used = 0, n = 0;
+
+  for (size_t i = 0; i < h->n_channels && i < TB_CONNECT_CHANNELS_MAX; i++) {
+    struct tbd_channel *ch = tbd__channel_find(r, h->channels[i]);
+    struct tbd_version *v = ch != NULL ? tbd__channel_newest(ch) : NULL;
+    /* at most: the channel, the buffer and the ready event */
+    size_t most = strlen(h->channels[i]) + sizeof(latest[n].bibuf) + 256;
+
+    if (v == NULL || used + most > room)
+      continue;
+    if (!tbd__new_version_fill(s, v, &latest[n]))
+      continue;
+    ptrs[n] = &latest[n].nv;
+    used += most;
+    n++;
+  }
+  hr->n_latest = n;
+  hr->latest = ptrs;
+}
+
 static int on_hello(struct tbd_registry *r, struct tbd_session *s,
                     uint64_t id, const Tensorbroker__V1__Hello *h) {
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
   Tensorbroker__V1__HelloReply hr = TENSORBROKER__V1__HELLO_REPLY__INIT;
   const char *name = h->client_name ? h->client_name : "";
+  struct tbd_new_version latest[TB_CONNECT_CHANNELS_MAX];
+  Tensorbroker__V1__NewVersion *ptrs[TB_CONNECT_CHANNELS_MAX];
 
   if (h->protocol_version != TB_PROTOCOL_VERSION)
     return tbd__reply_status(r, s, id, TB_EVERSION,
@@ -82,6 +113,13 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   if ((unsigned)h->stream_contract > TB_CONTRACT_EXPLICIT)
     return tbd__reply_status(r, s, id, TB_EINVAL, "unknown stream contract %d",
                              (int)h->stream_contract);
+  if (h->n_channels > TB_CONNECT_CHANNELS_MAX)
+    return tbd__reply_status(r, s, id, TB_ELIMIT,
+                             "Hello names %zu channels (at most %d)",
+                             h->n_channels, TB_CONNECT_CHANNELS_MAX);
+  for (size_t i = 0; i < h->n_channels; i++)
+    if (name_bad(r, s, id, h->channels[i]))
+      return TB_ENAME;
   if (r->nhello >= r->lim.max_sessions) {
     tbd_warn("refusing session from pid %d uid %u: %u sessions "
              "(--max-sessions)",
@@ -112,6 +150,7 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   hr.features = TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE |
                 TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE;
   hr.max_name = r->lim.max_name;
+  hello_latest(r, s, h, &hr, latest, ptrs);
   tbd__send_reply(r, s, &rep, NULL, 0);
   return 0;
 }

@@ -533,57 +533,61 @@ static size_t buffer_info_field(const struct tbd_buffer *b, bool attach,
   return len;
 }
 
-/* A subscriber's NewVersion notice. A session that asked for prefetch
- * (Hello.prefetch) also gets the version's CUDA buffer, the first time it
- * hears of it, and the ready event with it: it may open both before it
- * acquires. The buffer is then recorded as sent, so that its BufferRetired
- * reaches the session. Out of memory, the notice goes without the buffer
- * (the acquire brings it, as without prefetch). */
-static void new_version_notify(struct tbd_registry *r, struct tbd_session *s,
-                               struct tbd_version *v) {
-  Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
+/* NewVersion of v for s; see registry_impl.h. */
+bool tbd__new_version_fill(struct tbd_session *s, struct tbd_version *v,
+                           struct tbd_new_version *out) {
   Tensorbroker__V1__NewVersion nv = TENSORBROKER__V1__NEW_VERSION__INIT;
-  Tensorbroker__V1__EventInfo ei;
-  Tensorbroker__V1__Device edev;
-  ProtobufCMessageUnknownField uf;
-  uint8_t bibuf[256]; /* a BufferInfo is < 170 bytes */
   struct tbd_buffer *b = v->buf;
   struct tbd_sent *sent = NULL;
 
-  n.body_case = TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION;
-  n.new_version = &nv;
-  nv.channel = v->ch->name;
-  nv.version = v->number;
+  out->nv = nv;
+  out->nv.channel = v->ch->name;
+  out->nv.version = v->number;
   if (!s->prefetch ||
       b->kind != TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC ||
       !(s->memory_kinds &
         (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)))
-    goto out_emit;
+    return false;
   HASH_FIND(hh, s->sent, &b->id, sizeof(b->id), sent);
   if (sent != NULL || buffer_info_pack(b) < 0 ||
-      b->info_len + 16 > sizeof(bibuf))
-    goto out_emit;
+      b->info_len + 16 > sizeof(out->bibuf))
+    return false;
   sent = tbd_calloc(1, sizeof(*sent));
   if (sent == NULL)
-    goto out_emit;
+    return false;
   sent->buffer_id = b->id;
   tbd_hash_oom = 0;
   HASH_ADD(hh, s->sent, buffer_id, sizeof(sent->buffer_id), sent);
   if (tbd_hash_oom) {
     tbd_free(sent);
-    goto out_emit;
+    return false;
   }
-  uf.tag = 3; /* NewVersion.buffer */
-  uf.wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
-  uf.len = buffer_info_field(b, false, bibuf);
-  uf.data = bibuf;
-  nv.base.n_unknown_fields = 1;
-  nv.base.unknown_fields = &uf;
+  out->uf.tag = 3; /* NewVersion.buffer */
+  out->uf.wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
+  out->uf.len = buffer_info_field(b, false, out->bibuf);
+  out->uf.data = out->bibuf;
+  out->nv.base.n_unknown_fields = 1;
+  out->nv.base.unknown_fields = &out->uf;
   if (v->has_ready) {
-    tbd__evinfo_to_pb(&v->ready, &ei, &edev);
-    nv.ready_event = &ei;
+    tbd__evinfo_to_pb(&v->ready, &out->ei, &out->edev);
+    out->nv.ready_event = &out->ei;
   }
-out_emit:
+  return true;
+}
+
+struct tbd_version *tbd__channel_newest(struct tbd_channel *ch) {
+  return ch->versions != NULL ? ch->versions->prev : NULL; /* the tail */
+}
+
+/* A subscriber's NewVersion notice (with the buffer, for prefetch). */
+static void new_version_notify(struct tbd_registry *r, struct tbd_session *s,
+                               struct tbd_version *v) {
+  Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
+  struct tbd_new_version nv;
+
+  (void)tbd__new_version_fill(s, v, &nv);
+  n.body_case = TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION;
+  n.new_version = &nv.nv;
   tbd__emit_notice(r, s, &n);
 }
 
@@ -719,7 +723,7 @@ static struct tbd_version *find_match(struct tbd_channel *ch, int mode,
     return NULL;
   switch (mode) {
   case TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_LATEST:
-    return ch->versions->prev; /* the tail: newest */
+    return tbd__channel_newest(ch);
   case TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_NEXT:
     DL_FOREACH(ch->versions, v) {
       if (v->number > version)

@@ -231,6 +231,28 @@ void tbd__evinfo_to_pb(const struct tbd_evinfo *e,
                        Tensorbroker__V1__EventInfo *pb,
                        Tensorbroker__V1__Device *dev);
 
+/* A NewVersion and the storage it points into. */
+struct tbd_new_version {
+  Tensorbroker__V1__NewVersion nv;
+  Tensorbroker__V1__EventInfo ei;
+  Tensorbroker__V1__Device edev;
+  ProtobufCMessageUnknownField uf;
+  uint8_t bibuf[256]; /* a BufferInfo is < 170 bytes */
+};
+
+/* Fill out with v's NewVersion as s is to hear of it. A session that asked
+ * for prefetch (Hello.prefetch) also gets the version's CUDA buffer, the
+ * first time it hears of it, and the ready event with it: it may open both
+ * before it acquires. The buffer is then recorded as sent, so that its
+ * BufferRetired reaches the session. Returns whether the buffer went in
+ * (not for host memory, a buffer sent before, or out of memory: the
+ * acquire brings it then, as without prefetch). out must outlive the
+ * message's packing. */
+bool tbd__new_version_fill(struct tbd_session *s, struct tbd_version *v,
+                           struct tbd_new_version *out);
+/* The channel's newest version, or NULL. */
+struct tbd_version *tbd__channel_newest(struct tbd_channel *ch);
+
 /* Buffers and events. */
 int tbd__buffer_add(struct tbd_registry *r, struct tbd_session *s,
                     struct tbd_buffer *b);

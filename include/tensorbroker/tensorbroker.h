@@ -50,6 +50,9 @@ extern "C" {
 /* Longest channel name accepted, in bytes, without the terminating NUL. */
 #define TB_NAME_MAX 255
 
+/* Channels one connect may name (tb_connect_options.channels). */
+#define TB_CONNECT_CHANNELS_MAX 16
+
 /* ---- versions and errors ------------------------------------------------ */
 
 /* The library's version, "MAJOR.MINOR.PATCH". Static storage; any thread. */
@@ -124,6 +127,19 @@ struct tb_connect_options {
    * no buffers, acquires open what they need, and connect prepares
    * nothing. */
   int no_prefetch;
+  /* The channels this client means to acquire CUDA tensors from, as a
+   * NULL-terminated array of at most TB_CONNECT_CHANNELS_MAX names (NULL:
+   * none). The daemon answers the connect with the newest version's CUDA
+   * buffer of each that has one, and the client's first acquire on such a
+   * channel opens it (and its ready event) while the daemon answers that
+   * acquire, as a subscribed consumer opens ahead: a new client's first
+   * acquire then costs its opens and little more, not its opens plus a
+   * round trip (docs/cuda.md, "Channels named at connect"). Nothing is
+   * opened before that acquire, and only when a CUDA context is current
+   * on its thread; a channel that does not exist yet, or holds host
+   * memory, is just not prepared. Ignored with no_prefetch. More names
+   * give TB_ELIMIT, an invalid name TB_ENAME. */
+  const char *const *channels;
 };
 
 /* Fill *opts with the defaults. */

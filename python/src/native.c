@@ -776,16 +776,42 @@ static uint64_t client_serial;
 
 static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"socket", "name", "stream_contract", "timeout_ms", "spin_us",
-                           "prefetch", NULL};
+                           "prefetch", "channels", NULL};
   const char *socket_path = NULL, *name = NULL;
-  PyObject *contract = NULL;
+  PyObject *contract = NULL, *channels = NULL;
   int timeout_ms = 0, spin_us = 0, prefetch = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzOiip:Client", kwlist, &socket_path, &name,
-                                   &contract, &timeout_ms, &spin_us, &prefetch))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzOiipO:Client", kwlist, &socket_path, &name,
+                                   &contract, &timeout_ms, &spin_us, &prefetch, &channels))
     return -1;
   if (self->c != NULL) {
     PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
     return -1;
+  }
+  /* channels: a sequence of str, held as a tuple while connect reads them */
+  const char *names[TB_CONNECT_CHANNELS_MAX + 2];
+  PyObject *chseq = NULL;
+  if (channels != NULL && channels != Py_None) {
+    if (PyUnicode_Check(channels)) {
+      PyErr_SetString(PyExc_TypeError, "channels: a sequence of channel names, not one str");
+      return -1;
+    }
+    chseq = PySequence_Tuple(channels);
+    if (chseq == NULL)
+      return -1;
+    Py_ssize_t n = PyTuple_Size(chseq);
+    if (n > TB_CONNECT_CHANNELS_MAX) {
+      Py_DECREF(chseq);
+      raise_tb(TB_ELIMIT, "channels: at most 16 names");
+      return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+      names[i] = PyUnicode_AsUTF8AndSize(PyTuple_GetItem(chseq, i), NULL);
+      if (names[i] == NULL) {
+        Py_DECREF(chseq);
+        return -1;
+      }
+    }
+    names[n] = NULL;
   }
   struct tb_connect_options opts;
   tb_connect_options_init(&opts);
@@ -794,22 +820,26 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   opts.timeout_ms = timeout_ms;
   opts.spin_us = spin_us;
   opts.no_prefetch = !prefetch;
+  opts.channels = chseq != NULL ? names : NULL;
   if (contract != NULL && contract != Py_None) {
     if (PyLong_Check(contract)) {
       opts.stream_contract = (int)PyLong_AsLong(contract);
-      if (PyErr_Occurred())
+      if (PyErr_Occurred()) {
+        Py_XDECREF(chseq);
         return -1;
+      }
       if (tb_contract_name(opts.stream_contract) == NULL) {
+        Py_XDECREF(chseq);
         raise_tb(TB_EINVAL, "unknown stream contract");
         return -1;
       }
     } else {
       const char *cs = PyUnicode_AsUTF8AndSize(contract, NULL);
-      if (cs == NULL)
-        return -1;
-      if (tb_contract_parse(cs, &opts.stream_contract) < 0) {
-        raise_tb(TB_EINVAL, "unknown stream contract (want spec, no_sync, per_thread "
-                            "or explicit)");
+      if (cs == NULL || tb_contract_parse(cs, &opts.stream_contract) < 0) {
+        Py_XDECREF(chseq);
+        if (cs != NULL)
+          raise_tb(TB_EINVAL, "unknown stream contract (want spec, no_sync, per_thread "
+                              "or explicit)");
         return -1;
       }
     }
@@ -819,6 +849,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   Py_BEGIN_ALLOW_THREADS
   rc = tb_client_connect(&opts, &c);
   Py_END_ALLOW_THREADS
+  Py_XDECREF(chseq);
   if (rc < 0) {
     raise_tb(rc, NULL);
     return -1;

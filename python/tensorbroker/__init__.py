@@ -136,13 +136,21 @@ class Client:
         not by the first
         acquire. False: acquires open what they need, connect prepares
         nothing. See docs/cuda.md "Opening ahead" and "Ready at connect".
+    channels: the channels this client means to acquire CUDA tensors from
+        (at most 16 names; None: none). The daemon answers the connect with
+        the newest CUDA buffer of each, and the first acquire on such a
+        channel opens it while the daemon answers that acquire, so that a
+        new client's first acquire costs its opens and little more. Ignored
+        with prefetch=False. See docs/cuda.md "Channels named at connect".
     """
 
     def __init__(self, socket=None, name=None, stream_contract="spec", timeout=None,
-                 spin_us=0, prefetch=True):
+                 spin_us=0, prefetch=True, channels=None):
         timeout_ms = 0 if timeout is None else max(1, int(math.ceil(timeout * 1000)))
+        if isinstance(channels, (str, bytes)):
+            raise TypeError("channels: a sequence of channel names, not one name")
         self._c = _native.Client(socket, name, stream_contract, timeout_ms, int(spin_us),
-                                 bool(prefetch))
+                                 bool(prefetch), None if channels is None else list(channels))
         self._pins = {}          # (channel, version) -> CUDA tensor kept alive
         self._notices = deque()  # notices read while collecting pins
         self.last_publish_zero_copy = None

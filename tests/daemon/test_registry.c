@@ -24,6 +24,7 @@
 #include "registry_impl.h" /* tbd__channel_recent, tbd__channel_find */
 #include "tb_proto.h"
 #include "fake_cuda.h"
+#include "tensorbroker/tensorbroker.h" /* TB_CONNECT_CHANNELS_MAX */
 
 typedef Tensorbroker__V1__Request req_t;
 typedef Tensorbroker__V1__ServerMessage msg_t;
@@ -1071,6 +1072,150 @@ static void test_prefetch_notices(void **state) {
   reg_free(r);
 }
 
+/* A Hello naming channels (tb_connect_options.channels); returns the
+ * reply's status and passes the reply to *out. */
+static int hello_channels(struct tbd_registry *r, struct tbd_session *s,
+                          bool prefetch, const char *const *names, size_t n,
+                          struct cap **out) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+  q.hello = &h;
+  h.protocol_version = 1;
+  h.client_name = "named";
+  h.memory_kinds =
+      (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) |
+      (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC);
+  h.prefetch = prefetch;
+  h.channels = (char **)names;
+  h.n_channels = n;
+  return send_req(r, s, &q, NULL, 0, out);
+}
+
+/* Hello.channels: the HelloReply carries the newest version of each named
+ * channel that is in a CUDA buffer, once per buffer, with its ready event;
+ * the buffer counts as sent (no handle in a later notice, BufferRetired
+ * comes). Not for host memory, unknown channels, or without prefetch. Too
+ * many names, or a bad one, fail the Hello and change nothing. */
+static void test_hello_channels(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c, *o, *x;
+  uint64_t b1 = cuda_buffer(r, p, 0x11), hb = buffer(r, p), e = event(r, p);
+  struct pub gpu = {.dev_type = kDLCUDA, .meta_len = 3, .event = e};
+  const char *names[] = {"h", "none", "g", "g"};
+  const char *many[TB_CONNECT_CHANNELS_MAX + 1];
+  const char *bad[] = {"g", "a/../b"};
+  Tensorbroker__V1__HelloReply *hr;
+  struct cap *m;
+
+  (void)state;
+  assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
+  assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
+  publish(r, p, "h", hb, 0);
+
+  assert_tb_ok(tbd_session_open(r, 11, 1000, 1000, NULL, &c));
+  assert_tb_ok(hello_channels(r, c, true, names, 4, &m));
+  hr = m->m->reply->hello;
+  assert_int_equal(hr->n_latest, 1);
+  assert_string_equal(hr->latest[0]->channel, "g");
+  assert_int_equal(hr->latest[0]->version, 2);
+  assert_non_null(hr->latest[0]->buffer);
+  assert_int_equal(hr->latest[0]->buffer->buffer_id, b1);
+  assert_int_equal(hr->latest[0]->buffer->kind,
+                   TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC);
+  assert_int_equal(hr->latest[0]->buffer->cuda_ipc_handle.len, 64);
+  assert_int_equal(hr->latest[0]->buffer->cuda_ipc_handle.data[0], 0x11);
+  assert_non_null(hr->latest[0]->ready_event);
+  assert_int_equal(hr->latest[0]->ready_event->event_id, e);
+  cap_free(m);
+  /* sent once: a subscriber's notice of the same buffer comes plain */
+  assert_tb_ok(simple(r, c, SUBSCRIBE, "g", 0));
+  assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
+  expect_plain_new(c);
+  /* b1 out of the history and unregistered: c is told, as if it had
+   * acquired it */
+  publish(r, p, "g", hb, 0);
+  expect_plain_new(c);
+  assert_tb_ok(simple(r, p, UNREGISTER, NULL, b1));
+  m = take_notice(c, N_RETIRED);
+  assert_non_null(m);
+  assert_int_equal(m->m->notice->buffer_retired->buffer_id, b1);
+  cap_free(m);
+
+  /* without prefetch: nothing */
+  b1 = cuda_buffer(r, p, 0x12);
+  assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
+  assert_tb_ok(tbd_session_open(r, 12, 1000, 1000, NULL, &o));
+  assert_tb_ok(hello_channels(r, o, false, names, 4, &m));
+  assert_int_equal(m->m->reply->hello->n_latest, 0);
+  cap_free(m);
+
+  /* too many names, a bad one: refused, and the session may still say a
+   * good Hello, which gets the buffer */
+  for (size_t i = 0; i < TB_CONNECT_CHANNELS_MAX + 1; i++)
+    many[i] = "g";
+  assert_tb_ok(tbd_session_open(r, 13, 1000, 1000, NULL, &x));
+  assert_int_equal(hello_channels(r, x, true, many,
+                                  TB_CONNECT_CHANNELS_MAX + 1, NULL),
+                   TB_ELIMIT);
+  assert_int_equal(hello_channels(r, x, true, bad, 2, NULL), TB_ENAME);
+  assert_tb_ok(hello_channels(r, x, true, many, TB_CONNECT_CHANNELS_MAX, &m));
+  assert_int_equal(m->m->reply->hello->n_latest, 1);
+  assert_int_equal(m->m->reply->hello->latest[0]->buffer->buffer_id, b1);
+  cap_free(m);
+  reg_free(r);
+}
+
+/* The HelloReply stays inside one datagram: with the smallest
+ * --max-message and sixteen long-named CUDA channels, the entries that
+ * would not fit are left out, and those left out count as not sent (a
+ * later notice carries their buffers). */
+static void test_hello_channels_room(void **state) {
+  struct tbd_limits lim;
+  struct tbd_registry *r;
+  struct tbd_session *p, *c;
+  struct pub gpu = {.dev_type = kDLCUDA};
+  char names[TB_CONNECT_CHANNELS_MAX][201];
+  const char *ptr[TB_CONNECT_CHANNELS_MAX];
+  uint64_t bufs[TB_CONNECT_CHANNELS_MAX];
+  size_t packed, n;
+  struct cap *m;
+
+  (void)state;
+  tbd_limits_default(&lim);
+  lim.max_message = 4096;
+  lim.max_metadata = 0;
+  r = reg_new(&lim);
+  p = session(r, 10);
+  for (int i = 0; i < TB_CONNECT_CHANNELS_MAX; i++) {
+    memset(names[i], 'a' + i, 200);
+    names[i][200] = '\0';
+    ptr[i] = names[i];
+    bufs[i] = cuda_buffer(r, p, (uint8_t)(0x40 + i));
+    assert_tb_ok(publish_ex(r, p, names[i], bufs[i], &gpu, NULL));
+  }
+  assert_tb_ok(tbd_session_open(r, 11, 1000, 1000, NULL, &c));
+  assert_tb_ok(hello_channels(r, c, true, ptr, TB_CONNECT_CHANNELS_MAX, &m));
+  n = m->m->reply->hello->n_latest;
+  packed = tensorbroker__v1__server_message__get_packed_size(m->m);
+  assert_true(n > 0);
+  assert_true(n < TB_CONNECT_CHANNELS_MAX);
+  assert_true(packed <= lim.max_message);
+  for (size_t i = 0; i < n; i++)
+    assert_string_equal(m->m->reply->hello->latest[i]->channel, names[i]);
+  cap_free(m);
+  /* the first left out: its buffer comes with the next notice */
+  assert_tb_ok(simple(r, c, SUBSCRIBE, names[n], 0));
+  assert_tb_ok(publish_ex(r, p, names[n], bufs[n], &gpu, NULL));
+  m = take_notice(c, N_NEW);
+  assert_non_null(m);
+  assert_non_null(m->m->notice->new_version->buffer);
+  assert_int_equal(m->m->notice->new_version->buffer->buffer_id, bufs[n]);
+  cap_free(m);
+  reg_free(r);
+}
+
 /* Out of memory while a prefetching subscriber's notice is built: the
  * publish succeeds, the notice goes without the buffer, and the buffer is
  * not counted as sent (the next notice carries it). */
@@ -1363,6 +1508,8 @@ int main(void) {
       T(test_second_publisher_busy),
       T(test_subscriptions),
       T(test_prefetch_notices),
+      T(test_hello_channels),
+      T(test_hello_channels_room),
       T(test_alloc_failure_prefetch),
       T(test_limits),
       T(test_buffer_register_checks),

@@ -17,7 +17,15 @@
  * - not initialised: the child has libcuda loaded but never called cuInit:
  *   connect must not initialise CUDA (a process that forks later would
  *   leave its children without it): the table stays unloaded and connect
- *   is the Hello alone. */
+ *   is the Hello alone.
+ * - channels named at connect: a client connects, naming a channel whose
+ *   newest version (still being written by a slow kernel) is in a CUDA
+ *   buffer; its first acquire of that version opens the buffer and the
+ *   ready event once each, both inside the open of the buffer the connect
+ *   brought (the acquire counters' prefetch time covers the opens' time:
+ *   they ran while the daemon answered, not after the reply), and reads
+ *   the finished data; a second acquire opens nothing (docs/cuda.md,
+ *   "Channels named at connect"). */
 #include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,6 +36,7 @@
 
 #include <cmocka.h>
 
+#include "client_internal.h" /* tb__acquire_counters */
 #include "gpu_common.h"
 
 #define N (1u << 20)
@@ -45,13 +54,15 @@ static uint64_t requests(tb_client *c) {
   return n;
 }
 
-static tb_client *connect_opts(const char *name, int no_prefetch) {
+static tb_client *connect_opts(const char *name, int no_prefetch,
+                               const char *const *channels) {
   struct tb_connect_options o;
   tb_client *c = NULL;
   tb_connect_options_init(&o);
   o.socket_path = daemon_.sock;
   o.client_name = name;
   o.no_prefetch = no_prefetch;
+  o.channels = channels;
   int rc = tb_client_connect(&o, &c);
   if (rc != 0)
     TBG_FAIL("connect %s: %s", name, tb_err_name(rc));
@@ -91,7 +102,7 @@ static int consumer(struct tbt_chan *ch, void *arg) {
 
   /* no_prefetch: connect prepares nothing */
   tb__cuda_counters(&k0);
-  tb_client *q = connect_opts("no-prefetch", 1);
+  tb_client *q = connect_opts("no-prefetch", 1, NULL);
   tb__cuda_counters(&k1);
   if (k1.event_create != k0.event_create || requests(q) != 2)
     TBG_FAIL("a no_prefetch connect made %lu events, %llu requests (expected "
@@ -101,7 +112,7 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   tb_client_disconnect(q);
 
   tb__cuda_counters(&k0);
-  tb_client *c = connect_opts("consumer", 0);
+  tb_client *c = connect_opts("consumer", 0, NULL);
   tb__cuda_counters(&k1);
   if (k1.event_create - k0.event_create != 1)
     TBG_FAIL("connect made %lu cuEventCreate calls, expected 1 (the done "
@@ -136,6 +147,82 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   tb_client_disconnect(c);
   tbg_child_say(ch, "ok");
   return 0;
+}
+
+#define CH2 "gpu/named"
+#define V2 0x6262B2B2u
+
+static int named_producer(struct tbt_chan *ch, void *arg) {
+  struct tbg_gpu g;
+  (void)arg;
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, "producer", TB_CONTRACT_SPEC);
+  tb_cu_stream s = tbg_stream(&g, 1);
+  tb_cu_deviceptr p = tbg_alloc(&g, N * 4ull);
+  /* pending at publish: the version's ready event comes with the buffer */
+  tbg_spin_fill(&g, p, V2, N, SPIN_MS, s);
+  uint64_t v = tbg_publish(c, &g, CH2, p, N, s, 1);
+  tbg_child_say(ch, "published %llu", (unsigned long long)v);
+  tbg_child_hear(ch, "done", NULL, 0);
+  TBG_CU(g.cu->cuStreamSynchronize(s));
+  tb_client_disconnect(c);
+  return 0;
+}
+
+static int named_consumer(struct tbt_chan *ch, void *arg) {
+  static const char *const names[] = {"gpu/none", CH2, NULL};
+  struct tbg_gpu g;
+  struct tb_cuda_counters k0, k1;
+  struct tb_acquire_counters a0, a1;
+  DLManagedTensorVersioned *t = NULL;
+  (void)arg;
+  tbg_gpu_init(&g, 0);
+  tb_cu_stream cs = tbg_stream(&g, 1);
+  tb_cu_deviceptr cnt = tbg_alloc(&g, 4);
+
+  uint64_t v = tbg_child_hear_version(ch);
+  tb_client *c = connect_opts("named", 0, names);
+  tb__acquire_counters(&a0); /* counting starts in this thread */
+  tb__cuda_counters(&k0);
+  TBG_OK(c, tbg_acquire(c, CH2, TB_ACQUIRE_EXACT, v, cs, &t));
+  tb__cuda_counters(&k1);
+  tb__acquire_counters(&a1);
+  unsigned long long opens_ns = (k1.ipc_open_mem_ns - k0.ipc_open_mem_ns) +
+                                (k1.ipc_open_event_ns - k0.ipc_open_event_ns);
+  if (k1.ipc_open_mem - k0.ipc_open_mem != 1 ||
+      k1.ipc_open_event - k0.ipc_open_event != 1)
+    TBG_FAIL("the first acquire opened %lu buffers and %lu events, "
+             "expected 1 and 1",
+             k1.ipc_open_mem - k0.ipc_open_mem,
+             k1.ipc_open_event - k0.ipc_open_event);
+  if (a1.prefetch_ns - a0.prefetch_ns < opens_ns)
+    TBG_FAIL("the opens (%llu ns) did not run in the open of the buffer "
+             "named at connect (%llu ns): they waited for the reply",
+             opens_ns, a1.prefetch_ns - a0.prefetch_ns);
+  tbg_count_async(&g, tbg_tensor_ptr(t, N), V2, N, cnt, cs);
+  if (tbg_counter_read(&g, cnt, cs) != 0)
+    TBG_FAIL("wrong data in the acquired version");
+  TBG_OK(c, tb_release(t, cs));
+  tb__cuda_counters(&k0);
+  TBG_OK(c, tbg_acquire(c, CH2, TB_ACQUIRE_LATEST, 0, cs, &t));
+  tb__cuda_counters(&k1);
+  if (k1.ipc_open_mem != k0.ipc_open_mem ||
+      k1.ipc_open_event != k0.ipc_open_event)
+    TBG_FAIL("the second acquire opened %lu buffers and %lu events",
+             k1.ipc_open_mem - k0.ipc_open_mem,
+             k1.ipc_open_event - k0.ipc_open_event);
+  TBG_OK(c, tb_release(t, cs));
+  tb_client_disconnect(c);
+  tbg_child_say(ch, "ok");
+  return 0;
+}
+
+static void channels_named(void **state) {
+  struct tbt_child p, c;
+  (void)state;
+  tbg_start(&daemon_, &p, named_producer, NULL, &c, named_consumer, NULL);
+  tbg_relay(&p, "producer", "published", &c, "v");
+  tbg_finish(&p, &c, &daemon_);
 }
 
 typedef tb_cu_result (*init_fn)(unsigned);
@@ -179,7 +266,7 @@ static int app_driver(struct tbt_chan *ch, void *arg) {
   }
   if (tb__cuda_loaded())
     TBG_FAIL("the library's driver table is loaded before connect");
-  tb_client *c = connect_opts(arg != NULL ? "app-cuda" : "app-no-init", 0);
+  tb_client *c = connect_opts(arg != NULL ? "app-cuda" : "app-no-init", 0, NULL);
   if (arg != NULL) {
     tb__cuda_counters(&k); /* counted since the table loaded, at connect */
     if (!tb__cuda_loaded() || k.event_create != 1 || requests(c) != 3)
@@ -222,4 +309,5 @@ static void application_context(void **state) {
 }
 
 TBG_MAIN(cmocka_unit_test(first_acquire_one_request),
-         cmocka_unit_test(application_context))
+         cmocka_unit_test(application_context),
+         cmocka_unit_test(channels_named))

@@ -440,6 +440,81 @@ static void test_prefetch_notices_without_gpu(void **state) {
   tb_client_disconnect(ahead);
 }
 
+/* Channels named at connect, without a GPU: bad lists fail the connect
+ * before anything is sent; a good one connects, the daemon counts the
+ * named CUDA buffer as sent (its retirement reaches the client, which
+ * never acquired it), and acquires work as before: a host channel's
+ * tensor, and for the CUDA channel the plain TB_ENOCUDA of a machine
+ * without CUDA (the kept buffer is not opened: no driver loaded). */
+static void test_channels_named_without_gpu(void **state) {
+  const struct tbt_daemon *d = *state;
+  Tensorbroker__V1__BufferUnregister u =
+      TENSORBROKER__V1__BUFFER_UNREGISTER__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  const char *names[] = {"nc/h", "nc/none", "nc/x", NULL};
+  const char *bad[] = {"nc/x", "nc/../x", NULL};
+  const char *many[TB_CONNECT_CHANNELS_MAX + 2];
+  struct tb_connect_options o;
+  struct tb_notice n;
+  tb_client *prod, *c = NULL;
+  tb_buffer *hb;
+  DLManagedTensorVersioned *t;
+  DLTensor ht;
+  int64_t shape[1];
+  uint64_t b1, b2;
+  int fd;
+
+  assert_tb_ok(tbt_connect(d, "host-producer", &prod));
+  assert_tb_ok(tb_host_buffer_create(prod, 4096, 0, &hb));
+  tbt_fill(tb_buffer_data(hb), 64, 7);
+  tbt_u8_tensor(&ht, hb, shape, 64);
+  assert_tb_ok(tb_publish(prod, "nc/h", &ht, NULL, NULL));
+  fd = raw_connect(d);
+  raw_hello(fd);
+  b1 = raw_cuda_buffer(fd, 2, 0x11);
+  b2 = raw_cuda_buffer(fd, 3, 0x22);
+  raw_publish(fd, 4, "nc/x", b1, 0);
+
+  tb_connect_options_init(&o);
+  o.socket_path = d->sock;
+  o.timeout_ms = TBT_TIMEOUT_MS;
+  for (int i = 0; i < TB_CONNECT_CHANNELS_MAX + 1; i++)
+    many[i] = "nc/x";
+  many[TB_CONNECT_CHANNELS_MAX + 1] = NULL;
+  o.channels = many;
+  assert_int_equal(tb_client_connect(&o, &c), TB_ELIMIT);
+  assert_null(c);
+  o.channels = bad;
+  assert_int_equal(tb_client_connect(&o, &c), TB_ENAME);
+  assert_null(c);
+  many[TB_CONNECT_CHANNELS_MAX] = NULL; /* sixteen: allowed */
+  o.channels = many;
+  assert_tb_ok(tb_client_connect(&o, &c));
+  tb_client_disconnect(c);
+  o.channels = names;
+  assert_tb_ok(tb_client_connect(&o, &c));
+
+  /* b1 leaves the history and is unregistered: the client is told */
+  raw_publish(fd, 5, "nc/x", b2, 0);
+  u.buffer_id = b1;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER;
+  r.buffer_unregister = &u;
+  tb__server_message_free(raw_ok(fd, &r, 6));
+  assert_tb_ok(tb_client_poll_notice(c, &n, TBT_TIMEOUT_MS));
+  assert_int_equal(n.type, TB_NOTICE_BUFFER_RETIRED);
+  assert_int_equal(n.buffer_id, b1);
+
+  assert_tb_ok(tb_acquire(c, "nc/h", NULL, &t));
+  assert_int_equal(t->dl_tensor.shape[0], 64);
+  assert_int_equal(((uint8_t *)t->dl_tensor.data)[5], tbt_pattern(5, 7));
+  t->deleter(t);
+  assert_int_equal(tb_acquire(c, "nc/x", NULL, &t), TB_ENOCUDA);
+  tb_client_disconnect(c);
+  close(fd);
+  tb_buffer_destroy(hb);
+  tb_client_disconnect(prod);
+}
+
 /* A publisher that promised a Goodbye hangs up without it while a leased
  * CUDA version it published still had its ready event pending: a
  * subscriber's ChannelClosed names that version, in the reason and in
@@ -515,6 +590,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_prefetch_notices_without_gpu, tbt_setup,
                                       tbt_teardown),
       cmocka_unit_test_setup_teardown(test_unfinished_version_named, tbt_setup,
+                                      tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_channels_named_without_gpu, tbt_setup,
                                       tbt_teardown),
   };
   return cmocka_run_group_tests_name("robust", tests, NULL, NULL);

@@ -215,6 +215,25 @@ def test_prefetch_option():
                     assert np.array_equal(np.from_dlpack(l), np.arange(3.0))
 
 
+def test_channels_named_at_connect():
+    # the names are checked before connecting; a good list connects, and host
+    # tensors come as usual (what the daemon sends back for CUDA channels, and
+    # the opening, are checked by the C tests)
+    with daemon() as sock:
+        expect_error(lambda: tb.Client(socket=sock, channels=["cn/x"] * 17), "TB_ELIMIT")
+        expect_error(lambda: tb.Client(socket=sock, channels=["cn/../x"]), "TB_ENAME")
+        expect_raises(lambda: tb.Client(socket=sock, channels="cn/x"), TypeError)
+        expect_raises(lambda: tb.Client(socket=sock, channels=[b"cn/x"]), TypeError)
+        with tb.Client(socket=sock) as prod:
+            prod.publish("cn/x", np.arange(4.0))
+            with tb.Client(socket=sock, channels=("cn/x", "cn/none")) as cons, \
+                    cons.acquire("cn/x") as l:
+                assert np.array_equal(np.from_dlpack(l), np.arange(4.0))
+            with tb.Client(socket=sock, channels=["cn/x"] * 16) as cons, \
+                    cons.acquire("cn/x", timeout=5) as l:
+                assert np.array_equal(np.from_dlpack(l), np.arange(4.0))
+
+
 def test_errors():
     with daemon() as sock, tb.Client(socket=sock) as prod:
         a = np.zeros(4)
