@@ -3,6 +3,10 @@
     gpu_peer.py SOCKET LIB CHANNEL EXPECTED_SUM
 Acquires CHANNEL, imports the lease with LIB (torch, cupy, jax) through
 from_dlpack, and prints JSON {"sum": ..., "shape": [...], "device": ...}.
+    gpu_peer.py SOCKET torch-named CHANNEL
+The same with torch, a CUDA context made current first and CHANNEL named
+at connect (Client(channels=...)): the acquire opens the buffer the
+connect brought while the daemon answers.
     gpu_peer.py SOCKET hold CHANNEL
 Acquires CHANNEL with torch, starts a long kernel reading it, prints
 "reading" and waits to be killed.
@@ -50,9 +54,14 @@ def main():
     if lib == "follow":
         follow(sock, channel)
         return
-    c = tb.Client(socket=sock, name="gpu-peer-" + lib)
+    named = None
+    if lib == "torch-named":
+        import torch
+        torch.zeros(1, device="cuda")    # the primary context, current here
+        named = [channel]
+    c = tb.Client(socket=sock, name="gpu-peer-" + lib, channels=named)
     lease = c.acquire(channel, timeout=60)   # the wait is applied in __dlpack__
-    if lib == "torch":
+    if lib in ("torch", "torch-named"):
         import torch
         x = torch.from_dlpack(lease)
         total = float(x.double().sum().item())

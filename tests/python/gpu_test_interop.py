@@ -46,6 +46,13 @@ def test_torch_to_torch():
     run_pair("torch")
 
 
+def test_torch_to_torch_channel_named_at_connect():
+    # the consumer names the channel at connect, so its acquire opens the
+    # buffer (and the ready event of the producer's pending work) while the
+    # daemon answers; the sum is right only if its stream still waited
+    run_pair("torch-named")
+
+
 def test_torch_to_torch_no_sync_contract_implicit_stream():
     # stream=None on publish under no_sync: torch.__dlpack__(stream=-1) and no
     # ready event; the producer orders its work itself.
