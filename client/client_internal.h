@@ -181,7 +181,9 @@ struct tb_acquire_counters {
   unsigned long long wait_ns;     /* from sending it to holding the decoded
                                      reply, less tb__cuda_acquire_early's
                                      work meanwhile (notices read in the
-                                     wait, and their prefetch, included) */
+                                     wait, and their prefetch, and the open
+                                     of a buffer named at connect,
+                                     included) */
   unsigned long long after_ns;    /* successful ones: from the reply to the
                                      return */
   unsigned long long prefetch_ns; /* in tb__cuda_prefetch (any call) */

@@ -7,17 +7,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A NewVersion from the HelloReply, copied out of the reply's arena at
+ * connect (packed and unpacked again: a deep copy), so that the acquire
+ * that uses it decodes nothing. */
 struct tb__hint {
-  char *channel;
-  uint64_t buffer_id;
-  uint32_t generation;
-  uint8_t *packed; /* the NewVersion, as the daemon sent it */
-  size_t len;
+  Tensorbroker__V1__NewVersion *nv;
 };
 
 static void hint_free(struct tb__hint *h) {
-  free(h->channel);
-  free(h->packed);
+  if (h->nv != NULL)
+    tensorbroker__v1__new_version__free_unpacked(h->nv, NULL);
+  h->nv = NULL;
 }
 
 /* Remove hint i; the last one takes its place. */
@@ -44,50 +44,43 @@ void tb__hints_keep(struct tb_client *c,
         nv->buffer->kind !=
             TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)
       continue;
-    h->len = tensorbroker__v1__new_version__get_packed_size(nv);
-    h->packed = malloc(h->len);
-    h->channel = strdup(nv->channel);
-    if (h->packed == NULL || h->channel == NULL) {
-      hint_free(h);
+    size_t len = tensorbroker__v1__new_version__get_packed_size(nv);
+    uint8_t *buf = malloc(len);
+    if (buf == NULL)
       continue;
-    }
-    tensorbroker__v1__new_version__pack(nv, h->packed);
-    h->buffer_id = nv->buffer->buffer_id;
-    h->generation = nv->buffer->generation;
-    c->n_hints++;
+    tensorbroker__v1__new_version__pack(nv, buf);
+    h->nv = tensorbroker__v1__new_version__unpack(NULL, len, buf);
+    free(buf);
+    if (h->nv != NULL)
+      c->n_hints++;
   }
 }
 
 void tb__hint_open(struct tb_client *c, const char *channel) {
-  Tensorbroker__V1__NewVersion *nv;
+  const Tensorbroker__V1__NewVersion *nv;
   uint64_t t0;
   size_t i;
 
   for (i = 0; i < c->n_hints; i++)
-    if (strcmp(c->hints[i].channel, channel) == 0)
+    if (strcmp(c->hints[i].nv->channel, channel) == 0)
       break;
   if (i == c->n_hints)
     return;
-  /* once: a later acquire on the channel finds the mapping, or opens what
-   * the reply names */
-  nv = tensorbroker__v1__new_version__unpack(NULL, c->hints[i].len,
-                                             c->hints[i].packed);
-  hint_remove(c, i);
-  if (nv == NULL)
-    return;
+  nv = c->hints[i].nv;
   t0 = tb__acquire_counting() ? tb__now_ns() : 0;
-  if (nv->buffer != NULL)
-    tb__cuda_prefetch(c, nv->buffer, nv->ready_event);
+  tb__cuda_prefetch(c, nv->buffer, nv->ready_event);
   if (t0 != 0)
     tb__count_prefetch(tb__now_ns() - t0);
-  tensorbroker__v1__new_version__free_unpacked(nv, NULL);
+  /* once: a later acquire on the channel finds the mapping, or opens what
+   * its reply names */
+  hint_remove(c, i);
 }
 
 void tb__hints_retire(struct tb_client *c, uint64_t buffer_id,
                       uint32_t generation) {
   for (size_t i = 0; i < c->n_hints;) {
-    if (c->hints[i].buffer_id == buffer_id &&
-        c->hints[i].generation <= generation)
+    if (c->hints[i].nv->buffer->buffer_id == buffer_id &&
+        c->hints[i].nv->buffer->generation <= generation)
       hint_remove(c, i);
     else
       i++;
