@@ -24,8 +24,11 @@
  *   ready event once each, both inside the open of the buffer the connect
  *   brought (the acquire counters' prefetch time covers the opens' time:
  *   they ran while the daemon answered, not after the reply), and reads
- *   the finished data; a second acquire opens nothing (docs/cuda.md,
- *   "Channels named at connect"). */
+ *   the finished data; a second acquire opens nothing. When the channel
+ *   has moved to another allocation between connect and the first
+ *   acquire, that acquire opens the kept buffer for nothing and then the
+ *   reply's, and reads the new one's data (docs/cuda.md, "Channels named
+ *   at connect"). */
 #include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -151,6 +154,7 @@ static int consumer(struct tbt_chan *ch, void *arg) {
 
 #define CH2 "gpu/named"
 #define V2 0x6262B2B2u
+#define V3 0x7373C3C3u
 
 static int named_producer(struct tbt_chan *ch, void *arg) {
   struct tbg_gpu g;
@@ -162,6 +166,12 @@ static int named_producer(struct tbt_chan *ch, void *arg) {
   /* pending at publish: the version's ready event comes with the buffer */
   tbg_spin_fill(&g, p, V2, N, SPIN_MS, s);
   uint64_t v = tbg_publish(c, &g, CH2, p, N, s, 1);
+  tbg_child_say(ch, "published %llu", (unsigned long long)v);
+  /* the channel moves to another allocation */
+  tbg_child_hear(ch, "move", NULL, 0);
+  tb_cu_deviceptr p2 = tbg_alloc(&g, N * 4ull);
+  tbg_fill(&g, p2, V3, N, s);
+  v = tbg_publish(c, &g, CH2, p2, N, s, 1);
   tbg_child_say(ch, "published %llu", (unsigned long long)v);
   tbg_child_hear(ch, "done", NULL, 0);
   TBG_CU(g.cu->cuStreamSynchronize(s));
@@ -213,6 +223,25 @@ static int named_consumer(struct tbt_chan *ch, void *arg) {
              k1.ipc_open_event - k0.ipc_open_event);
   TBG_OK(c, tb_release(t, cs));
   tb_client_disconnect(c);
+
+  /* the channel moves to another buffer between connect and the first
+   * acquire: the kept buffer is opened for nothing, the reply's after the
+   * reply, and the data is the new buffer's */
+  c = connect_opts("named-moved", 0, names);
+  tbg_child_say(ch, "move");
+  v = tbg_child_hear_version(ch);
+  tb__cuda_counters(&k0);
+  TBG_OK(c, tbg_acquire(c, CH2, TB_ACQUIRE_EXACT, v, cs, &t));
+  tb__cuda_counters(&k1);
+  if (k1.ipc_open_mem - k0.ipc_open_mem != 2)
+    TBG_FAIL("an acquire after the channel moved opened %lu buffers, "
+             "expected 2 (the kept one, then the reply's)",
+             k1.ipc_open_mem - k0.ipc_open_mem);
+  tbg_count_async(&g, tbg_tensor_ptr(t, N), V3, N, cnt, cs);
+  if (tbg_counter_read(&g, cnt, cs) != 0)
+    TBG_FAIL("wrong data after the channel moved");
+  TBG_OK(c, tb_release(t, cs));
+  tb_client_disconnect(c);
   tbg_child_say(ch, "ok");
   return 0;
 }
@@ -221,6 +250,8 @@ static void channels_named(void **state) {
   struct tbt_child p, c;
   (void)state;
   tbg_start(&daemon_, &p, named_producer, NULL, &c, named_consumer, NULL);
+  tbg_relay(&p, "producer", "published", &c, "v");
+  tbg_pass(&c, "consumer", "move", &p);
   tbg_relay(&p, "producer", "published", &c, "v");
   tbg_finish(&p, &c, &daemon_);
 }
