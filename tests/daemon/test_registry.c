@@ -240,13 +240,15 @@ static int hello(struct tbd_registry *r, struct tbd_session *s,
 
 /* A session whose Hello asks for prefetch (CUDA buffers in NewVersion);
  * cuda: whether it also says it can map CUDA memory. */
-static struct tbd_session *session_prefetch_kinds(struct tbd_registry *r,
-                                                  pid_t pid, bool cuda) {
+/* A Hello saying memory kinds HOST_MEMFD (and CUDA_IPC when cuda), asking
+ * for prefetch or not and naming n channels; returns the reply's status
+ * and passes the reply to *out when out is not NULL. */
+static int hello_ex(struct tbd_registry *r, struct tbd_session *s, bool cuda,
+                    bool prefetch, const char *const *names, size_t n,
+                    struct cap **out) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
-  struct tbd_session *s;
 
-  assert_tb_ok(tbd_session_open(r, pid, 1000, 1000, NULL, &s));
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
   q.hello = &h;
   h.protocol_version = 1;
@@ -254,8 +256,18 @@ static struct tbd_session *session_prefetch_kinds(struct tbd_registry *r,
   h.memory_kinds =
       (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) |
       (cuda ? 1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC : 0);
-  h.prefetch = true;
-  assert_tb_ok(send_req(r, s, &q, NULL, 0, NULL));
+  h.prefetch = prefetch;
+  h.channels = (char **)names;
+  h.n_channels = n;
+  return send_req(r, s, &q, NULL, 0, out);
+}
+
+static struct tbd_session *session_prefetch_kinds(struct tbd_registry *r,
+                                                  pid_t pid, bool cuda) {
+  struct tbd_session *s;
+
+  assert_tb_ok(tbd_session_open(r, pid, 1000, 1000, NULL, &s));
+  assert_tb_ok(hello_ex(r, s, cuda, true, NULL, 0, NULL));
   return s;
 }
 
@@ -1072,27 +1084,6 @@ static void test_prefetch_notices(void **state) {
   reg_free(r);
 }
 
-/* A Hello naming channels (tb_connect_options.channels); returns the
- * reply's status and passes the reply to *out. */
-static int hello_channels(struct tbd_registry *r, struct tbd_session *s,
-                          bool prefetch, const char *const *names, size_t n,
-                          struct cap **out) {
-  req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
-
-  q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
-  q.hello = &h;
-  h.protocol_version = 1;
-  h.client_name = "named";
-  h.memory_kinds =
-      (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) |
-      (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC);
-  h.prefetch = prefetch;
-  h.channels = (char **)names;
-  h.n_channels = n;
-  return send_req(r, s, &q, NULL, 0, out);
-}
-
 /* Hello.channels: the HelloReply carries the newest version of each named
  * channel that is in a CUDA buffer, once per buffer, with its ready event;
  * the buffer counts as sent (no handle in a later notice, BufferRetired
@@ -1115,7 +1106,7 @@ static void test_hello_channels(void **state) {
   publish(r, p, "h", hb, 0);
 
   assert_tb_ok(tbd_session_open(r, 11, 1000, 1000, NULL, &c));
-  assert_tb_ok(hello_channels(r, c, true, names, 4, &m));
+  assert_tb_ok(hello_ex(r, c, true, true, names, 4, &m));
   hr = m->m->reply->hello;
   assert_int_equal(hr->n_latest, 1);
   assert_string_equal(hr->latest[0]->channel, "g");
@@ -1147,7 +1138,7 @@ static void test_hello_channels(void **state) {
   b1 = cuda_buffer(r, p, 0x12);
   assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
   assert_tb_ok(tbd_session_open(r, 12, 1000, 1000, NULL, &o));
-  assert_tb_ok(hello_channels(r, o, false, names, 4, &m));
+  assert_tb_ok(hello_ex(r, o, true, false, names, 4, &m));
   assert_int_equal(m->m->reply->hello->n_latest, 0);
   cap_free(m);
 
@@ -1156,11 +1147,11 @@ static void test_hello_channels(void **state) {
   for (size_t i = 0; i < TB_CONNECT_CHANNELS_MAX + 1; i++)
     many[i] = "g";
   assert_tb_ok(tbd_session_open(r, 13, 1000, 1000, NULL, &x));
-  assert_int_equal(hello_channels(r, x, true, many,
+  assert_int_equal(hello_ex(r, x, true, true, many,
                                   TB_CONNECT_CHANNELS_MAX + 1, NULL),
                    TB_ELIMIT);
-  assert_int_equal(hello_channels(r, x, true, bad, 2, NULL), TB_ENAME);
-  assert_tb_ok(hello_channels(r, x, true, many, TB_CONNECT_CHANNELS_MAX, &m));
+  assert_int_equal(hello_ex(r, x, true, true, bad, 2, NULL), TB_ENAME);
+  assert_tb_ok(hello_ex(r, x, true, true, many, TB_CONNECT_CHANNELS_MAX, &m));
   assert_int_equal(m->m->reply->hello->n_latest, 1);
   assert_int_equal(m->m->reply->hello->latest[0]->buffer->buffer_id, b1);
   cap_free(m);
@@ -1196,7 +1187,7 @@ static void test_hello_channels_room(void **state) {
     assert_tb_ok(publish_ex(r, p, names[i], bufs[i], &gpu, NULL));
   }
   assert_tb_ok(tbd_session_open(r, 11, 1000, 1000, NULL, &c));
-  assert_tb_ok(hello_channels(r, c, true, ptr, TB_CONNECT_CHANNELS_MAX, &m));
+  assert_tb_ok(hello_ex(r, c, true, true, ptr, TB_CONNECT_CHANNELS_MAX, &m));
   n = m->m->reply->hello->n_latest;
   packed = tensorbroker__v1__server_message__get_packed_size(m->m);
   assert_true(n > 0);
