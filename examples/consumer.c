@@ -181,6 +181,11 @@ int main(int argc, char **argv) {
     }
   }
 
+  /* Name the channel at connect: if its producer already publishes CUDA
+   * frames, the first acquire opens the newest one's buffer while the
+   * daemon answers (docs/cuda.md, "Channels named at connect"). */
+  const char *named[] = {channel, NULL};
+  co.channels = named;
   rc = tb_client_connect(&co, &c);
   if (rc < 0) {
     fprintf(stderr, "consumer: connect: %s\n", tb_strerror(rc));
