@@ -133,7 +133,8 @@ struct tb_client {
 
   struct tb_buffer *buffers;
   struct tb__cuda_client *cuda; /* cuda_transport.c; NULL until used */
-  struct tb__hint *hints; /* hint.c: channels named at connect */
+  /* hint.c: channels named at connect, their HelloReply entries */
+  Tensorbroker__V1__NewVersion **hints;
   size_t n_hints;
 
   char last_error[TB__LAST_ERROR_MAX];

@@ -185,13 +185,9 @@ static void handle_notice(struct tb_client *c,
     n.type = TB_NOTICE_NEW_VERSION;
     copy_str(n.channel, sizeof(n.channel), no->new_version->channel);
     n.version = no->new_version->version;
-    if (no->new_version->buffer != NULL) {
-      uint64_t t0 = tb__acquire_counting() ? tb__now_ns() : 0;
+    if (no->new_version->buffer != NULL)
       tb__cuda_prefetch(c, no->new_version->buffer,
                         no->new_version->ready_event);
-      if (t0 != 0)
-        tb__count_prefetch(tb__now_ns() - t0);
-    }
     break;
   case TENSORBROKER__V1__NOTICE__BODY_VERSION_FREE:
     n.type = TB_NOTICE_VERSION_FREE;

@@ -697,9 +697,9 @@ static void error_restore(struct tb_client *c, const struct kept_error *ke) {
   c->last_error_len = ke->len;
 }
 
-void tb__cuda_prefetch(struct tb_client *c,
-                       const Tensorbroker__V1__BufferInfo *bi,
-                       const Tensorbroker__V1__EventInfo *ready) {
+static void prefetch(struct tb_client *c,
+                     const Tensorbroker__V1__BufferInfo *bi,
+                     const Tensorbroker__V1__EventInfo *ready) {
   struct tb__conn *k = c->conn;
   struct tb__cuda_view *v;
   struct tb__map *m;
@@ -750,6 +750,17 @@ void tb__cuda_prefetch(struct tb_client *c,
   }
   /* a failure is met again, and reported, by the acquire that needs it */
   error_restore(c, &ke);
+}
+
+/* tb__cuda_prefetch, timed for tb__acquire_counters (prefetch_ns). */
+void tb__cuda_prefetch(struct tb_client *c,
+                       const Tensorbroker__V1__BufferInfo *bi,
+                       const Tensorbroker__V1__EventInfo *ready) {
+  uint64_t t0 = tb__acquire_counting() ? tb__now_ns() : 0;
+
+  prefetch(c, bi, ready);
+  if (t0 != 0)
+    tb__count_prefetch(tb__now_ns() - t0);
 }
 
 /* The consumer's done event for a device, created in a context of that

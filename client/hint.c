@@ -7,22 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A NewVersion from the HelloReply, copied out of the reply's arena at
- * connect (packed and unpacked again: a deep copy), so that the acquire
- * that uses it decodes nothing. */
-struct tb__hint {
-  Tensorbroker__V1__NewVersion *nv;
-};
-
-static void hint_free(struct tb__hint *h) {
-  if (h->nv != NULL)
-    tensorbroker__v1__new_version__free_unpacked(h->nv, NULL);
-  h->nv = NULL;
-}
-
-/* Remove hint i; the last one takes its place. */
+/* c->hints[i] is a NewVersion from the HelloReply, copied out of the
+ * reply's arena at connect (packed and unpacked again: a deep copy), so
+ * that the acquire that uses it decodes nothing. Free hint i; the last one
+ * takes its place. */
 static void hint_remove(struct tb_client *c, size_t i) {
-  hint_free(&c->hints[i]);
+  tensorbroker__v1__new_version__free_unpacked(c->hints[i], NULL);
   c->hints[i] = c->hints[--c->n_hints];
 }
 
@@ -38,7 +28,6 @@ void tb__hints_keep(struct tb_client *c,
     return; /* the acquires open what they need, as without the hints */
   for (size_t i = 0; i < n; i++) {
     const Tensorbroker__V1__NewVersion *nv = hr->latest[i];
-    struct tb__hint *h = &c->hints[c->n_hints];
 
     if (nv == NULL || nv->channel == NULL || nv->buffer == NULL ||
         nv->buffer->kind !=
@@ -49,28 +38,24 @@ void tb__hints_keep(struct tb_client *c,
     if (buf == NULL)
       continue;
     tensorbroker__v1__new_version__pack(nv, buf);
-    h->nv = tensorbroker__v1__new_version__unpack(NULL, len, buf);
+    c->hints[c->n_hints] = tensorbroker__v1__new_version__unpack(NULL, len, buf);
     free(buf);
-    if (h->nv != NULL)
+    if (c->hints[c->n_hints] != NULL)
       c->n_hints++;
   }
 }
 
 void tb__hint_open(struct tb_client *c, const char *channel) {
   const Tensorbroker__V1__NewVersion *nv;
-  uint64_t t0;
   size_t i;
 
   for (i = 0; i < c->n_hints; i++)
-    if (strcmp(c->hints[i].nv->channel, channel) == 0)
+    if (strcmp(c->hints[i]->channel, channel) == 0)
       break;
   if (i == c->n_hints)
     return;
-  nv = c->hints[i].nv;
-  t0 = tb__acquire_counting() ? tb__now_ns() : 0;
+  nv = c->hints[i];
   tb__cuda_prefetch(c, nv->buffer, nv->ready_event);
-  if (t0 != 0)
-    tb__count_prefetch(tb__now_ns() - t0);
   /* once: a later acquire on the channel finds the mapping, or opens what
    * its reply names */
   hint_remove(c, i);
@@ -79,8 +64,8 @@ void tb__hint_open(struct tb_client *c, const char *channel) {
 void tb__hints_retire(struct tb_client *c, uint64_t buffer_id,
                       uint32_t generation) {
   for (size_t i = 0; i < c->n_hints;) {
-    if (c->hints[i].nv->buffer->buffer_id == buffer_id &&
-        c->hints[i].nv->buffer->generation <= generation)
+    if (c->hints[i]->buffer->buffer_id == buffer_id &&
+        c->hints[i]->buffer->generation <= generation)
       hint_remove(c, i);
     else
       i++;

@@ -787,14 +787,38 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
     PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
     return -1;
   }
-  /* channels: a sequence of str, held as a tuple while connect reads them */
-  const char *names[TB_CONNECT_CHANNELS_MAX + 2];
+  struct tb_connect_options opts;
+  tb_connect_options_init(&opts);
+  opts.socket_path = socket_path;
+  opts.client_name = name;
+  opts.timeout_ms = timeout_ms;
+  opts.spin_us = spin_us;
+  opts.no_prefetch = !prefetch;
+  if (contract != NULL && contract != Py_None) {
+    if (PyLong_Check(contract)) {
+      opts.stream_contract = (int)PyLong_AsLong(contract);
+      if (PyErr_Occurred())
+        return -1;
+      if (tb_contract_name(opts.stream_contract) == NULL) {
+        raise_tb(TB_EINVAL, "unknown stream contract");
+        return -1;
+      }
+    } else {
+      const char *cs = PyUnicode_AsUTF8AndSize(contract, NULL);
+      if (cs == NULL)
+        return -1;
+      if (tb_contract_parse(cs, &opts.stream_contract) < 0) {
+        raise_tb(TB_EINVAL, "unknown stream contract (want spec, no_sync, per_thread "
+                            "or explicit)");
+        return -1;
+      }
+    }
+  }
+  /* channels: a sequence of str (Client refuses one str), held as a tuple
+   * while connect reads them */
+  const char *names[TB_CONNECT_CHANNELS_MAX + 1];
   PyObject *chseq = NULL;
   if (channels != NULL && channels != Py_None) {
-    if (PyUnicode_Check(channels)) {
-      PyErr_SetString(PyExc_TypeError, "channels: a sequence of channel names, not one str");
-      return -1;
-    }
     chseq = PySequence_Tuple(channels);
     if (chseq == NULL)
       return -1;
@@ -812,37 +836,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
       }
     }
     names[n] = NULL;
-  }
-  struct tb_connect_options opts;
-  tb_connect_options_init(&opts);
-  opts.socket_path = socket_path;
-  opts.client_name = name;
-  opts.timeout_ms = timeout_ms;
-  opts.spin_us = spin_us;
-  opts.no_prefetch = !prefetch;
-  opts.channels = chseq != NULL ? names : NULL;
-  if (contract != NULL && contract != Py_None) {
-    if (PyLong_Check(contract)) {
-      opts.stream_contract = (int)PyLong_AsLong(contract);
-      if (PyErr_Occurred()) {
-        Py_XDECREF(chseq);
-        return -1;
-      }
-      if (tb_contract_name(opts.stream_contract) == NULL) {
-        Py_XDECREF(chseq);
-        raise_tb(TB_EINVAL, "unknown stream contract");
-        return -1;
-      }
-    } else {
-      const char *cs = PyUnicode_AsUTF8AndSize(contract, NULL);
-      if (cs == NULL || tb_contract_parse(cs, &opts.stream_contract) < 0) {
-        Py_XDECREF(chseq);
-        if (cs != NULL)
-          raise_tb(TB_EINVAL, "unknown stream contract (want spec, no_sync, per_thread "
-                              "or explicit)");
-        return -1;
-      }
-    }
+    opts.channels = names;
   }
   tb_client *c = NULL;
   int rc;

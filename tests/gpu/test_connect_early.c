@@ -188,7 +188,6 @@ static int named_consumer(struct tbt_chan *ch, void *arg) {
   (void)arg;
   tbg_gpu_init(&g, 0);
   tb_cu_stream cs = tbg_stream(&g, 1);
-  tb_cu_deviceptr cnt = tbg_alloc(&g, 4);
 
   uint64_t v = tbg_child_hear_version(ch);
   tb_client *c = connect_opts("named", 0, names);
@@ -209,8 +208,7 @@ static int named_consumer(struct tbt_chan *ch, void *arg) {
     TBG_FAIL("the opens (%llu ns) did not run in the open of the buffer "
              "named at connect (%llu ns): they waited for the reply",
              opens_ns, a1.prefetch_ns - a0.prefetch_ns);
-  tbg_count_async(&g, tbg_tensor_ptr(t, N), V2, N, cnt, cs);
-  if (tbg_counter_read(&g, cnt, cs) != 0)
+  if (tbg_count(&g, tbg_tensor_ptr(t, N), V2, N, cs) != 0)
     TBG_FAIL("wrong data in the acquired version");
   TBG_OK(c, tb_release(t, cs));
   tb__cuda_counters(&k0);
@@ -237,8 +235,7 @@ static int named_consumer(struct tbt_chan *ch, void *arg) {
     TBG_FAIL("an acquire after the channel moved opened %lu buffers, "
              "expected 2 (the kept one, then the reply's)",
              k1.ipc_open_mem - k0.ipc_open_mem);
-  tbg_count_async(&g, tbg_tensor_ptr(t, N), V3, N, cnt, cs);
-  if (tbg_counter_read(&g, cnt, cs) != 0)
+  if (tbg_count(&g, tbg_tensor_ptr(t, N), V3, N, cs) != 0)
     TBG_FAIL("wrong data after the channel moved");
   TBG_OK(c, tb_release(t, cs));
   tb_client_disconnect(c);
