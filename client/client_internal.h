@@ -36,6 +36,8 @@
 #define TB__ARENA_SIZE 4096 /* first block of each */
 
 struct tb__map;
+struct tb__lease;
+struct tb__cuda_acq;
 struct tb__cuda_client;
 struct tb__cuda_conn;
 struct tb__cuda_view;
@@ -56,6 +58,12 @@ struct tb__conn {
   /* One ended lease's memory kept for the next acquire (lease.c), taken
    * and put back with __atomic_exchange_n; freed with the connection. */
   void *spare_lease;
+  /* lease.c, under lock: the leases handed out and not ended (their done
+   * events are recorded at disconnect), and those whose end waits for a
+   * capture to finish (TB__LEASE_LATER; read unlocked with __atomic as a
+   * hint that there is something to retry). */
+  struct tb__lease *leases;
+  struct tb__lease *later;
 };
 
 /* Take / drop a reference. The last drop frees the mapping cache and the
@@ -283,6 +291,12 @@ void tb__map_release_memory(struct tb__map *m);
 
 /* ---- lease.c ---- */
 void tb__lease_deleter(DLManagedTensorVersioned *self);
+/* End the leases whose end waited for a capture (TB__LEASE_LATER) where
+ * it has finished. Cheap when there are none. Takes k->lock. */
+void tb__leases_retry(struct tb__conn *k);
+/* Disconnect: end every lease still held with its done event, as its
+ * release would, before the session closes. Caller holds k->lock. */
+void tb__leases_end_all_locked(struct tb__conn *k);
 
 /* ---- cuda_transport.c: everything that touches CUDA ---- */
 
@@ -295,10 +309,11 @@ int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
                              int *ready_complete,
                              Tensorbroker__V1__Device *dev, uint8_t *uuid);
 /* tb_lease_wait: make stream (resolved under k's contract) wait for a
- * lease's ready event. Takes only k->lock; any thread. */
-int tb__cuda_lease_wait(struct tb__conn *k, uint64_t event_id,
-                        const uint8_t *handle, const uint8_t *uuid,
-                        int complete, int device, int enter, void *stream);
+ * lease's ready event, and remember it in a (tb__cuda_lease_use_locked).
+ * Takes only k->lock; any thread. */
+int tb__cuda_lease_wait(struct tb__conn *k, struct tb__cuda_acq *a,
+                        uint64_t event_id, const uint8_t *handle,
+                        const uint8_t *uuid, int complete, void *stream);
 /* Producer: make stream wait on the consumers' done events. */
 int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
                        void *stream);
@@ -308,7 +323,22 @@ int tb__cuda_map_open(struct tb_client *c,
                       const Tensorbroker__V1__BufferInfo *bi,
                       struct tb__map **out);
 /* What a CUDA acquire produced (cuda_transport.c). */
+/* A stream a consumer declared for a lease: to acquire, tb_lease_wait,
+ * tb_lease_use or tb_release (docs/cuda.md, "When a lease ends"). The done
+ * event is recorded on every one of them when the lease ends. */
+#define TB__LEASE_STREAMS 8 /* declared ones; the release stream has one more */
+struct tb__lease_stream {
+  void *stream;         /* tb_cu_stream: legacy, per-thread or a CUstream */
+  void *ctx;            /* tb_cu_context the stream runs in */
+  unsigned long long id; /* a CUstream's cuStreamGetId when declared */
+  int device;           /* the context's device ordinal */
+  pthread_t thread;     /* per-thread default stream: whose it is */
+};
+
 struct tb__cuda_acq {
+  /* the streams the consumer declared, in the order it declared them */
+  unsigned n_streams;
+  struct tb__lease_stream streams[TB__LEASE_STREAMS + 1];
   uint64_t base;   /* the buffer's byte 0 as this consumer addresses it */
   int done_device; /* device whose done event the release records */
   int enter;       /* 1: a consumer device was given; default streams at
@@ -364,19 +394,34 @@ int tb__cuda_acquire(struct tb_client *c, struct tb__map *m,
                      const Tensorbroker__V1__EventInfo *ready, void *stream,
                      int device, unsigned flags, uint64_t lo, uint64_t hi,
                      struct tb__cuda_acq *out);
-/* Consumer: record the done event of device on stream (under the
- * connection's contract; enter: default streams are device's). Writes the
- * registered event id, 0 when none applies (no-sync stream). Caller holds
- * k->lock. */
-int tb__cuda_release_record_locked(struct tb__conn *k, int device, int enter,
-                                   void *stream, uint64_t *done_event_id,
-                                   int *implicit);
-/* Consumer: free a copy made by tb__cuda_acquire (stream under k's
- * contract; no-sync: the copy's device's legacy stream), destroy its event. */
-int tb__cuda_copy_free(struct tb__conn *k, const struct tb__cuda_acq *a,
+/* Consumer: a lease ends. stream (the release's; NULL: the streams the
+ * lease remembers, or the contract's default when it remembers none) joins
+ * the remembered ones, and the done event of a->done_device is recorded
+ * after the work of all of them (one stream: on it; several: on a stream
+ * of the library's that waits for each). Writes the registered event id, 0
+ * when there is nothing to wait for (no stream declared, or all idle).
+ * TB__LEASE_LATER when a remembered stream is capturing a graph (nothing
+ * can be recorded after its real work until the capture ends) or a
+ * destroyed stream's context could not be synchronised: the caller keeps
+ * the lease and asks again later, with stream NULL. Other errors: the
+ * lease ends without a done event. Caller holds k->lock. */
+#define TB__LEASE_LATER 1
+int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
+                              void *stream, uint64_t *done_event_id,
+                              int *implicit);
+/* Consumer: remember stream (resolved under k's contract; -1 adds
+ * nothing) as one that reads the lease. TB_ELIMIT beyond
+ * TB__LEASE_STREAMS. Caller holds k->lock. */
+int tb__cuda_lease_use_locked(struct tb__conn *k, struct tb__cuda_acq *a,
+                              void *stream);
+/* Consumer: free a copy made by tb__cuda_acquire on the stream its lease
+ * remembers (stream: the release's, as for tb__cuda_lease_end_locked;
+ * nothing remembered and no-sync: the copy's device's legacy stream),
+ * destroy its event. */
+int tb__cuda_copy_free(struct tb__conn *k, struct tb__cuda_acq *a,
                        void *stream);
 /* tb_lease_wait for a copy: make stream wait for the copy's event. */
-int tb__cuda_copy_wait(struct tb__conn *k, const struct tb__cuda_acq *a,
+int tb__cuda_copy_wait(struct tb__conn *k, struct tb__cuda_acq *a,
                        int device, void *stream);
 /* Free the client's (producer, event cache) and the connection's CUDA
  * state. */

@@ -829,6 +829,8 @@ void tb_client_disconnect(tb_client *c) {
   tb__hints_free(c);
   tb__freed_free_all(c);
   pthread_mutex_lock(&k->lock);
+  if (c->pid == getpid())
+    tb__leases_end_all_locked(k);
   if ((c->features & TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE) &&
       c->pid == getpid() && !k->closed && k->fd >= 0 &&
       !__atomic_load_n(&k->dead, __ATOMIC_ACQUIRE)) {
@@ -887,6 +889,7 @@ int tb_client_poll_notice(tb_client *c, struct tb_notice *out,
   if (c == NULL || out == NULL)
     return TB_EINVAL;
   deadline = timeout_ms < 0 ? UINT64_MAX : tb__now_ms() + (uint64_t)timeout_ms;
+  tb__leases_retry(c->conn);
   pthread_mutex_lock(&c->call_lock);
   for (;;) {
     uint64_t now;

@@ -95,7 +95,7 @@ static void tb_relaxed_leave(const struct tb_cuda *cu, int saved) {
 int tb__cuda_stream_resolve(int contract, void *stream,
                             struct tb__cuda_stream *out, char *why,
                             size_t whylen) {
-  struct tb__cuda_stream s = {NULL, 0, 0};
+  struct tb__cuda_stream s = {NULL, 0, 0, NULL};
   intptr_t v = (intptr_t)stream;
 
   if (stream == NULL) {
@@ -141,11 +141,15 @@ int tb__cuda_stream_resolve(int contract, void *stream,
 
 /* The context stream work must run in: an explicit stream's own context,
  * or for the default streams the thread's current one (which must exist). */
-static int tb_stream_ctx(const struct tb_cuda *cu, tb_cu_stream s,
-                         tb_cu_context *out, char *why, size_t whylen) {
+static int tb_stream_ctx(const struct tb_cuda *cu,
+                         const struct tb__cuda_stream *st, tb_cu_context *out,
+                         char *why, size_t whylen) {
+  tb_cu_stream s = st->stream;
   tb_cu_context ctx = NULL;
   tb_cu_result r;
-  if (s == TB_CU_STREAM_LEGACY || s == TB_CU_STREAM_PER_THREAD) {
+  if (st->ctx != NULL) {
+    ctx = st->ctx;
+  } else if (s == TB_CU_STREAM_LEGACY || s == TB_CU_STREAM_PER_THREAD) {
     r = cu->cuCtxGetCurrent(&ctx);
     if (r != 0)
       return tb_cu_fail(why, whylen, "cuCtxGetCurrent", r);
@@ -208,7 +212,7 @@ static int tb_stream_enter(const struct tb__cuda_stream *s, const char *what,
   rc = tb_cu_get(cu, why, whylen);
   if (rc != 0)
     return rc;
-  rc = tb_stream_ctx(*cu, s->stream, &ctx, why, whylen);
+  rc = tb_stream_ctx(*cu, s, &ctx, why, whylen);
   if (rc != 0)
     return rc;
   rc = tb_ctx_enter(*cu, ctx, saved, why, whylen);
@@ -1096,6 +1100,121 @@ int tb__cuda_capturing(const struct tb__cuda_stream *s, const char *what,
   return rc;
 }
 
+/* ---- streams a lease remembers ------------------------------------------ */
+
+int tb__cuda_stream_ident(const struct tb__cuda_stream *s, tb_cu_context *ctx,
+                          int *device, unsigned long long *id, char *why,
+                          size_t whylen) {
+  const struct tb_cuda *cu;
+  struct tb_ctx_saved saved;
+  tb_cu_context cur = NULL;
+  tb_cu_device d;
+  tb_cu_result r;
+  unsigned long long sid = 0;
+  int rc;
+
+  rc = tb_stream_enter(s, NULL, &cu, &saved, why, whylen);
+  if (rc != 0)
+    return rc;
+  r = cu->cuCtxGetCurrent(&cur);
+  if (r == 0)
+    r = cu->cuCtxGetDevice(&d);
+  if (r == 0 && s->stream != TB_CU_STREAM_LEGACY &&
+      s->stream != TB_CU_STREAM_PER_THREAD)
+    r = cu->cuStreamGetId(s->stream, &sid);
+  tb_ctx_leave(cu, &saved);
+  if (r != 0) {
+    tb_why(why, whylen, "cannot identify the stream: %s (not a live "
+           "CUstream?)", tb__cuda_err_name(r));
+    return TB_ESTREAM;
+  }
+  *ctx = cur;
+  *device = d;
+  *id = sid;
+  return 0;
+}
+
+int tb__cuda_stream_alive(tb_cu_stream s, unsigned long long id) {
+  const struct tb_cuda *cu;
+  unsigned long long now = 0;
+
+  if (s == TB_CU_STREAM_LEGACY || s == TB_CU_STREAM_PER_THREAD)
+    return 1;
+  if (tb__cuda_load(&cu) != 0)
+    return 0;
+  /* A destroyed stream's handle is refused (CUDA_ERROR_INVALID_HANDLE) or,
+   * if the driver reused it, names a stream with another id. */
+  return cu->cuStreamGetId(s, &now) == 0 && now == id;
+}
+
+int tb__cuda_stream_create(tb_cu_context ctx, tb_cu_stream *out, char *why,
+                           size_t whylen) {
+  const struct tb_cuda *cu;
+  struct tb_ctx_saved saved;
+  tb_cu_result r;
+  int rc, mode;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
+  if (rc != 0)
+    return rc;
+  mode = tb_relaxed_enter(cu);
+  r = cu->cuStreamCreate(out, TB_CU_STREAM_NON_BLOCKING);
+  tb_relaxed_leave(cu, mode);
+  tb_ctx_leave(cu, &saved);
+  return r == 0 ? 0 : tb_cu_fail(why, whylen, "cuStreamCreate", r);
+}
+
+void tb__cuda_stream_destroy(tb_cu_stream s) {
+  const struct tb_cuda *cu;
+  int mode;
+
+  if (s == NULL || tb__cuda_load(&cu) != 0)
+    return;
+  mode = tb_relaxed_enter(cu);
+  (void)cu->cuStreamDestroy(s);
+  tb_relaxed_leave(cu, mode);
+}
+
+int tb__cuda_plain_event_create(tb_cu_context ctx, tb_cu_event *out,
+                                char *why, size_t whylen) {
+  const struct tb_cuda *cu;
+  struct tb_ctx_saved saved;
+  tb_cu_result r;
+  int rc, mode;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
+  if (rc != 0)
+    return rc;
+  mode = tb_relaxed_enter(cu);
+  r = cu->cuEventCreate(out, TB_CU_EVENT_DISABLE_TIMING);
+  tb_relaxed_leave(cu, mode);
+  tb_ctx_leave(cu, &saved);
+  return r == 0 ? 0 : tb_cu_fail(why, whylen, "cuEventCreate", r);
+}
+
+int tb__cuda_ctx_synchronize(tb_cu_context ctx, char *why, size_t whylen) {
+  const struct tb_cuda *cu;
+  struct tb_ctx_saved saved;
+  tb_cu_result r;
+  int rc;
+
+  rc = tb_cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
+  if (rc != 0)
+    return rc;
+  r = cu->cuCtxSynchronize();
+  tb_ctx_leave(cu, &saved);
+  return r == 0 ? 0 : tb_cu_fail(why, whylen, "cuCtxSynchronize", r);
+}
+
 int tb__cuda_copy_peer(const struct tb__cuda_stream *s, tb_cu_deviceptr src,
                        tb_cu_context sctx, size_t n, tb_cu_deviceptr *dst,
                        tb_cu_context *dctx, int *pooled, tb_cu_event *copied,
@@ -1179,7 +1298,7 @@ int tb__cuda_free_copy(tb_cu_deviceptr p, tb_cu_context ctx, int pooled,
                        const struct tb__cuda_stream *s) {
   const struct tb_cuda *cu;
   struct tb_ctx_saved saved;
-  struct tb__cuda_stream legacy = {TB_CU_STREAM_LEGACY, 0, 0};
+  struct tb__cuda_stream legacy = {TB_CU_STREAM_LEGACY, 0, 0, NULL};
   const struct tb__cuda_stream *use = s;
   tb_cu_result r;
   int cap, mode;

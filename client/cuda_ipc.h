@@ -31,6 +31,11 @@ struct tb__cuda_stream {
   tb_cu_stream stream; /* TB_CU_STREAM_LEGACY, _PER_THREAD, or a CUstream */
   int no_sync;         /* 1: do nothing (-1, or NULL under NO_SYNC) */
   int implicit;        /* 1: the caller passed NULL and the contract chose */
+  /* The context the work runs in; NULL: a CUstream's own, or for the
+   * default streams the calling thread's current one. Set for a stream a
+   * lease remembers, whose end may run on a thread with another context
+   * current, or none. */
+  tb_cu_context ctx;
 };
 
 /* Resolve a DLPack stream value (NULL, -1, 1, 2 or a CUstream) under a
@@ -103,6 +108,34 @@ int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
  * Never synchronises the host. no_sync streams: nothing, 0. */
 int tb__cuda_wait(const struct tb__cuda_stream *s, tb_cu_event ev, char *why,
                   size_t whylen);
+
+/* ---- streams a lease remembers (docs/cuda.md, "When a lease ends") ---- */
+
+/* Identify a resolved stream (not no_sync) for later use from any thread:
+ * its context (the default streams: the current one, which must exist),
+ * that context's device ordinal, and a CUstream's id (cuStreamGetId; 0 for
+ * the default streams). */
+int tb__cuda_stream_ident(const struct tb__cuda_stream *s, tb_cu_context *ctx,
+                          int *device, unsigned long long *id, char *why,
+                          size_t whylen);
+
+/* 1 when the CUstream s is still the stream whose id was id; 0 when it was
+ * destroyed (or its handle now names another stream). The default streams:
+ * always 1. */
+int tb__cuda_stream_alive(tb_cu_stream s, unsigned long long id);
+
+/* A non-blocking stream, and a plain event (timing disabled), created in
+ * ctx; and their destruction (either may be NULL). */
+int tb__cuda_stream_create(tb_cu_context ctx, tb_cu_stream *out, char *why,
+                           size_t whylen);
+void tb__cuda_stream_destroy(tb_cu_stream s);
+int tb__cuda_plain_event_create(tb_cu_context ctx, tb_cu_event *out,
+                                char *why, size_t whylen);
+
+/* Wait on the host until all work of ctx has finished (cuCtxSynchronize),
+ * for a stream that was destroyed with work perhaps still queued: nothing
+ * else can order after that work. */
+int tb__cuda_ctx_synchronize(tb_cu_context ctx, char *why, size_t whylen);
 
 /* ---- cross-GPU exchange (docs/cuda.md, "Cross-GPU exchange") ---------- */
 

@@ -8,11 +8,14 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <utlist.h>
 
 /* One allocation per acquired tensor: the managed tensor first (so the
  * deleter's self is the lease), then shape, strides, metadata, channel. */
 struct tb__lease {
   DLManagedTensorVersioned m;
+  struct tb__lease *prev, *next; /* utlist: conn->leases or conn->later */
+  int listed;                    /* on one of those lists */
   struct tb__conn *conn;
   struct tb__map *map;
   uint64_t lease_id;
@@ -101,18 +104,106 @@ static int send_release_locked(struct tb__conn *k, uint64_t lease_id,
   return tb__conn_send_oneway_locked(k, &r);
 }
 
-/* End a lease: record the CUDA done event if one applies, send the one-way
- * Release, drop the mapping reference, free the tensor. With aq (the
- * release rides on that Acquire: tb_acquire_options.release, the daemon
- * permitting) the Release's fields go into aq instead of a datagram of
- * their own; but if the done event cannot be recorded, the Release goes
- * alone without it and the error is returned (no acquire may follow).
- * Takes only conn->lock, so any thread may call it at any time. */
+/* Free an ended lease's local state: its mapping reference, its memory,
+ * its connection reference. Caller holds k->lock; returns 1 when that was
+ * the connection's last reference (tb__conn_unref_locked). */
+static int lease_drop_locked(struct tb__conn *k, struct tb__lease *l) {
+  tb__map_put_locked(k, l->map);
+  lease_free(k, l);
+  return tb__conn_unref_locked(k);
+}
+
+/* Record the done event of a CUDA lease (the CUDA transport decides on
+ * which streams) and send its Release, or with aq put the Release's fields
+ * into that Acquire. Returns TB__LEASE_LATER, without sending anything,
+ * when the end must wait for a capture; an error when the done event
+ * could not be recorded (the Release then went without one). Caller holds
+ * k->lock; the connection is open. */
+static int lease_send_end_locked(struct tb__conn *k, struct tb__lease *l,
+                                 void *stream,
+                                 Tensorbroker__V1__Acquire *aq) {
+  uint64_t done = 0;
+  int implicit = l->implicit, rc = 0, src;
+
+  if (l->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
+    int imp = 0;
+    rc = tb__cuda_lease_end_locked(k, &l->cuda, stream, &done, &imp);
+    if (rc == TB__LEASE_LATER)
+      return rc;
+    if (rc < 0)
+      done = 0; /* release without a done event; the caller gets rc */
+    implicit |= imp;
+  }
+  if (aq != NULL && rc == 0) {
+    aq->release_lease_id = l->lease_id;
+    aq->release_done_event_id = done;
+    aq->release_implicit_stream = implicit != 0;
+    return 0;
+  }
+  src = send_release_locked(k, l->lease_id, done, implicit);
+  return rc < 0 ? rc : src;
+}
+
+/* The leases whose end waits for a capture, retried; caller holds
+ * k->lock. give_up (disconnect): those still waiting are released without
+ * a done event, as the closing session would end them anyway. */
+static void later_retry_locked(struct tb__conn *k, int give_up) {
+  struct tb__lease *l, *tmp;
+
+  DL_FOREACH_SAFE(k->later, l, tmp) {
+    if (!k->closed && !__atomic_load_n(&k->dead, __ATOMIC_ACQUIRE)) {
+      if (lease_send_end_locked(k, l, NULL, NULL) == TB__LEASE_LATER) {
+        if (!give_up)
+          continue;
+        (void)send_release_locked(k, l->lease_id, 0, l->implicit);
+      }
+    }
+    DL_DELETE(k->later, l);
+    l->listed = 0;
+    /* never the last reference: the caller's lease or client holds one */
+    (void)lease_drop_locked(k, l);
+  }
+}
+
+void tb__leases_retry(struct tb__conn *k) {
+  if (__atomic_load_n(&k->later, __ATOMIC_ACQUIRE) == NULL)
+    return;
+  pthread_mutex_lock(&k->lock);
+  later_retry_locked(k, 0);
+  pthread_mutex_unlock(&k->lock);
+}
+
+void tb__leases_end_all_locked(struct tb__conn *k) {
+  struct tb__lease *l, *tmp;
+
+  later_retry_locked(k, 1);
+  if (k->closed || __atomic_load_n(&k->dead, __ATOMIC_ACQUIRE))
+    return;
+  /* The tensors stay the application's (mapped until their deleters run),
+   * but the session's end ends their leases: each gets its done event now,
+   * recorded after the work queued on its streams so far. */
+  DL_FOREACH_SAFE(k->leases, l, tmp) {
+    if (lease_send_end_locked(k, l, NULL, NULL) == TB__LEASE_LATER)
+      (void)send_release_locked(k, l->lease_id, 0, l->implicit);
+    DL_DELETE(k->leases, l);
+    l->listed = 0;
+  }
+}
+
+/* End a lease: record the CUDA done event on the streams the lease
+ * remembers (and stream), send the one-way Release, drop the mapping
+ * reference, free the tensor. With aq (the release rides on that Acquire:
+ * tb_acquire_options.release, the daemon permitting) the Release's fields
+ * go into aq instead of a datagram of their own; but if the done event
+ * cannot be recorded, the Release goes alone without it and the error is
+ * returned (no acquire may follow). While a remembered stream captures a
+ * graph the lease is kept on k->later and ended by a later call
+ * (tb__leases_retry); that returns 0. Takes only conn->lock, so any thread
+ * may call it at any time. */
 static int lease_end(struct tb__lease *l, void *stream,
                      Tensorbroker__V1__Acquire *aq) {
   struct tb__conn *k = l->conn;
-  uint64_t done = 0;
-  int implicit = l->implicit, rc = 0, last;
+  int rc = 0, last;
 
   if (l->cuda.copy != 0) {
     /* a copy: its lease ended when the copy was enqueued */
@@ -122,28 +213,22 @@ static int lease_end(struct tb__lease *l, void *stream,
     return rc;
   }
   pthread_mutex_lock(&k->lock);
-  if (!k->closed && !k->dead) {
-    if (l->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
-      int imp = 0;
-      rc = tb__cuda_release_record_locked(k, l->cuda.done_device,
-                                          l->cuda.enter, stream, &done, &imp);
-      if (rc < 0)
-        done = 0; /* release without a done event; the caller gets rc */
-      implicit |= imp;
-    }
-    if (aq != NULL && rc == 0) {
-      aq->release_lease_id = l->lease_id;
-      aq->release_done_event_id = done;
-      aq->release_implicit_stream = implicit != 0;
-    } else {
-      int src = send_release_locked(k, l->lease_id, done, implicit);
-      if (rc == 0)
-        rc = src;
+  if (k->later != NULL)
+    later_retry_locked(k, 0);
+  if (l->listed) {
+    DL_DELETE(k->leases, l);
+    l->listed = 0;
+  }
+  if (!k->closed && !__atomic_load_n(&k->dead, __ATOMIC_ACQUIRE)) {
+    rc = lease_send_end_locked(k, l, stream, aq);
+    if (rc == TB__LEASE_LATER) {
+      DL_APPEND(k->later, l);
+      l->listed = 1;
+      pthread_mutex_unlock(&k->lock);
+      return 0;
     }
   }
-  tb__map_put_locked(k, l->map);
-  lease_free(k, l);
-  last = tb__conn_unref_locked(k);
+  last = lease_drop_locked(k, l);
   pthread_mutex_unlock(&k->lock);
   if (last)
     tb__conn_free(k);
@@ -162,19 +247,35 @@ int tb_release(DLManagedTensorVersioned *t, void *stream) {
 }
 
 int tb_lease_wait(const DLManagedTensorVersioned *t, void *stream) {
-  const struct tb__lease *l;
+  struct tb__lease *l;
 
   if (t == NULL || t->deleter != tb__lease_deleter)
     return TB_EINVAL;
-  l = (const struct tb__lease *)t;
+  /* the tensor stays const to the caller; its lease records the stream */
+  l = (struct tb__lease *)(uintptr_t)t;
   if (l->kind != TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)
     return 0; /* host memory is ready when published */
   if (l->cuda.copy != 0) /* the copy is what the stream must wait for */
-    return tb__cuda_copy_wait(l->conn, &l->cuda, l->m.dl_tensor.device.device_id,
-                              stream);
-  return tb__cuda_lease_wait(l->conn, l->ready_event_id, l->ready_handle,
-                             l->ready_uuid, l->ready_complete,
-                             l->cuda.done_device, l->cuda.enter, stream);
+    return tb__cuda_copy_wait(l->conn, &l->cuda,
+                              l->m.dl_tensor.device.device_id, stream);
+  return tb__cuda_lease_wait(l->conn, &l->cuda, l->ready_event_id,
+                             l->ready_handle, l->ready_uuid,
+                             l->ready_complete, stream);
+}
+
+int tb_lease_use(const DLManagedTensorVersioned *t, void *stream) {
+  struct tb__lease *l;
+  int rc;
+
+  if (t == NULL || t->deleter != tb__lease_deleter)
+    return TB_EINVAL;
+  l = (struct tb__lease *)(uintptr_t)t;
+  if (l->kind != TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)
+    return 0;
+  pthread_mutex_lock(&l->conn->lock);
+  rc = tb__cuda_lease_use_locked(l->conn, &l->cuda, stream);
+  pthread_mutex_unlock(&l->conn->lock);
+  return rc;
 }
 
 int tb_lease_info(const DLManagedTensorVersioned *t,
@@ -408,6 +509,7 @@ int tb_acquire(tb_client *c, const char *channel,
   memset(&cuda, 0, sizeof(cuda));
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
+  tb__leases_retry(c->conn);
   if (channel == NULL || c->name_ok[0] == '\0' ||
       strcmp(channel, c->name_ok) != 0) {
     size_t len;
@@ -592,6 +694,13 @@ int tb_acquire(tb_client *c, const char *channel,
     }
   }
   tb__conn_ref(c->conn);
+  if (l->cuda.copy == 0) {
+    /* held: disconnect ends it with its done event */
+    pthread_mutex_lock(&c->conn->lock);
+    DL_APPEND(c->conn->leases, l);
+    l->listed = 1;
+    pthread_mutex_unlock(&c->conn->lock);
+  }
   *out = &l->m;
   rc = 0;
   acq.after_ns += ACQ_NOW() - t3;

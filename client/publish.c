@@ -397,6 +397,7 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
   if (c == NULL)
     return TB_EINVAL;
   memset(&f, 0, sizeof(f));
+  tb__leases_retry(c->conn);
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   if (tb__name_check(channel, TB_NAME_MAX) < 0) {

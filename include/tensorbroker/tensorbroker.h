@@ -347,7 +347,8 @@ TB_EXPORT void tb_acquire_options_init(struct tb_acquire_options *opts);
  * client and shared by all leases on them.
  *
  * CUDA: opts->stream (NULL follows the contract) is made to wait on the
- * producer's ready event; TB_ECAPTURE when that wait would invalidate a
+ * producer's ready event, and remembered for the lease's end (see "When a
+ * CUDA lease ends" below); TB_ECAPTURE when that wait would invalidate a
  * graph capture, TB_ESTREAM for NULL under TB_CONTRACT_EXPLICIT,
  * TB_ENOCUDA without a driver. Host tensors ignore the stream.
  *
@@ -369,32 +370,70 @@ TB_EXPORT int tb_acquire(tb_client *c, const char *channel,
                          const struct tb_acquire_options *opts,
                          DLManagedTensorVersioned **out);
 
-/* End a lease early, recording that the consumer is done reading on stream
- * (CUDA: a done event is recorded on stream and handed to the producer; NULL
- * follows the contract). Host tensors take NULL. t is freed whether or not
- * the call succeeds; do not use it afterwards. If the done event cannot be
- * recorded (TB_ECAPTURE, TB_ESTREAM, TB_ECUDA) the lease still ends, without
- * a done event, and that error is returned. TB_EINVAL for a tensor that
+/* When a CUDA lease ends, and on which streams (docs/cuda.md, "When a lease
+ * ends"). A lease remembers every stream the consumer declared for it: the
+ * stream given to tb_acquire() (opts->stream), to tb_lease_wait(), to
+ * tb_lease_use() and to tb_release(); NULL counts as the contract's default
+ * stream it stands for, TB_STREAM_NO_SYNC (-1) declares nothing. However
+ * the lease ends - tb_release(), the tensor's deleter on any thread, the
+ * release riding on an acquire, tb_client_disconnect() - the done event
+ * the producer waits for is recorded after the work queued on ALL of them
+ * at that moment (one stream: recorded on it; several: on a stream of the
+ * library's that waits for each), never on a stream the consumer did not
+ * declare. Then:
+ *  - No stream declared at all (only -1): the producer gets no done event
+ *    and may rewrite the memory as soon as the lease has ended; a -1
+ *    consumer promises that its reads are finished (or ordered by itself)
+ *    when it ends the lease.
+ *  - A remembered stream is capturing a graph when the lease ends: nothing
+ *    can be recorded after the real work queued on it before the capture
+ *    (a record inside the capture would mark the graph's future launches
+ *    instead). The lease is kept, and ended with its done event by the
+ *    first call on the same client (tb_acquire, tb_release or a deleter of
+ *    another tensor, tb_client_poll_notice, tb_wait_free,
+ *    tb_client_disconnect) that finds no remembered stream capturing. The
+ *    capture is never touched. A graph that reads the tensor must be
+ *    launched before the lease ends, on a stream the lease remembers.
+ *  - A remembered stream was destroyed before the lease ended: the library
+ *    cannot record on it, so it waits on the host for its context's work
+ *    (cuCtxSynchronize) before ending the lease. Correct, but it blocks:
+ *    destroy streams after the leases they read have ended.
+ *  - tb_client_disconnect(): every lease still held ends as above, and the
+ *    tensors stay mapped, but the producer may then rewrite them.
+ */
+
+/* End a lease early: t's done event is recorded on stream (CUDA; NULL: the
+ * streams the lease remembers, or the contract's default when it
+ * remembers none) and on every stream the lease remembers, and handed to
+ * the producer. Host tensors take NULL. t is freed whether or not the call
+ * succeeds; do not use it afterwards. If the done event cannot be recorded
+ * (TB_ECAPTURE, TB_ESTREAM, TB_ECUDA) the lease still ends, without a done
+ * event, and that error is returned. TB_EINVAL for a tensor that
  * tb_acquire() did not return (it is then left alone). Any thread.
  *
- * The plain deleter of a CUDA tensor behaves as tb_release(t, NULL): it
- * records the done event on the contract's default stream, and if that
- * fails (for example TB_ECAPTURE while the thread captures, or under
- * TB_CONTRACT_EXPLICIT) it releases without one, so the producer may reuse
- * the memory while the consumer's queued work still reads it. CUDA
- * consumers should call tb_release() with their stream. */
+ * The tensor's plain deleter, t->deleter(t), ends the lease as
+ * tb_release(t, NULL) does: on the streams the lease remembers. */
 TB_EXPORT int tb_release(DLManagedTensorVersioned *t, void *stream);
 
 /* Make stream wait (again) for the producer's ready event of a tensor
- * returned by tb_acquire(): for consumers that acquire with
+ * returned by tb_acquire(), and remember stream as one that reads it (its
+ * done event will be recorded there): for consumers that acquire with
  * TB_STREAM_NO_SYNC and learn their stream later, as DLPack's __dlpack__
  * (stream=...) does. The stream rules are tb_acquire()'s: NULL follows the
  * contract, TB_STREAM_NO_SYNC does nothing, a capturing stream gets an
  * external wait (replays wait for the producer's newest record on the same
  * stream), the legacy stream while this thread captures is TB_ECAPTURE.
- * Host tensors: 0, nothing to wait for. Any thread, also after
- * tb_client_disconnect(); TB_EINVAL for a tensor not from tb_acquire(). */
+ * TB_ELIMIT when the lease already remembers 8 streams. Host tensors: 0,
+ * nothing to wait for. Any thread, also after tb_client_disconnect();
+ * TB_EINVAL for a tensor not from tb_acquire(). */
 TB_EXPORT int tb_lease_wait(const DLManagedTensorVersioned *t, void *stream);
+
+/* Remember stream as one that reads t, without waiting: its done event
+ * will be recorded there when the lease ends, whoever ends it (for
+ * example a release(stream=s) while a consumer library still holds the
+ * tensor, which ends the lease later through the deleter). Same stream
+ * rules and errors as tb_lease_wait(); host tensors: 0. Any thread. */
+TB_EXPORT int tb_lease_use(const DLManagedTensorVersioned *t, void *stream);
 
 struct tb_lease_info {
   uint64_t version;

@@ -291,7 +291,6 @@ typedef struct {
   PyObject *metadata; /* bytes */
   PyObject *shape;    /* tuple */
   int handed_out;     /* capsules given out (informational) */
-  int synced;         /* the wait was applied at acquire time */
   uint64_t owner;     /* serial of the Client it came from */
 } LeaseObject;
 
@@ -320,7 +319,7 @@ static void lease_dealloc(LeaseObject *self) {
   Py_DECREF(tp);
 }
 
-static PyObject *lease_new_from(DLManagedTensorVersioned *mt, int synced) {
+static PyObject *lease_new_from(DLManagedTensorVersioned *mt) {
   struct tb_lease_info info;
   int rc = tb_lease_info(mt, &info);
   if (rc < 0) {
@@ -340,7 +339,6 @@ static PyObject *lease_new_from(DLManagedTensorVersioned *mt, int synced) {
     return NULL;
   }
   self->core = core;
-  self->synced = synced;
   self->device = mt->dl_tensor.device;
   self->version = info.version;
   self->lease_id = info.lease_id;
@@ -437,7 +435,11 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
     }
     if (stream_from_py(stream, &s) < 0)
       return NULL;
-    if (s != TB_STREAM_NO_SYNC && !self->synced) {
+    /* Also when acquire(stream=) waited already: this stream waits too,
+     * and the lease remembers it, so that its end is recorded after the
+     * consumer's work on it (the library does not wait twice for a
+     * version whose work had finished). */
+    if (s != TB_STREAM_NO_SYNC) {
       int rc;
       Py_BEGIN_ALLOW_THREADS
       rc = tbpy_lease_wait(mt, s);
@@ -526,10 +528,15 @@ static PyObject *lease_release(LeaseObject *self, PyObject *args, PyObject *kw) 
     Py_RETURN_NONE;
   }
   /* A consumer library owns a capsule (or a buffer view is open): the lease
-   * ends when its deleter runs. */
+   * ends when its deleter runs, and then also on the stream given here. */
+  int rc = 0;
   Py_BEGIN_ALLOW_THREADS
+  if (s != TB_STREAM_DEFAULT)
+    rc = tb_lease_use(core->mt, s);
   core_put(core);
   Py_END_ALLOW_THREADS
+  if (rc < 0)
+    return raise_tb(rc, NULL);
   Py_RETURN_NONE;
 }
 
@@ -1261,7 +1268,7 @@ static PyObject *client_acquire(ClientObject *self, PyObject *args, PyObject *kw
   }
   if (rc < 0)
     return raise_tb(rc, err);
-  PyObject *lease = lease_new_from(mt, stream != NULL);
+  PyObject *lease = lease_new_from(mt);
   if (lease != NULL)
     ((LeaseObject *)lease)->owner = self->serial;
   return lease;

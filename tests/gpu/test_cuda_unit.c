@@ -103,7 +103,7 @@ static void availability(void **state) {
   int local = 0;
   assert_int_equal(tb__cuda_open_mem_here(h, 0, 16, &p, &local, NULL, 0),
                    TB_ENOCUDA);
-  struct tb__cuda_stream s = {TB_CU_STREAM_LEGACY, 0, 0};
+  struct tb__cuda_stream s = {TB_CU_STREAM_LEGACY, 0, 0, NULL};
   assert_int_equal(tb__cuda_wait(&s, NULL, NULL, 0), TB_ENOCUDA);
   s.no_sync = 1; /* nothing to do needs no driver */
   assert_int_equal(tb__cuda_wait(&s, NULL, NULL, 0), 0);
