@@ -1,7 +1,8 @@
 # Latency CDFs of tb-bench scenarios 1 and 4 from its JSON.
-#   gnuplot -e "json='bench.json'; out='docs/bench-latency.png'" bench/plot.gp
+#   gnuplot bench/plot.gp         redraws docs/bench-latency.png from bench/latest.json
+#   gnuplot -e "json='build/bench.json'; out='build/bench-latency.png'" bench/plot.gp
 # (run from the repository root; needs python3 for bench/json2cdf.py)
-if (!exists("json")) json = "bench.json"
+if (!exists("json")) json = "bench/latest.json"
 if (!exists("out")) out = "docs/bench-latency.png"
 if (!exists("helper")) helper = "bench/json2cdf.py"
 
