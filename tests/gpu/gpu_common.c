@@ -115,6 +115,15 @@ void tbg_spin_count_async(struct tbg_gpu *g, tb_cu_deviceptr p,
   launch(g, g->spin_count, n, s, params);
 }
 
+void tbg_spin_count_us_async(struct tbg_gpu *g, tb_cu_deviceptr p,
+                             unsigned expect, size_t n, unsigned us,
+                             tb_cu_deviceptr cnt, tb_cu_stream s) {
+  unsigned long long nn = n, ns = (unsigned long long)us * 1000ull;
+  void *params[] = {&p, &expect, &nn, &ns, &cnt};
+  TBG_CU(g->cu->cuMemsetD32Async(cnt, 0, 1, s));
+  launch(g, g->spin_count, n, s, params);
+}
+
 unsigned tbg_counter_read(struct tbg_gpu *g, tb_cu_deviceptr cnt,
                           tb_cu_stream s) {
   unsigned v = 0;

@@ -87,6 +87,11 @@ void tbg_count_async(struct tbg_gpu *g, tb_cu_deviceptr p, unsigned expect,
 void tbg_spin_count_async(struct tbg_gpu *g, tb_cu_deviceptr p,
                           unsigned expect, size_t n, unsigned ms,
                           tb_cu_deviceptr cnt, tb_cu_stream s);
+/* The same with the spin in microseconds: for consumers that must lag a
+ * fraction of a millisecond behind a producer (gpu_ring). */
+void tbg_spin_count_us_async(struct tbg_gpu *g, tb_cu_deviceptr p,
+                             unsigned expect, size_t n, unsigned us,
+                             tb_cu_deviceptr cnt, tb_cu_stream s);
 /* Synchronise s, then read the counter. */
 unsigned tbg_counter_read(struct tbg_gpu *g, tb_cu_deviceptr cnt,
                           tb_cu_stream s);
