@@ -65,10 +65,12 @@ static int client_name_ok(const char *name) {
   return 1;
 }
 
-/* HelloReply.latest: the newest version of each channel the Hello names,
- * where it is in a CUDA buffer this session may be sent (prefetch), as
- * long as the reply stays well inside one datagram; a name given twice
- * gets one entry (its buffer is recorded as sent the first time). */
+/* HelloReply.latest: the newest version of each channel the Hello names
+ * that may be granted (tbd__channel_newest: not one whose memory died with
+ * its producer), where it is in a CUDA buffer this session may be sent
+ * (prefetch), as long as the reply stays well inside one datagram; a name
+ * given twice gets one entry (its buffer is recorded as sent the first
+ * time). */
 static void hello_latest(struct tbd_registry *r, struct tbd_session *s,
                          const Tensorbroker__V1__Hello *h,
                          Tensorbroker__V1__HelloReply *hr,
@@ -449,7 +451,7 @@ static int on_acquire(struct tbd_registry *r, struct tbd_session *s,
   int rc;
 
   /* a name this session acquired last is valid (tbd__acquire looks it up
-   * again after the release below, which may free a channel) */
+   * again after the release below) */
   if (tbd__channel_recent(r, s, m->channel) == NULL &&
       name_bad(r, s, id, m->channel))
     return TB_ENAME;

@@ -11,10 +11,16 @@
 
 #include <tensorbroker/tensorbroker.h>
 
+#include "kinds.h"
 #include "log.h"
 
 static void version_maybe_free(struct tbd_registry *r,
                                struct tbd_version *v);
+static void channel_free(struct tbd_registry *r, struct tbd_channel *ch);
+static int reply_no_producer(struct tbd_registry *r, struct tbd_session *s,
+                             uint64_t request_id,
+                             const struct tbd_channel *ch, int mode,
+                             uint64_t after);
 
 static uint64_t default_clock(void *ud) {
   (void)ud;
@@ -81,19 +87,18 @@ void tbd_registry_free(struct tbd_registry *r) {
   HASH_ITER(hh, r->sessions, s, stmp) { s->muted = true; }
   while (r->sessions != NULL)
     tbd_session_close(r, r->sessions);
-  /* What is left: closed channels whose history the daemon kept for
+  /* What is left: closed channels, with the history the daemon kept for
    * consumers. With no session left, nothing leases it. */
   while (r->channels != NULL) {
     struct tbd_channel *ch = r->channels;
-    uint32_t n = ch->nversions;
 
-    /* freeing the last version frees the channel: count, do not look */
-    assert(n > 0);
-    for (uint32_t i = 0; i < n; i++) {
+    while (ch->versions != NULL) {
       struct tbd_version *v = ch->versions;
+      assert(v->nleases == 0);
       v->in_history = false;
       version_maybe_free(r, v);
     }
+    channel_free(r, ch);
   }
   HASH_DEL(r->leases, &r->anchor);
   while (r->spare != NULL) {
@@ -251,11 +256,21 @@ void tbd_registry_expire(struct tbd_registry *r) {
     struct tbd_session *s = w->s;
     uint64_t id = w->request_id;
     const char *what = w->kind == TBD_WAIT_ACQUIRE ? "acquire" : "wait-free";
+    struct tbd_channel *ch = w->kind == TBD_WAIT_ACQUIRE
+                                 ? tbd__channel_find(r, w->channel)
+                                 : NULL;
+    int mode = w->mode;
+    uint64_t after = w->version;
     char name[TB__DEFAULT_MAX_NAME + 1];
     snprintf(name, sizeof(name), "%s", w->channel);
     tbd__wait_remove(r, w);
-    tbd__reply_status(r, s, id, TB_ETIMEDOUT, "%s on '%s' timed out", what,
-                      name);
+    /* an acquire that waited in vain for a new producer is told that the
+     * producer is gone, not that time ran out */
+    if (ch != NULL && ch->publisher == NULL)
+      reply_no_producer(r, s, id, ch, mode, after);
+    else
+      tbd__reply_status(r, s, id, TB_ETIMEDOUT, "%s on '%s' timed out",
+                        what, name);
   }
 }
 
@@ -303,10 +318,9 @@ void tbd__buffer_retire(struct tbd_registry *r, struct tbd_buffer *b) {
   buffer_maybe_free(r, b);
 }
 
-void tbd__channel_maybe_free(struct tbd_registry *r,
-                             struct tbd_channel *ch) {
-  if (ch->publisher != NULL || ch->versions != NULL)
-    return;
+/* Only as the registry is freed: a channel otherwise stays, so that its
+ * version numbers continue across producers. */
+static void channel_free(struct tbd_registry *r, struct tbd_channel *ch) {
   HASH_DEL(r->channels, ch);
   r->nchannels--;
   r->channel_frees++;
@@ -379,6 +393,11 @@ static void version_maybe_free(struct tbd_registry *r, struct tbd_version *v) {
 
   if (v->in_history || v->nleases > 0)
     return;
+  /* A version that outlived its producer among ones that died leaves the
+   * history: the versions that died before it are now merely gone (EXACT:
+   * TB_ENOTFOUND), as they would be had they lived. */
+  if (!v->died && v->number >= ch->died.first && v->number <= ch->died.last)
+    ch->died.first = v->number + 1;
   version_free_notify(r, v);
   DL_DELETE(ch->versions, v);
   ch->nversions--;
@@ -389,7 +408,6 @@ static void version_maybe_free(struct tbd_registry *r, struct tbd_version *v) {
   tbd_free(v->done);
   tbd_free(v);
   buffer_maybe_free(r, b);
-  tbd__channel_maybe_free(r, ch);
 }
 
 /* Keep the newest ch->depth versions in history. */
@@ -413,22 +431,65 @@ static void channel_trim(struct tbd_registry *r, struct tbd_channel *ch) {
 
 /* ---- channels ---- */
 
-/* The publisher of ch left: tell subscribers and lease holders (each once)
- * and fail the acquires waiting on it. */
+/* Whether v's memory died with s, the session that published it. */
+static bool version_dies_with(const struct tbd_version *v,
+                              const struct tbd_session *s) {
+  return v->publisher_id == s->id &&
+         !tbd_kind_survives_producer(v->buf->kind);
+}
+
+/* s ended: the versions of ch whose memory died with it leave the history
+ * for good (freed now unless leased; a lease held keeps its version until
+ * it ends, but the version is never granted again). ch->died records the
+ * numbers of the history versions that died (those of one kind, the
+ * newest's), so that EXACT tells them from versions that merely left the
+ * history; versions that survived among them are still held. */
+static void channel_drop_died(struct tbd_registry *r, struct tbd_channel *ch,
+                              const struct tbd_session *s) {
+  struct tbd_version *v, *prev, *first = NULL, *last = NULL;
+
+  /* newest first; prev of the head is the tail */
+  for (v = ch->versions ? ch->versions->prev : NULL; v != NULL; v = prev) {
+    prev = v == ch->versions ? NULL : v->prev;
+    if (!v->in_history || !version_dies_with(v, s))
+      continue;
+    if (last != NULL && v->buf->kind != last->buf->kind)
+      break;
+    if (last == NULL)
+      last = v;
+    first = v;
+  }
+  if (last != NULL) {
+    ch->died.first = first->number;
+    ch->died.last = last->number;
+    ch->died.kind = last->buf->kind;
+    ch->died.pid = last->buf->owner_pid;
+  }
+  for (v = ch->versions ? ch->versions->prev : NULL; v != NULL; v = prev) {
+    prev = v == ch->versions ? NULL : v->prev;
+    if (!version_dies_with(v, s))
+      continue;
+    v->died = true;
+    v->in_history = false;
+    version_maybe_free(r, v);
+  }
+}
+
 void tbd__channel_close(struct tbd_registry *r, struct tbd_channel *ch,
-                        const char *reason, uint64_t unfinished) {
+                        const struct tbd_session *s, const char *reason,
+                        uint64_t unfinished) {
   Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
   Tensorbroker__V1__ChannelClosed cc = TENSORBROKER__V1__CHANNEL_CLOSED__INIT;
   struct tbd_subgroup *g;
   struct tbd_sub *sub;
   struct tbd_version *v;
   struct tbd_lease *l;
-  struct tbd_session *s;
-  struct tbd_wait *w, *wtmp;
   uint64_t stamp;
 
   ch->publisher = NULL;
   ch->closed = true;
+  ch->ended_pid = (uint32_t)s->pid;
+  ch->ended_abrupt = tbd_session_abrupt(s);
   n.body_case = TENSORBROKER__V1__NOTICE__BODY_CHANNEL_CLOSED;
   n.channel_closed = &cc;
   cc.channel = ch->name;
@@ -451,15 +512,7 @@ void tbd__channel_close(struct tbd_registry *r, struct tbd_channel *ch,
       tbd__emit_notice(r, l->s, &n);
     }
   }
-  DL_FOREACH_SAFE(r->waits, w, wtmp) {
-    if (w->kind != TBD_WAIT_ACQUIRE || strcmp(w->channel, ch->name) != 0)
-      continue;
-    s = w->s;
-    uint64_t id = w->request_id;
-    tbd__wait_remove(r, w);
-    tbd__reply_status(r, s, id, TB_ECLOSED, "channel '%s' closed: %s",
-                      ch->name, reason);
-  }
+  channel_drop_died(r, ch, s);
 }
 
 /* ---- buffers and events ---- */
@@ -576,7 +629,13 @@ bool tbd__new_version_fill(struct tbd_session *s, struct tbd_version *v,
 }
 
 struct tbd_version *tbd__channel_newest(struct tbd_channel *ch) {
-  return ch->versions != NULL ? ch->versions->prev : NULL; /* the tail */
+  struct tbd_version *v = ch->versions != NULL ? ch->versions->prev : NULL;
+
+  /* from the tail back: only versions that died and are still leased are
+   * skipped, so this is one step but after a producer's death */
+  while (v != NULL && v->died)
+    v = v == ch->versions ? NULL : v->prev;
+  return v;
 }
 
 /* A subscriber's NewVersion notice (with the buffer, for prefetch). */
@@ -715,6 +774,20 @@ out_nomem:
 
 /* ---- acquire and release ---- */
 
+/* Version number of ch, granted or not, or NULL. */
+static struct tbd_version *version_find(struct tbd_channel *ch,
+                                        uint64_t number) {
+  struct tbd_version *v;
+
+  DL_FOREACH(ch->versions, v) {
+    if (v->number == number)
+      return v;
+  }
+  return NULL;
+}
+
+/* The version an acquire is granted now, or NULL: never one whose memory
+ * died with its producer. */
 static struct tbd_version *find_match(struct tbd_channel *ch, int mode,
                                       uint64_t version) {
   struct tbd_version *v;
@@ -726,17 +799,59 @@ static struct tbd_version *find_match(struct tbd_channel *ch, int mode,
     return tbd__channel_newest(ch);
   case TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_NEXT:
     DL_FOREACH(ch->versions, v) {
-      if (v->number > version)
+      if (v->number > version && !v->died)
         return v;
     }
     return NULL;
   default:
-    DL_FOREACH(ch->versions, v) {
-      if (v->number == version)
-        return v;
-    }
-    return NULL;
+    v = version_find(ch, version);
+    return v != NULL && !v->died ? v : NULL;
   }
+}
+
+/* TB_ECLOSED for an acquire that finds nothing to grant on ch, whose
+ * producer is gone (ch->publisher NULL): sent at once for timeout 0, else
+ * when the wait runs out. after: NEXT's version, else 0. */
+static int reply_no_producer(struct tbd_registry *r, struct tbd_session *s,
+                             uint64_t request_id,
+                             const struct tbd_channel *ch, int mode,
+                             uint64_t after) {
+  char which[40] = "";
+
+  if (mode == TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_NEXT)
+    snprintf(which, sizeof(which), " after %llu", (unsigned long long)after);
+  return tbd__reply_status(
+      r, s, request_id, TB_ECLOSED,
+      "channel '%s' has no producer: its publisher ended (pid %u: %s) and "
+      "no version%s is left that can be granted",
+      ch->name, (unsigned)ch->ended_pid,
+      ch->ended_abrupt ? "publisher ended without closing its session"
+                       : "publisher disconnected",
+      which);
+}
+
+/* TB_ECLOSED for EXACT of a version of ch whose memory died with its
+ * producer, or 0 when it did not (never published, or gone from the
+ * history: TB_ENOTFOUND as before). */
+static int reply_died(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t request_id, struct tbd_channel *ch,
+                      uint64_t version) {
+  struct tbd_version *v = version_find(ch, version);
+  int kind = ch->died.kind;
+  uint32_t pid = ch->died.pid;
+
+  if (v != NULL && v->died) { /* still leased by someone */
+    kind = v->buf->kind;
+    pid = v->buf->owner_pid;
+  } else if (v != NULL || ch->died.last == 0 || version < ch->died.first ||
+             version > ch->died.last) {
+    return 0;
+  }
+  return tbd__reply_status(r, s, request_id, TB_ECLOSED,
+                           "version %llu of '%s' is gone: its %s memory "
+                           "died with its producer (pid %u)",
+                           (unsigned long long)version, ch->name,
+                           tbd_kind_name(kind), (unsigned)pid);
 }
 
 /* The BufferInfo of b as every AcquireReply sends it, packed once: all of
@@ -928,21 +1043,24 @@ int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
       return tbd__reply_status(r, s, request_id, rc, "out of memory");
     return 0;
   }
-  if (mode == TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT)
+  if (mode == TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT) {
+    if (ch != NULL && (rc = reply_died(r, s, request_id, ch, version)) < 0)
+      return rc;
     return tbd__reply_status(r, s, request_id, TB_ENOTFOUND,
                              "version %llu of '%s' is not held",
                              (unsigned long long)version, channel);
-  if (ch != NULL && ch->closed)
-    return tbd__reply_status(r, s, request_id, TB_ECLOSED,
-                             "channel '%s' is closed and has no such version",
-                             channel);
+  }
   if (timeout_ms == 0) {
     if (ch == NULL)
       return tbd__reply_status(r, s, request_id, TB_ENOTFOUND,
                                "no channel '%s'", channel);
+    if (ch->publisher == NULL)
+      return reply_no_producer(r, s, request_id, ch, mode, version);
     return tbd__reply_status(r, s, request_id, TB_EAGAIN,
                              "no version of '%s' yet", channel);
   }
+  /* Also on a channel whose producer is gone: a new one may take it over
+   * within the timeout, and its versions carry on the numbering. */
   rc = wait_park(r, s, TBD_WAIT_ACQUIRE, request_id, channel, mode, version,
                  timeout_ms);
   if (rc == TB_EBUSY)
@@ -1078,7 +1196,9 @@ int tbd__wait_free(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, request_id, TB_ENOTFOUND,
                              "version %llu of '%s' was never published",
                              (unsigned long long)version, channel);
-  v = find_match(ch, TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT, version);
+  /* a version that died with its producer is freed like any other: once
+   * its last lease ends */
+  v = version_find(ch, version);
   if (v == NULL) {
     Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
     Tensorbroker__V1__WaitFreeReply wf =

@@ -68,16 +68,35 @@ struct tbd_version {
   struct tbd_evinfo *done;   /* consumers' done events, each once */
   size_t ndone;
   bool in_history;
+  bool died;                 /* its memory died with its producer (out of
+                                history, kept while leased): never
+                                granted again */
   uint32_t nleases;
   struct tbd_lease *leases;  /* vnext/vprev */
   struct tbd_version *next, *prev; /* ch->versions, oldest first */
 };
 
+/* The history versions of a channel that died with the last producer
+ * that ended with any (of one kind): numbers first..last, where those not
+ * held any more died, so that EXACT can say so after they were freed. */
+struct tbd_died {
+  uint64_t first, last;      /* last 0, or first > last: none */
+  int kind;
+  uint32_t pid;              /* their producer's */
+};
+
+/* A channel stays while the daemon runs, once created: its version numbers
+ * continue across producers (DESIGN.md section 8). */
 struct tbd_channel {
   char *name;
   UT_hash_handle hh;         /* registry->channels, by name */
   struct tbd_session *publisher; /* NULL: closed */
   bool closed;
+  /* its last publisher, once it ended: for the TB_ECLOSED of an acquire
+   * that finds nothing to grant */
+  uint32_t ended_pid;
+  bool ended_abrupt;         /* without the Goodbye it promised */
+  struct tbd_died died;
   uint64_t latest;
   uint32_t depth;
   uint64_t publishes;
@@ -216,13 +235,14 @@ int tbd__reply_status(struct tbd_registry *r, struct tbd_session *s,
 void tbd__emit_notice(struct tbd_registry *r, struct tbd_session *s,
                       Tensorbroker__V1__Notice *n);
 void tbd__wait_remove(struct tbd_registry *r, struct tbd_wait *w);
-/* The publisher of ch left: notify subscribers and lease holders, fail the
- * acquires waiting on it. */
-/* unfinished: ChannelClosed.unfinished_version (0: none) */
+/* s, the publisher of ch, ended: notify subscribers and lease holders
+ * (ChannelClosed with reason; unfinished: ChannelClosed.unfinished_version,
+ * 0 for none), then drop from the history the versions whose memory died
+ * with s (tbd_kind_survives_producer), freeing those nobody leases.
+ * Acquires waiting on ch stay parked: a new producer may take it over. */
 void tbd__channel_close(struct tbd_registry *r, struct tbd_channel *ch,
-                        const char *reason, uint64_t unfinished);
-/* Remove ch once it has neither a publisher nor versions. */
-void tbd__channel_maybe_free(struct tbd_registry *r, struct tbd_channel *ch);
+                        const struct tbd_session *s, const char *reason,
+                        uint64_t unfinished);
 
 struct tbd_channel *tbd__channel_find(struct tbd_registry *r,
                                       const char *name);
@@ -250,7 +270,8 @@ struct tbd_new_version {
  * message's packing. */
 bool tbd__new_version_fill(struct tbd_session *s, struct tbd_version *v,
                            struct tbd_new_version *out);
-/* The channel's newest version, or NULL. */
+/* The channel's newest version that may be granted (its memory did not
+ * die with its producer), or NULL. */
 struct tbd_version *tbd__channel_newest(struct tbd_channel *ch);
 
 /* Buffers and events. */

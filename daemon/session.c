@@ -113,8 +113,7 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
     char why[128];
     uint64_t unfinished;
     const char *reason = close_reason(s, ch, why, sizeof(why), &unfinished);
-    tbd__channel_close(r, ch, reason, unfinished);
-    tbd__channel_maybe_free(r, ch);
+    tbd__channel_close(r, ch, s, reason, unfinished);
   }
   DL_FOREACH_SAFE2(s->events, e, etmp, snext) { tbd__event_remove(r, e); }
   DL_FOREACH_SAFE2(s->buffers, b, btmp, snext) { tbd__buffer_retire(r, b); }

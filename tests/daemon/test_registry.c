@@ -53,6 +53,8 @@ static struct cap *caps;
 static uint64_t fake_now = 1000;
 static uint64_t next_req = 1;
 static int fds_at_start;
+/* The message of the last reply send_req or parked_reply took. */
+static char last_message[256];
 
 static uint64_t fake_clock(void *ud) {
   (void)ud;
@@ -208,6 +210,9 @@ static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
     q->request_id = next_req++;
   rc = tbd_session_request(r, s, q, fds, nfds);
   c = take_reply(s, q->request_id);
+  if (c != NULL)
+    snprintf(last_message, sizeof(last_message), "%s",
+             c->m->reply->message ? c->m->reply->message : "");
   if (rc < 0) {
     if (c != NULL)
       cap_free(c);
@@ -475,6 +480,8 @@ static int parked_reply(struct tbd_session *s, uint64_t id, struct acq *out) {
   if (c == NULL)
     return PARKED;
   st = c->m->reply->status;
+  snprintf(last_message, sizeof(last_message), "%s",
+           c->m->reply->message ? c->m->reply->message : "");
   if (st == 0 && out != NULL && c->m->reply->acquire != NULL) {
     out->lease = c->m->reply->acquire->lease_id;
     out->version = c->m->reply->acquire->version;
@@ -573,6 +580,16 @@ static size_t expect_free(struct tbd_session *s, uint64_t v) {
   n = c->m->notice->version_free->n_done_events;
   cap_free(c);
   return n;
+}
+
+/* s's next notice is a NewVersion without a buffer or a ready event. */
+static void expect_plain_new(struct tbd_session *s) {
+  struct cap *m = take_notice(s, N_NEW);
+
+  assert_non_null(m);
+  assert_null(m->m->notice->new_version->buffer);
+  assert_null(m->m->notice->new_version->ready_event);
+  cap_free(m);
 }
 
 /* ---- tests ---- */
@@ -764,14 +781,26 @@ static void test_producer_close(void **state) {
   assert_string_equal(m->m->notice->channel_closed->channel, "x");
   cap_free(m);
   assert_null(take_notice(c, N_CLOSED));
-  assert_int_equal(parked_reply(w, id, NULL), TB_ECLOSED);
-  /* what was published stays readable */
-  acquire(r, w, "x", EXACT, 1);
-  assert_int_equal(acquire_ex(r, w, "x", NEXT, 1, -1, NULL, NULL), TB_ECLOSED);
+  /* the parked acquire waits on, for a new producer */
+  assert_int_equal(parked_reply(w, id, NULL), PARKED);
+  /* host memory outlives its producer: what was published stays readable */
+  assert_int_equal(acquire(r, c, "x", EXACT, 1).version, 1);
+  assert_int_equal(acquire(r, c, "x", LATEST, 0).version, 1);
+  /* nothing newer, and nobody to publish it: at once with timeout 0 */
+  assert_int_equal(acquire_ex(r, c, "x", NEXT, 1, 0, NULL, NULL), TB_ECLOSED);
+  assert_string_equal(last_message,
+                      "channel 'x' has no producer: its publisher ended (pid "
+                      "10: publisher disconnected) and no version after 1 is "
+                      "left that can be granted");
+  assert_int_equal(acquire_ex(r, c, "x", EXACT, 2, 0, NULL, NULL),
+                   TB_ENOTFOUND);
   assert_tb_ok(release(r, c, a.lease));
-  /* a new publisher reopens it and numbering continues */
+  /* a new publisher takes it over, the numbering continues, and the
+   * parked acquire gets its version */
   b2 = buffer(r, p2);
   assert_int_equal(publish(r, p2, "x", b2, 0), 2);
+  assert_int_equal(parked_reply(w, id, &a), 0);
+  assert_int_equal(a.version, 2);
   reg_free(r);
 }
 
@@ -848,6 +877,223 @@ static void test_producer_close_reason(void **state) {
     assert_tb_ok(release(r, c, a1.lease));
     assert_tb_ok(release(r, c, a2.lease));
   }
+  reg_free(r);
+}
+
+/* A session that promised a Goodbye (Hello.says_goodbye). */
+static struct tbd_session *session_says_goodbye(struct tbd_registry *r,
+                                                pid_t pid) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
+  struct tbd_session *s;
+
+  assert_tb_ok(tbd_session_open(r, pid, 1000, 1000, NULL, &s));
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+  q.hello = &h;
+  h.protocol_version = 1;
+  h.says_goodbye = true;
+  assert_tb_ok(send_req(r, s, &q, NULL, 0, NULL));
+  return s;
+}
+
+/* A CUDA IPC producer ends (here: killed, no Goodbye): its versions' memory
+ * died with it. None is granted again (LATEST, NEXT, EXACT, Hello.channels),
+ * none stays in the history; a lease held before keeps its version until
+ * it is released, then the version and its buffer are freed. Acquires get
+ * TB_ECLOSED saying the producer is gone, at once (timeout 0) or when
+ * their wait runs out, never TB_ETIMEDOUT. The channel stays, closed,
+ * with its version numbers. */
+static void test_cuda_producer_gone(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session_says_goodbye(r, 10), *c = session(r, 11),
+                     *sub = session(r, 12), *named;
+  uint64_t b = cuda_buffer(r, p, 0x11), e = event(r, p), id;
+  struct pub gpu = {.dev_type = kDLCUDA, .depth = 3, .meta_len = 3,
+                    .event = e, .complete = true};
+  const char *names[] = {"g"};
+  const char *gone = "channel 'g' has no producer: its publisher ended (pid "
+                     "10: publisher ended without closing its session) and "
+                     "no version is left that can be granted";
+  struct tbd_channel *ch;
+  struct acq a;
+  struct cap *m;
+
+  (void)state;
+  assert_tb_ok(simple(r, sub, SUBSCRIBE, "g", 0));
+  for (int i = 1; i <= 3; i++)
+    assert_tb_ok(publish_ex(r, p, "g", b, &gpu, NULL));
+  assert_int_equal(drop_notices(sub, N_NEW), 3);
+  a = acquire(r, c, "g", EXACT, 2);
+  tbd_session_hung_up(p);
+  tbd_session_close(r, p);
+  /* the notices are as before */
+  assert_int_equal(drop_notices(sub, N_CLOSED), 1);
+  assert_int_equal(drop_notices(c, N_CLOSED), 1);
+  /* 1 and 3 freed at once; 2 is kept for its lease, out of the history */
+  assert_int_equal(counts(r).versions, 1);
+  assert_int_equal(counts(r).buffers, 1);
+  assert_int_equal(counts(r).channels, 1);
+  ch = tbd__channel_find(r, "g");
+  assert_non_null(ch);
+  assert_null(ch->publisher);
+  assert_int_equal(ch->latest, 3);
+
+  assert_int_equal(acquire_ex(r, c, "g", LATEST, 0, 0, NULL, NULL),
+                   TB_ECLOSED);
+  assert_string_equal(last_message, gone);
+  assert_int_equal(acquire_ex(r, c, "g", NEXT, 0, 0, NULL, NULL), TB_ECLOSED);
+  assert_string_equal(last_message,
+                      "channel 'g' has no producer: its publisher ended (pid "
+                      "10: publisher ended without closing its session) and "
+                      "no version after 0 is left that can be granted");
+  /* EXACT: the versions that died say so, leased or freed; others are
+   * not found, as ever */
+  for (uint64_t v = 1; v <= 3; v++) {
+    char want[128];
+    assert_int_equal(acquire_ex(r, c, "g", EXACT, v, -1, NULL, NULL),
+                     TB_ECLOSED);
+    snprintf(want, sizeof(want), "version %llu of 'g' is gone: its CUDA IPC "
+             "memory died with its producer (pid 10)", (unsigned long long)v);
+    assert_string_equal(last_message, want);
+  }
+  assert_int_equal(acquire_ex(r, c, "g", EXACT, 0, 0, NULL, NULL),
+                   TB_ENOTFOUND);
+  assert_int_equal(acquire_ex(r, c, "g", EXACT, 4, 0, NULL, NULL),
+                   TB_ENOTFOUND);
+  /* a wait that runs out: the producer is gone, not a timeout */
+  assert_int_equal(acquire_ex(r, c, "g", LATEST, 0, 200, NULL, &id), PARKED);
+  fake_now += 200;
+  tbd_registry_expire(r);
+  assert_int_equal(parked_reply(c, id, NULL), TB_ECLOSED);
+  assert_string_equal(last_message, gone);
+  /* a session naming the channel at connect is sent no dead buffer */
+  assert_tb_ok(tbd_session_open(r, 13, 1000, 1000, NULL, &named));
+  assert_tb_ok(hello_ex(r, named, true, true, names, 1, &m));
+  assert_int_equal(m->m->reply->hello->n_latest, 0);
+  cap_free(m);
+
+  /* the lease held works on: WaitFree sees it, the release frees the
+   * version and its buffer */
+  assert_int_equal(wait_free(r, sub, "g", 2, 0, NULL), TB_EBUSY);
+  assert_int_equal(wait_free(r, sub, "g", 2, -1, &id), PARKED);
+  assert_null(take_notice(c, N_RETIRED));
+  assert_tb_ok(release(r, c, a.lease));
+  assert_int_equal(parked_reply(sub, id, NULL), 0);
+  m = take_notice(c, N_RETIRED);
+  assert_non_null(m);
+  assert_int_equal(m->m->notice->buffer_retired->buffer_id, b);
+  cap_free(m);
+  assert_int_equal(counts(r).versions, 0);
+  assert_int_equal(counts(r).buffers, 0);
+  assert_int_equal(counts(r).leases, 0);
+  assert_int_equal(counts(r).channels, 1);
+  assert_int_equal(acquire_ex(r, c, "g", EXACT, 2, 0, NULL, NULL), TB_ECLOSED);
+  reg_free(r);
+}
+
+/* Acquires parked on a CUDA channel stay parked when its producer ends
+ * (Goodbye or not) and are granted the next producer's first version,
+ * numbered after the dead one's; the new producer takes the channel over. */
+static void test_cuda_producer_restarts(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *w1 = session_prefetch(r, 11),
+                     *w2 = session(r, 12), *w3 = session(r, 13), *p2;
+  uint64_t b = cuda_buffer(r, p, 0x11), b2, id1, id2, id3;
+  struct pub gpu = {.dev_type = kDLCUDA, .meta_len = 3};
+  struct acq a;
+
+  (void)state;
+  for (int i = 1; i <= 3; i++)
+    assert_tb_ok(publish_ex(r, p, "g", b, &gpu, NULL));
+  assert_int_equal(acquire_ex(r, w1, "g", NEXT, 3, -1, NULL, &id1), PARKED);
+  assert_int_equal(acquire_ex(r, w2, "g", NEXT, 3, 5000, NULL, &id2), PARKED);
+  assert_tb_ok(simple(r, w1, SUBSCRIBE, "g", 0));
+  tbd_session_close(r, p);
+  assert_int_equal(drop_notices(w1, N_CLOSED), 1);
+  assert_int_equal(parked_reply(w1, id1, NULL), PARKED);
+  assert_int_equal(parked_reply(w2, id2, NULL), PARKED);
+  assert_int_equal(counts(r).waits, 2);
+  assert_int_equal(counts(r).versions, 0);
+  /* LATEST waits as well once its producer is gone */
+  assert_int_equal(acquire_ex(r, w3, "g", LATEST, 0, 5000, NULL, &id3),
+                   PARKED);
+  assert_int_equal(acquire_ex(r, w3, "g", LATEST, 0, 0, NULL, NULL),
+                   TB_ECLOSED);
+  assert_string_equal(last_message,
+                      "channel 'g' has no producer: its publisher ended (pid "
+                      "10: publisher disconnected) and no version is left "
+                      "that can be granted");
+  fake_now += 100; /* within every timeout */
+  tbd_registry_expire(r);
+
+  assert_tb_ok(tbd_session_open(r, 14, 1000, 1000, NULL, &p2));
+  assert_tb_ok(hello(r, p2, "restarted"));
+  b2 = cuda_buffer(r, p2, 0x22);
+  assert_tb_ok(publish_ex(r, p2, "g", b2, &gpu, NULL));
+  assert_int_equal(parked_reply(w1, id1, &a), 0);
+  assert_int_equal(a.version, 4);
+  assert_int_equal(parked_reply(w2, id2, &a), 0);
+  assert_int_equal(a.version, 4);
+  assert_int_equal(parked_reply(w3, id3, &a), 0);
+  assert_int_equal(a.version, 4);
+  /* the subscriber's notice comes after its reply, and plain: its acquire
+   * brought the buffer */
+  expect_plain_new(w1);
+  assert_int_equal(acquire(r, w2, "g", LATEST, 0).version, 4);
+  /* the dead producer's versions stay dead */
+  assert_int_equal(acquire_ex(r, w2, "g", EXACT, 3, 0, NULL, NULL),
+                   TB_ECLOSED);
+  /* the channel is the new producer's now */
+  assert_non_null(tbd__channel_find(r, "g"));
+  assert_ptr_equal(tbd__channel_find(r, "g")->publisher, p2);
+  assert_tb_err(publish_ex(r, w3, "g", cuda_buffer(r, w3, 0x33), &gpu, NULL),
+                TB_EBUSY);
+  reg_free(r);
+}
+
+/* Host versions outlive their producer; CUDA ones among them do not. EXACT
+ * of a CUDA version that died: TB_ECLOSED until the history moves past it
+ * (a later publish pushes out the host version before it), then
+ * TB_ENOTFOUND as for any version gone from the history. Versions that had
+ * left the history before the producer ended were never "died". */
+static void test_mixed_kinds_producer_gone(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11), *p2;
+  uint64_t cb = cuda_buffer(r, p, 0x11), hb = buffer(r, p), hb2;
+  struct pub gpu = {.dev_type = kDLCUDA, .depth = 3, .meta_len = 3};
+
+  (void)state;
+  assert_tb_ok(publish_ex(r, p, "m", cb, &gpu, NULL)); /* 1: pushed out */
+  assert_tb_ok(publish_ex(r, p, "m", cb, &gpu, NULL)); /* 2 */
+  assert_int_equal(publish(r, p, "m", hb, 3), 3);
+  assert_tb_ok(publish_ex(r, p, "m", cb, &gpu, NULL)); /* 4 */
+  assert_int_equal(counts(r).versions, 3);
+  tbd_session_close(r, p);
+  assert_int_equal(counts(r).versions, 1);
+  /* the host version is granted, however asked for */
+  assert_int_equal(acquire(r, c, "m", LATEST, 0).version, 3);
+  assert_int_equal(acquire(r, c, "m", NEXT, 0).version, 3);
+  assert_int_equal(acquire(r, c, "m", EXACT, 3).version, 3);
+  assert_int_equal(acquire_ex(r, c, "m", NEXT, 3, 0, NULL, NULL), TB_ECLOSED);
+  assert_int_equal(acquire_ex(r, c, "m", EXACT, 1, 0, NULL, NULL),
+                   TB_ENOTFOUND);
+  assert_int_equal(acquire_ex(r, c, "m", EXACT, 2, 0, NULL, NULL), TB_ECLOSED);
+  assert_int_equal(acquire_ex(r, c, "m", EXACT, 4, 0, NULL, NULL), TB_ECLOSED);
+  /* a new producer with history 1 pushes version 3 out (c's leases keep
+   * it, not in the history) */
+  assert_tb_ok(tbd_session_open(r, 12, 1000, 1000, NULL, &p2));
+  assert_tb_ok(hello(r, p2, "next"));
+  hb2 = buffer(r, p2);
+  assert_int_equal(publish(r, p2, "m", hb2, 1), 5);
+  assert_int_equal(acquire_ex(r, c, "m", EXACT, 2, 0, NULL, NULL), TB_ECLOSED);
+  tbd_session_close(r, c); /* its leases end: version 3 is freed */
+  c = session(r, 13);
+  assert_int_equal(acquire_ex(r, c, "m", EXACT, 3, 0, NULL, NULL),
+                   TB_ENOTFOUND);
+  assert_int_equal(acquire_ex(r, c, "m", EXACT, 2, 0, NULL, NULL),
+                   TB_ENOTFOUND);
+  assert_int_equal(acquire_ex(r, c, "m", EXACT, 4, 0, NULL, NULL), TB_ECLOSED);
+  assert_int_equal(acquire(r, c, "m", LATEST, 0).version, 5);
   reg_free(r);
 }
 
@@ -1007,16 +1253,6 @@ static void test_subscriptions(void **state) {
   publish(r, p, "later", b, 0);
   assert_int_equal(count_for(c), 0);
   reg_free(r);
-}
-
-/* s's next notice is a NewVersion without a buffer or a ready event. */
-static void expect_plain_new(struct tbd_session *s) {
-  struct cap *m = take_notice(s, N_NEW);
-
-  assert_non_null(m);
-  assert_null(m->m->notice->new_version->buffer);
-  assert_null(m->m->notice->new_version->ready_event);
-  cap_free(m);
 }
 
 /* Hello.prefetch: a subscriber hears of each CUDA buffer once, in the
@@ -1492,6 +1728,9 @@ int main(void) {
       T(test_consumer_close_releases),
       T(test_producer_close),
       T(test_producer_close_reason),
+      T(test_cuda_producer_gone),
+      T(test_cuda_producer_restarts),
+      T(test_mixed_kinds_producer_gone),
       T(test_buffer_retire),
       T(test_forget_reattaches),
       T(test_modes),

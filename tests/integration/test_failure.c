@@ -136,10 +136,13 @@ static int doomed_producer(struct tbt_chan *ch, void *arg) {
   return 0;
 }
 
+/* Parks a NEXT acquire after version 1, which outlives the producer's
+ * death and is granted the next producer's version 2 (seed 5). */
 static int parked_consumer(struct tbt_chan *ch, void *arg) {
   tb_client *c;
   DLManagedTensorVersioned *t = NULL;
   struct tb_acquire_options o = acq_opts(TB_ACQUIRE_NEXT, 1, TBT_TIMEOUT_MS);
+  struct tb_lease_info li;
   uint64_t n = 0;
 
   TBT_CHECK_OK(connect_child(arg, "parked", &c));
@@ -147,7 +150,11 @@ static int parked_consumer(struct tbt_chan *ch, void *arg) {
   TBT_CHECK_OK(tbt_send(ch->wr, "session %llu %llu",
                         (unsigned long long)tb_client_session_id(c),
                         (unsigned long long)n));
-  TBT_CHECK_RC(tb_acquire(c, "orphan", &o, &t), TB_ECLOSED);
+  TBT_CHECK_OK(tb_acquire(c, "orphan", &o, &t));
+  TBT_CHECK_OK(tb_lease_info(t, &li));
+  TBT_CHECK(li.version == 2);
+  TBT_CHECK(((const uint8_t *)t->dl_tensor.data)[9] == tbt_pattern(9, 5));
+  TBT_CHECK_OK(tb_release(t, NULL));
   tb_client_disconnect(c);
   return 0;
 }
@@ -187,7 +194,6 @@ static void test_producer_killed(void **state) {
    * memory has no GPU work to lose */
   assert_string_equal(n.reason, "publisher ended without closing its session");
   assert_int_equal(n.version, 0);
-  assert_int_equal(tbt_child_wait(&parked, TBT_TIMEOUT_MS), 0);
   /* the bytes are still there: the daemon and we hold the memfd */
   px = (const uint8_t *)t->dl_tensor.data + t->dl_tensor.byte_offset;
   for (size_t i = 0; i < 4096; i++)
@@ -196,17 +202,43 @@ static void test_producer_killed(void **state) {
   assert_true(ci.closed);
   assert_int_equal(ci.publisher_session, 0);
   assert_int_equal(ci.latest_version, 1);
-  /* what was published stays acquirable; waiting for more fails at once */
+  /* what was published stays acquirable (host memory outlives its
+   * producer); asking for more without waiting fails at once */
   {
     DLManagedTensorVersioned *t2 = NULL;
     struct tb_acquire_options oe = acq_opts(TB_ACQUIRE_EXACT, 1, 0);
-    struct tb_acquire_options on = acq_opts(TB_ACQUIRE_NEXT, 1, TBT_TIMEOUT_MS);
+    struct tb_acquire_options on = acq_opts(TB_ACQUIRE_NEXT, 1, 0);
+    char why[256];
     assert_tb_ok(tb_acquire(c, "orphan", &oe, &t2));
     assert_int_equal(((const uint8_t *)t2->dl_tensor.data +
                       t2->dl_tensor.byte_offset)[100],
                      tbt_pattern(100, 99));
     t2->deleter(t2);
     assert_tb_err(tb_acquire(c, "orphan", &on, &t2), TB_ECLOSED);
+    tb_client_last_error(c, why, sizeof(why));
+    assert_non_null(strstr(why, "channel 'orphan' has no producer: its "
+                                "publisher ended (pid "));
+    assert_non_null(strstr(why, ": publisher ended without closing its "
+                                "session) and no version after 1 is left "
+                                "that can be granted"));
+  }
+  /* the parked acquire waited on: a new producer takes the channel over
+   * and its first version, 2, goes to it */
+  {
+    tb_buffer *b2;
+    DLTensor t2;
+    int64_t shape[1] = {64};
+    uint64_t v2 = 0;
+    assert_tb_ok(tb_host_buffer_create(c, 4096, 0, &b2));
+    tbt_fill(tb_buffer_data(b2), 64, 5);
+    tbt_u8_tensor(&t2, b2, shape, 64);
+    assert_tb_ok(tb_publish(c, "orphan", &t2, NULL, &v2));
+    assert_int_equal(v2, 2);
+    assert_int_equal(tbt_child_wait(&parked, TBT_TIMEOUT_MS), 0);
+    assert_tb_ok(tbt_find_channel(c, "orphan", &ci));
+    assert_false(ci.closed);
+    assert_int_equal(ci.publisher_session, tb_client_session_id(c));
+    assert_tb_ok(tb_buffer_destroy(b2));
   }
   assert_tb_ok(tb_release(t, NULL));
   tb_client_disconnect(c);
