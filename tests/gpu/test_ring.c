@@ -44,7 +44,7 @@
 #define RING 3
 #define FRAMES 1200u
 #define PERIOD_US 150u /* the producer publishes a frame every 150 us */
-#define SPIN_US 400u   /* the consumer's kernel spins this long, then reads */
+#define SPIN_US 500u   /* the consumer's kernel spins this long, then reads */
 #define MIN_READ 100u
 #define EMPTY 0xFFFFFFFFu /* no frame has this number */
 

@@ -38,7 +38,9 @@ Variants (docs/python.md for the stream rules):
                         its check, or the error's name.
 
 Protocol: JSON lines on stdout: {"ready": true, ...} when set up (and
-calibrated); then the loop variants run until they read the version whose
+calibrated), {"warm": true, ...} once the first frame is done (the
+producer's --warmup frame: buffers opened, JAX compiled, a graph captured);
+then the loop variants run until they read the version whose
 metadata is b"end" and print one result line {"result": true, "read": R,
 "wrong": W, ...}. Errors from acquire are counted by name (TB_ECUDA must
 never happen); --stop-on-error makes the first one end the loop.
@@ -428,6 +430,8 @@ def run_loop(args):
         f = int(meta)
         impl.frame(lease, f)
         stats.add(last, f)
+        if stats.read == 1:
+            emit(warm=True, frame=f, version=last)   # opened, compiled, captured
     if hasattr(impl, "end"):
         impl.end()
     wrong = impl.finish()

@@ -12,7 +12,8 @@ c.publish(channel, buf, stream=s, metadata=b"<f>"). Consumers check on the
 device that every element equals the frame number in the metadata.
 
 Protocol: JSON lines on stdout. Prints {"ready": true} once connected and
-set up, then waits for "go" on stdin. While producing it prints
+set up (with --warmup, after publishing frame first-frame - 1, so that
+consumers can warm up on it), then waits for "go" on stdin. While producing it prints
 {"announce": f, "version": v} after publishing frame --announce (if given).
 After the last frame it publishes a one-element tensor with metadata b"end"
 (the consumers stop there), prints {"done": true, "frames": N, ...} and
@@ -58,6 +59,8 @@ def main():
     ap.add_argument("--sync-publish", action="store_true")
     ap.add_argument("--announce", type=int, default=0)
     ap.add_argument("--wait-free-timeout", type=float, default=60.0)
+    ap.add_argument("--warmup", action="store_true",
+                    help="publish frame first-frame - 1 before saying ready")
     args = ap.parse_args()
 
     torch.zeros(1, device="cuda")            # the primary context, current here
@@ -67,15 +70,38 @@ def main():
             for _ in range(args.ring)]
     endbuf = torch.zeros(1, dtype=torch.int32, device="cuda")
     torch.cuda.synchronize()
-    emit(ready=True, pid=os.getpid())
+
+    last = [None] * args.ring                # version last published from each buffer
+    counts = {"wait_frees": 0}
+
+    def publish_frame(f):
+        slot = f % args.ring
+        if last[slot] is not None and not args.no_wait_free:
+            # the old version left the history (depth 1) two frames ago;
+            # wait until no consumer holds it, and make s wait for their
+            # done events, before the fill below overwrites it
+            c.wait_free(args.channel, last[slot], timeout=args.wait_free_timeout, stream=s)
+            counts["wait_frees"] += 1
+        with torch.cuda.stream(s):
+            bufs[slot].fill_(f)
+            if args.sync_publish:
+                s.synchronize()
+            v = c.publish(args.channel, bufs[slot], stream=s, metadata=b"%d" % f)
+        last[slot] = v
+        return v
+
+    warm_version = None
+    if args.warmup:
+        # one frame before "go", so that consumers can open the channel,
+        # compile and capture before the timed run
+        warm_version = publish_frame(args.first_frame - 1)
+    emit(ready=True, pid=os.getpid(), warmup_version=warm_version)
 
     line = sys.stdin.readline()
     if line.strip() != "go":
         raise SystemExit("producer: expected 'go', got %r" % line)
 
-    last = [None] * args.ring                # version last published from each buffer
     first_version = last_version = None
-    waited = 0
     t0 = time.perf_counter()
     period = args.period_us / 1e6
     for k in range(args.frames):
@@ -83,19 +109,7 @@ def main():
         due = t0 + k * period
         while time.perf_counter() < due:
             pass
-        slot = f % args.ring
-        if last[slot] is not None and not args.no_wait_free:
-            # the old version left the history (depth 1) two frames ago;
-            # wait until no consumer holds it, and make s wait for their
-            # done events, before the fill below overwrites it
-            c.wait_free(args.channel, last[slot], timeout=args.wait_free_timeout, stream=s)
-            waited += 1
-        with torch.cuda.stream(s):
-            bufs[slot].fill_(f)
-            if args.sync_publish:
-                s.synchronize()
-            v = c.publish(args.channel, bufs[slot], stream=s, metadata=b"%d" % f)
-        last[slot] = v
+        v = publish_frame(f)
         if first_version is None:
             first_version = v
         last_version = v
@@ -107,7 +121,8 @@ def main():
         end_version = c.publish(args.channel, endbuf, stream=s, metadata=b"end")
     emit(done=True, frames=args.frames, first_frame=args.first_frame,
          last_frame=args.first_frame + args.frames - 1, first_version=first_version,
-         last_version=last_version, end_version=end_version, wait_frees=waited,
+         last_version=last_version, end_version=end_version,
+         wait_frees=counts["wait_frees"],
          elapsed_s=round(elapsed, 3), wait_free=not args.no_wait_free)
 
     line = sys.stdin.readline()          # "quit" (or EOF): the consumers are done

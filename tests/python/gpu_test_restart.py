@@ -70,11 +70,14 @@ def test_producer_killed_and_restarted():
                         "--timeout", 30, name="hold")
             procs.append(hold)
             p1 = Proc(PRODUCER, sock, "--channel", CH, "--frames", 100000, "--sync-publish",
+                      "--warmup",
                       "--announce", ANNOUNCE, "--period-us", 200, "--wait-free-timeout", 120,
                       name="producer-1")
             procs.append(p1)
             for p in ring + [hold, p1]:
                 p.expect("ready", 120)
+            for p in ring:
+                p.expect("warm", 120)          # each has read P1's warm-up frame
             p1.say("go")
             ann = p1.expect("announce", 60)
 

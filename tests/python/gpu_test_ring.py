@@ -43,7 +43,7 @@ torch = tbtest.require_torch_cuda()
 from gpu_ring_util import Proc, PRODUCER, CONSUMER  # noqa: E402
 
 FRAMES = 1500        # produced per test
-PERIOD_US = 200      # the producer publishes one frame per 200 us ...
+PERIOD_US = 150      # the producer publishes one frame per 150 us ...
 SLOW_US = 500        # ... and the consumer's slow kernel takes ~500 us a frame
 MIN_READ = 100       # frames the consumer must have checked
 
@@ -56,7 +56,7 @@ def require(name):
 def run_ring(variant, wait_free=True, slow_us=SLOW_US):
     """Run a producer and one consumer on a private daemon; returns the
     producer's and the consumer's summaries."""
-    prod_args = ["--frames", FRAMES, "--period-us", PERIOD_US]
+    prod_args = ["--frames", FRAMES, "--period-us", PERIOD_US, "--warmup"]
     if not wait_free:
         prod_args.append("--no-wait-free")
     with daemon() as sock:
@@ -64,7 +64,8 @@ def run_ring(variant, wait_free=True, slow_us=SLOW_US):
                   "--timeout", 30, "--deadline", 100, name=variant) as cons, \
                 Proc(PRODUCER, sock, *prod_args, name="producer") as prod:
             ready = cons.expect("ready", 180)   # JAX: start-up, compile, calibration
-            prod.expect("ready", 120)
+            prod.expect("ready", 120)             # after publishing a warm-up frame
+            cons.expect("warm", 120)              # the consumer has read it
             prod.say("go")
             done = prod.expect("done", 120)
             res = cons.expect("result", 120)
