@@ -19,7 +19,13 @@
  * release, and the producer's tb_wait_free made the producer's stream wait
  * on that same event. Then, once the consumer has disconnected and the
  * producer is killed, opening the producer's memory handle directly gives
- * CUDA_ERROR_INVALID_HANDLE, as the real driver does for a dead exporter. */
+ * CUDA_ERROR_INVALID_HANDLE, as the real driver does for a dead exporter.
+ *
+ * driver_semantics: the fake's own rules that tests will lean on, through
+ * the library's driver table (so through cuGetProcAddress_v2): stream ids
+ * and names, calls on a destroyed stream, busy mode, the capture rules
+ * (legacy stream, unsafe calls, a plain wait on an uncaptured event) and
+ * the log lines fake_libcuda.h documents. */
 #include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,6 +47,9 @@
 #define CH "fake/exchange"
 #define CUDA_ERROR_NOT_INITIALIZED 3
 #define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
+#define CUDA_ERROR_STREAM_CAPTURE_ISOLATION 905
 
 /* The driver calls the test makes itself. */
 struct drv {
@@ -388,10 +397,228 @@ static void exchange_through_daemon(void **state) {
   tbt_daemon_cleanup(&d);
 }
 
+/* ---- the fake's own rules ---- */
+
+typedef tb_cu_result (*get_proc_fn)(const char *symbol, void **pfn,
+                                    int cuda_version, uint64_t flags,
+                                    int *status);
+typedef tb_cu_result (*stream_id_fn)(tb_cu_stream s, unsigned long long *id);
+
+/* cuStreamGetId, as the library will resolve it: by base name. */
+static stream_id_fn get_stream_id(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), *sym, *fn = NULL,
+       *none = &none;
+  get_proc_fn get_proc;
+  stream_id_fn id_fn;
+  int status = -1;
+
+  assert_non_null(lib);
+  sym = dlsym(lib, "cuGetProcAddress_v2");
+  assert_non_null(sym);
+  memcpy(&get_proc, &sym, sizeof(sym));
+  assert_int_equal(get_proc("cuStreamGetId", &fn, 12000, 1, &status), 0);
+  assert_int_equal(status, 0);
+  assert_non_null(fn);
+  assert_int_not_equal(get_proc("cuNoSuchCall", &none, 12000, 1, &status), 0);
+  assert_int_equal(status, 1); /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
+  assert_null(none);
+  dlclose(lib);
+  memcpy(&id_fn, &fn, sizeof(fn));
+  return id_fn;
+}
+
+/* The in-memory log has this line (body after the pid) exactly n times. */
+static void expect_line(size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void expect_line(size_t n, const char *fmt, ...) {
+  char body[256], *log;
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(body, sizeof(body), fmt, ap);
+  va_end(ap);
+  if (fakecuda()->log_count(body) != n) {
+    log = own_log();
+    fail_msg("expected '%s' %zu times in the log:\n%s", body, n, log);
+  }
+}
+
+static void driver_semantics(void **state) {
+  const struct fakecuda_hooks *fk = fakecuda();
+  struct fakecuda_counts c0 = {.struct_size = sizeof(c0)},
+                         c1 = {.struct_size = sizeof(c1)};
+  const struct tb_cuda *cu = NULL;
+  stream_id_fn stream_id = get_stream_id();
+  unsigned long long ia = 0, ib = 0, id = 0;
+  tb_cu_stream a = NULL, b = NULL, o = NULL;
+  tb_cu_event e = NULL, e2 = NULL, bad = NULL;
+  tb_cu_ipc_event_handle eh;
+  tb_cu_context ctx = NULL;
+  void *graph = NULL, *exec = NULL;
+  char an[32], bn[32], on[32], en[48], e2n[48], gn[32], want[64], *log;
+  unsigned flags = 0;
+  int st = -1, mode;
+  struct drv k;
+  (void)state;
+
+  assert_null(drv_load(&k));
+  assert_int_equal(tb__cuda_load(&cu), 0);
+  assert_int_equal(drv_ctx(&k), 0);
+  fk->log_clear();
+  fk->counts(&c0);
+
+  /* streams: ids unique and distinct from the default streams' */
+  assert_int_equal(cu->cuStreamCreate(&a, TB_CU_STREAM_NON_BLOCKING), 0);
+  assert_int_equal(cu->cuStreamCreate(&b, TB_CU_STREAM_DEFAULT), 0);
+  assert_int_equal(cu->cuStreamCreate(&o, TB_CU_STREAM_NON_BLOCKING), 0);
+  snprintf(an, sizeof(an), "%s", fk->stream_name(a));
+  snprintf(bn, sizeof(bn), "%s", fk->stream_name(b));
+  snprintf(on, sizeof(on), "%s", fk->stream_name(o));
+  assert_int_equal(stream_id(a, &ia), 0);
+  assert_int_equal(stream_id(b, &ib), 0);
+  assert_true(ia > 2 && ib > 2 && ia != ib);
+  assert_int_equal(stream_id(TB_CU_STREAM_LEGACY, &id), 0);
+  assert_int_equal(id, 1);
+  assert_int_equal(stream_id(NULL, &id), 0);
+  assert_int_equal(id, 1);
+  assert_int_equal(stream_id(TB_CU_STREAM_PER_THREAD, &id), 0);
+  assert_int_equal(id, 2);
+  assert_string_equal(fk->stream_name(TB_CU_STREAM_LEGACY), "legacy");
+  assert_string_equal(fk->stream_name(TB_CU_STREAM_PER_THREAD), "ptds");
+  assert_string_equal(fk->stream_name(NULL), "null");
+  assert_string_equal(fk->stream_name(&k), "invalid");
+  expect_line(1, "stream-create %s nonblocking", an);
+  expect_line(1, "stream-create %s default", bn);
+  assert_int_equal(cu->cuStreamGetFlags(a, &flags), 0);
+  assert_int_equal(flags, TB_CU_STREAM_NON_BLOCKING);
+  assert_int_equal(cu->cuStreamGetCtx(a, &ctx), 0);
+  assert_non_null(ctx);
+
+  /* events: interprocess ones must not time; only they have handles */
+  assert_int_equal(cu->cuEventCreate(&bad, TB_CU_EVENT_INTERPROCESS),
+                   TB_CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cu->cuEventCreate(&e, 0), 0);
+  assert_int_equal(cu->cuIpcGetEventHandle(&eh, e),
+                   TB_CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cu->cuEventCreate(&e2, TB_CU_EVENT_INTERPROCESS |
+                                              TB_CU_EVENT_DISABLE_TIMING),
+                   0);
+  snprintf(en, sizeof(en), "%s", fk->event_name(e));
+  snprintf(e2n, sizeof(e2n), "%s", fk->event_name(e2));
+  expect_line(1, "event-create %s default", en);
+  expect_line(1, "event-create %s disable-timing interprocess", e2n);
+
+  /* a destroyed stream answers CUDA_ERROR_INVALID_HANDLE to everything */
+  assert_int_equal(cu->cuStreamDestroy(b), 0);
+  expect_line(1, "stream-destroy %s", bn);
+  assert_int_equal(stream_id(b, &id), CUDA_ERROR_INVALID_HANDLE);
+  assert_int_equal(cu->cuStreamGetCtx(b, &ctx), CUDA_ERROR_INVALID_HANDLE);
+  assert_int_equal(cu->cuStreamDestroy(b), CUDA_ERROR_INVALID_HANDLE);
+  assert_int_equal(cu->cuEventRecord(e, b), CUDA_ERROR_INVALID_HANDLE);
+  expect_line(1, "record %s on %s -> CUDA_ERROR_INVALID_HANDLE", en, bn);
+
+  /* busy mode: queries say the work is still running */
+  assert_int_equal(cu->cuEventRecord(e2, o), 0);
+  expect_line(1, "record %s on %s", e2n, on);
+  assert_string_equal(fk->event_recorded_on(e2), on);
+  fk->set_busy(1);
+  assert_int_equal(cu->cuStreamQuery(o), TB_CUDA_ERROR_NOT_READY);
+  assert_int_equal(cu->cuEventQuery(e2), TB_CUDA_ERROR_NOT_READY);
+  fk->set_busy(0);
+  assert_int_equal(cu->cuStreamQuery(o), 0);
+  assert_int_equal(cu->cuEventQuery(e2), 0);
+
+  /* a capture: the legacy stream is off limits; an external record is
+   * fine; a plain wait on an event recorded outside refuses and
+   * invalidates it, and its end says so */
+  assert_int_equal(
+      cu->cuStreamBeginCapture(a, TB_CU_STREAM_CAPTURE_MODE_GLOBAL), 0);
+  expect_line(1, "capture-begin %s global", an);
+  assert_int_equal(cu->cuStreamIsCapturing(a, &st), 0);
+  assert_int_equal(st, TB_CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  assert_int_equal(cu->cuStreamIsCapturing(TB_CU_STREAM_LEGACY, &st),
+                   TB_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  assert_int_equal(cu->cuStreamIsCapturing(NULL, &st),
+                   TB_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  assert_int_equal(
+      cu->cuEventRecordWithFlags(e2, a, TB_CU_EVENT_RECORD_EXTERNAL), 0);
+  expect_line(1, "record-external %s on %s (capturing)", e2n, an);
+  assert_string_equal(fk->event_recorded_on(e2), on);
+  /* other streams may be asked about in relaxed mode, as the library does */
+  mode = TB_CU_STREAM_CAPTURE_MODE_RELAXED;
+  assert_int_equal(cu->cuThreadExchangeStreamCaptureMode(&mode), 0);
+  assert_int_equal(mode, TB_CU_STREAM_CAPTURE_MODE_GLOBAL);
+  assert_int_equal(cu->cuStreamQuery(o), 0);
+  assert_int_equal(cu->cuThreadExchangeStreamCaptureMode(&mode), 0);
+  assert_int_equal(mode, TB_CU_STREAM_CAPTURE_MODE_RELAXED);
+  assert_int_equal(cu->cuStreamWaitEvent(a, e, 0),
+                   CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+  expect_line(1, "wait %s on %s (capturing) -> "
+                 "CUDA_ERROR_STREAM_CAPTURE_ISOLATION", an, en);
+  expect_line(1, "capture-invalidate %s by cuStreamWaitEvent", an);
+  assert_int_equal(cu->cuStreamIsCapturing(a, &st), 0);
+  assert_int_equal(st, TB_CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  assert_int_equal(cu->cuStreamEndCapture(a, &graph),
+                   CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  assert_null(graph);
+  assert_int_equal(cu->cuStreamIsCapturing(a, &st), 0);
+  assert_int_equal(st, TB_CU_STREAM_CAPTURE_STATUS_NONE);
+
+  /* in GLOBAL mode, a query of another stream during the capture is a
+   * potentially unsafe call: refused, and the capture is invalidated */
+  assert_int_equal(
+      cu->cuStreamBeginCapture(a, TB_CU_STREAM_CAPTURE_MODE_GLOBAL), 0);
+  assert_int_equal(cu->cuStreamQuery(o), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  expect_line(1, "capture-invalidate %s by cuStreamQuery", an);
+  assert_int_equal(cu->cuStreamEndCapture(a, &graph),
+                   CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+  /* a clean capture: external record and wait, a graph launched */
+  fk->log_clear();
+  assert_int_equal(
+      cu->cuStreamBeginCapture(a, TB_CU_STREAM_CAPTURE_MODE_GLOBAL), 0);
+  assert_int_equal(cu->cuStreamWaitEvent(a, e2, TB_CU_EVENT_WAIT_EXTERNAL), 0);
+  expect_line(1, "wait-external %s on %s (capturing)", an, e2n);
+  assert_int_equal(cu->cuEventRecord(e, a), 0);
+  expect_line(1, "record %s on %s (capturing)", en, an);
+  /* an event recorded in a live capture has no state of its own yet */
+  assert_int_equal(cu->cuEventQuery(e), 907); /* CUDA_ERROR_CAPTURED_EVENT */
+  assert_int_equal(cu->cuStreamEndCapture(a, &graph), 0);
+  assert_non_null(graph);
+  log = own_log();
+  snprintf(want, sizeof(want), "capture-end %s ", an);
+  assert_true(fakecuda_text_find(log, getpid(), want, "", gn, sizeof(gn)));
+  free(log);
+  assert_int_equal(gn[0], 'g');
+  assert_int_equal(cu->cuGraphInstantiate(&exec, graph, 0), 0);
+  expect_line(1, "graph-instantiate %s", gn);
+  assert_int_equal(cu->cuGraphLaunch(exec, o), 0);
+  expect_line(1, "graph-launch %s on %s", gn, on);
+  assert_int_equal(cu->cuGraphExecDestroy(exec), 0);
+  assert_int_equal(cu->cuGraphExecDestroy(exec), CUDA_ERROR_INVALID_HANDLE);
+  assert_int_equal(cu->cuGraphDestroy(graph), 0);
+
+  /* everything made here is gone again */
+  assert_int_equal(cu->cuEventDestroy(e), 0);
+  assert_int_equal(cu->cuEventDestroy(e2), 0);
+  expect_line(1, "event-destroy %s", en);
+  expect_line(1, "event-destroy %s", e2n);
+  assert_int_equal(cu->cuStreamDestroy(a), 0);
+  assert_int_equal(cu->cuStreamDestroy(o), 0);
+  fk->counts(&c1);
+  assert_int_equal(c1.streams, c0.streams);
+  assert_int_equal(c1.events, c0.events);
+  assert_int_equal(c1.graphs, c0.graphs);
+  assert_int_equal(c1.graph_execs, c0.graph_execs);
+  assert_int_equal(c1.capturing, 0);
+  assert_int_equal(cu->cuCtxSetCurrent(NULL), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(loads_through_library),
       cmocka_unit_test(exchange_through_daemon),
+      cmocka_unit_test(driver_semantics),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
