@@ -1,0 +1,469 @@
+/* On which stream each CUDA done event is recorded, for every way a lease
+ * can end (docs/cuda.md, "When a lease ends"), checked on a CPU with the
+ * fake CUDA driver (tests/fakecuda), whose call log names every stream and
+ * event. One process holds a producer client and a consumer client of the
+ * real daemon; busy mode makes every stream look busy, so no record is
+ * skipped as idle.
+ *
+ * Each case: the producer publishes version V from buffer A on its stream
+ * sp; the consumer acquires it and declares streams its own way; the lease
+ * ends its own way; the log must show the consumer's done event E recorded
+ * where the case says (and nowhere else); then the producer publishes
+ * version V+1 from buffer B and tb_wait_free(V) must make sp wait on E
+ * (the event the producer waits for is the one recorded there), or on
+ * nothing when the consumer declared no stream. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cuda_driver.h"
+#include "fake_libcuda.h"
+#include "harness.h"
+
+#define CH "fake/frames"
+#define NWORDS 1024
+
+static const struct tb_cuda *cu;
+static const struct fakecuda_hooks *fk;
+static struct tbt_daemon daemon_;
+static tb_client *prod, *cons;
+static tb_cu_context ctx;
+static tb_cu_stream sp; /* the producer's stream */
+static tb_cu_deviceptr buf[2];
+static int next_buf;
+static char done_ev[64]; /* the consumer's done event, as the log names it */
+
+static const char *sname(tb_cu_stream s) { return fk->stream_name(s); }
+
+static tb_cu_stream new_stream(void) {
+  tb_cu_stream s = NULL;
+  assert_int_equal(cu->cuStreamCreate(&s, TB_CU_STREAM_NON_BLOCKING), 0);
+  return s;
+}
+
+static void show_log(void) {
+  char text[8192];
+  fk->log_read(text, sizeof(text));
+  fprintf(stderr, "---- fake CUDA log ----\n%s----\n", text);
+}
+
+/* Lines "record E on S" of the done event: the count, all streams. */
+static size_t done_records(void) {
+  char text[16384], pre[80];
+  size_t n = 0;
+  const char *line;
+
+  fk->log_read(text, sizeof(text));
+  snprintf(pre, sizeof(pre), "record %s on ", done_ev);
+  for (line = text; line != NULL && *line != '\0';) {
+    const char *b;
+    size_t len;
+    if (fakecuda_line_body(line, 0, &b, &len) && len > strlen(pre) &&
+        strncmp(b, pre, strlen(pre)) == 0)
+      n++;
+    line = strchr(line, '\n');
+    if (line != NULL)
+      line++;
+  }
+  return n;
+}
+
+static void assert_done_on(const char *stream) {
+  char body[128];
+  snprintf(body, sizeof(body), "record %s on %s", done_ev, stream);
+  if (fk->log_count(body) != 1 || done_records() != 1) {
+    show_log();
+    fail_msg("expected exactly one \"%s\"", body);
+  }
+}
+
+static uint64_t publish(void) {
+  struct tb_publish_options po;
+  int64_t shape[1] = {NWORDS};
+  DLTensor t;
+  uint64_t v = 0;
+
+  memset(&t, 0, sizeof(t));
+  t.data = (void *)(uintptr_t)buf[next_buf];
+  next_buf ^= 1;
+  t.device.device_type = kDLCUDA;
+  t.ndim = 1;
+  t.dtype.code = kDLUInt;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  tb_publish_options_init(&po);
+  po.stream = sp;
+  po.history_depth = 1;
+  assert_int_equal(tb_publish(prod, CH, &t, &po, &v), 0);
+  return v;
+}
+
+static DLManagedTensorVersioned *acquire(uint64_t v, void *stream) {
+  struct tb_acquire_options ao;
+  DLManagedTensorVersioned *t = NULL;
+
+  tb_acquire_options_init(&ao);
+  ao.mode = TB_ACQUIRE_EXACT;
+  ao.version = v;
+  ao.timeout_ms = TBT_TIMEOUT_MS;
+  ao.stream = stream;
+  assert_int_equal(tb_acquire(cons, CH, &ao, &t), 0);
+  return t;
+}
+
+/* The producer moves on and reuses V's buffer: wait_free(V) on sp must
+ * wait on the done event (want 1) or on nothing (want 0). */
+static void producer_reuses(uint64_t v, int want) {
+  char body[128];
+  (void)publish();
+  fk->log_clear();
+  assert_int_equal(tb_wait_free(prod, CH, v, TBT_TIMEOUT_MS, sp), 0);
+  snprintf(body, sizeof(body), "wait %s on %s", sname(sp), done_ev);
+  if (fk->log_count(body) != (size_t)want) {
+    show_log();
+    fail_msg("tb_wait_free: expected %d \"%s\"", want, body);
+  }
+}
+
+static int group_setup(void **state) {
+  tb_cu_device dev;
+  (void)state;
+  fk = fakecuda();
+  if (fk == NULL || tb_cuda_available() != 0) {
+    fprintf(stderr, "the fake CUDA driver is not what libcuda.so.1 loads "
+            "here: skipped\n");
+    exit(77);
+  }
+  assert_int_equal(tb__cuda_load(&cu), 0);
+  assert_int_equal(cu->cuDeviceGet(&dev, 0), 0);
+  assert_int_equal(cu->cuDevicePrimaryCtxRetain(&ctx, dev), 0);
+  assert_int_equal(cu->cuCtxSetCurrent(ctx), 0);
+  fk->set_busy(1);
+  if (tbt_daemon_start(&daemon_, NULL) != 0)
+    fail_msg("daemon did not start");
+  assert_int_equal(tbt_connect(&daemon_, "producer", &prod), 0);
+  assert_int_equal(tbt_connect(&daemon_, "consumer", &cons), 0);
+  sp = new_stream();
+  assert_int_equal(cu->cuMemAlloc(&buf[0], NWORDS * 4), 0);
+  assert_int_equal(cu->cuMemAlloc(&buf[1], NWORDS * 4), 0);
+
+  /* Learn the done event's name: the one record a release on s makes. */
+  tb_cu_stream s = new_stream();
+  uint64_t v = publish();
+  DLManagedTensorVersioned *t = acquire(v, s);
+  char text[8192], suffix[64];
+  fk->log_clear();
+  assert_int_equal(tb_release(t, s), 0);
+  fk->log_read(text, sizeof(text));
+  snprintf(suffix, sizeof(suffix), " on %s", sname(s));
+  if (!fakecuda_text_find(text, 0, "record ", suffix, done_ev,
+                          sizeof(done_ev)))
+    fail_msg("no record on the release stream:\n%s", text);
+  producer_reuses(v, 1);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  tb_client_disconnect(cons);
+  tb_client_disconnect(prod);
+  tbt_daemon_cleanup(&daemon_);
+  return 0;
+}
+
+/* tb_release(t, s) with t acquired on s: recorded on s. */
+static void release_on_acquire_stream(void **state) {
+  (void)state;
+  tb_cu_stream s = new_stream();
+  uint64_t v = publish();
+  DLManagedTensorVersioned *t = acquire(v, s);
+  fk->log_clear();
+  assert_int_equal(tb_release(t, TB_STREAM_DEFAULT), 0);
+  assert_done_on(sname(s)); /* not the contract's legacy stream */
+  producer_reuses(v, 1);
+}
+
+/* Acquired with -1, the stream named later by tb_lease_wait (what
+ * __dlpack__(stream=) does), ended by the plain deleter: recorded on it. */
+static void deleter_after_lease_wait(void **state) {
+  (void)state;
+  tb_cu_stream s = new_stream();
+  uint64_t v = publish();
+  DLManagedTensorVersioned *t = acquire(v, TB_STREAM_NO_SYNC);
+  assert_int_equal(tb_lease_wait(t, s), 0);
+  fk->log_clear();
+  t->deleter(t);
+  assert_done_on(sname(s));
+  producer_reuses(v, 1);
+}
+
+/* tb_lease_use (release(stream=) while a consumer library holds the
+ * tensor), then the plain deleter: recorded on that stream. */
+static void deleter_after_lease_use(void **state) {
+  (void)state;
+  tb_cu_stream s = new_stream();
+  uint64_t v = publish();
+  DLManagedTensorVersioned *t = acquire(v, TB_STREAM_NO_SYNC);
+  fk->log_clear();
+  assert_int_equal(tb_lease_use(t, s), 0);
+  assert_int_equal(done_records(), 0); /* nothing yet: declared only */
+  t->deleter(t);
+  assert_done_on(sname(s));
+  producer_reuses(v, 1);
+}
+
+/* Acquired on s1, tb_lease_wait on s2, released on s3: one done event
+ * after all three, recorded on the library's join stream, which waited
+ * for a plain event recorded on each. */
+static void several_streams_join(void **state) {
+  (void)state;
+  tb_cu_stream s[3] = {new_stream(), new_stream(), new_stream()};
+  char text[16384], join[32], jev[64], body[128];
+  uint64_t v = publish();
+  DLManagedTensorVersioned *t = acquire(v, s[0]);
+  assert_int_equal(tb_lease_wait(t, s[1]), 0);
+  fk->log_clear();
+  assert_int_equal(tb_release(t, s[2]), 0);
+  fk->log_read(text, sizeof(text));
+  snprintf(body, sizeof(body), "record %s on ", done_ev);
+  if (!fakecuda_text_find(text, 0, body, "", join, sizeof(join))) {
+    show_log();
+    fail_msg("the done event was not recorded");
+  }
+  for (int i = 0; i < 3; i++)
+    assert_string_not_equal(join, sname(s[i]));
+  assert_int_equal(done_records(), 1);
+  for (int i = 0; i < 3; i++) {
+    char suffix[64];
+    snprintf(suffix, sizeof(suffix), " on %s", sname(s[i]));
+    if (!fakecuda_text_find(text, 0, "record ", suffix, jev, sizeof(jev)))
+      fail_msg("nothing recorded on the declared stream %s:\n%s",
+               sname(s[i]), text);
+    snprintf(body, sizeof(body), "wait %s on %s", join, jev);
+    if (fakecuda_text_count(text, 0, body) < 1)
+      fail_msg("the join stream did not wait for %s:\n%s", sname(s[i]),
+               text);
+  }
+  producer_reuses(v, 1);
+}
+
+/* The release rides on the next acquire (tb_acquire_options.release) with
+ * release_stream NULL: recorded on the stream the lease remembers. */
+static void release_riding_on_acquire(void **state) {
+  (void)state;
+  tb_cu_stream s = new_stream();
+  uint64_t v = publish();
+  DLManagedTensorVersioned *t = acquire(v, s), *t2 = NULL;
+  uint64_t v2 = publish();
+  struct tb_acquire_options ao;
+  tb_acquire_options_init(&ao);
+  ao.mode = TB_ACQUIRE_EXACT;
+  ao.version = v2;
+  ao.stream = TB_STREAM_NO_SYNC;
+  ao.release = t;
+  fk->log_clear();
+  assert_int_equal(tb_acquire(cons, CH, &ao, &t2), 0);
+  assert_done_on(sname(s));
+  fk->log_clear();
+  assert_int_equal(tb_wait_free(prod, CH, v, TBT_TIMEOUT_MS, sp), 0);
+  char body[128];
+  snprintf(body, sizeof(body), "wait %s on %s", sname(sp), done_ev);
+  assert_int_equal(fk->log_count(body), 1);
+  assert_int_equal(tb_release(t2, TB_STREAM_NO_SYNC), 0);
+}
+
+/* A per-thread default stream is its thread's: ended on that thread, the
+ * record goes on it; ended on another thread, on the legacy stream of the
+ * same context, which waits for it. */
+struct end_arg {
+  DLManagedTensorVersioned *t;
+};
+static void *end_on_thread(void *p) {
+  struct end_arg *a = p;
+  /* a thread with no context current, as a consumer library's may be */
+  a->t->deleter(a->t);
+  return NULL;
+}
+
+static void per_thread_stream(void **state) {
+  (void)state;
+  uint64_t v = publish();
+  DLManagedTensorVersioned *t = acquire(v, TB_STREAM_NO_SYNC);
+  assert_int_equal(tb_lease_wait(t, TB_STREAM_PER_THREAD), 0);
+  fk->log_clear();
+  t->deleter(t);
+  assert_done_on("ptds");
+  producer_reuses(v, 1);
+
+  v = publish();
+  t = acquire(v, TB_STREAM_NO_SYNC);
+  assert_int_equal(tb_lease_wait(t, TB_STREAM_PER_THREAD), 0);
+  fk->log_clear();
+  struct end_arg a = {t};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, end_on_thread, &a), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_done_on("legacy");
+  producer_reuses(v, 1);
+}
+
+/* A stream that declared nothing but -1: no done event; the producer
+ * waits on nothing. */
+static void no_stream_declared(void **state) {
+  (void)state;
+  uint64_t v = publish();
+  DLManagedTensorVersioned *t = acquire(v, TB_STREAM_NO_SYNC);
+  fk->log_clear();
+  assert_int_equal(tb_release(t, TB_STREAM_NO_SYNC), 0);
+  assert_int_equal(done_records(), 0);
+  producer_reuses(v, 0);
+}
+
+/* The plain deleter of a lease that remembers nothing: the contract's
+ * default stream (legacy, under spec), as before. */
+static void deleter_without_streams(void **state) {
+  (void)state;
+  uint64_t v = publish();
+  DLManagedTensorVersioned *t = acquire(v, TB_STREAM_NO_SYNC);
+  fk->log_clear();
+  t->deleter(t);
+  assert_done_on("legacy");
+  producer_reuses(v, 1);
+}
+
+/* The lease ends while its stream captures a graph: nothing is recorded
+ * (not even into the capture), the capture stays valid, the lease stays
+ * held; after the capture has ended, the next call on the client ends it
+ * with the done event on the stream. */
+static void capturing_at_end(void **state) {
+  (void)state;
+  tb_cu_stream s = new_stream();
+  void *graph = NULL;
+  char body[128];
+  uint64_t v = publish();
+  DLManagedTensorVersioned *t = acquire(v, s);
+  assert_int_equal(cu->cuStreamBeginCapture(s, TB_CU_STREAM_CAPTURE_MODE_GLOBAL),
+                   0);
+  fk->log_clear();
+  t->deleter(t);
+  assert_int_equal(done_records(), 0);
+  assert_int_equal(cu->cuStreamEndCapture(s, &graph), 0);
+  assert_non_null(graph);
+  assert_int_equal(cu->cuGraphDestroy(graph), 0);
+  /* still leased: the producer cannot reuse V */
+  (void)publish();
+  assert_int_equal(tb_wait_free(prod, CH, v, 0, sp), TB_EBUSY);
+  /* any call on the consumer's client ends it now */
+  struct tb_notice n;
+  assert_int_equal(tb_client_poll_notice(cons, &n, 0), TB_EAGAIN);
+  assert_done_on(sname(s));
+  snprintf(body, sizeof(body), "record-external %s on %s (capturing)",
+           done_ev, sname(s));
+  assert_int_equal(fk->log_count(body), 0);
+  fk->log_clear();
+  assert_int_equal(tb_wait_free(prod, CH, v, TBT_TIMEOUT_MS, sp), 0);
+  snprintf(body, sizeof(body), "wait %s on %s", sname(sp), done_ev);
+  assert_int_equal(fk->log_count(body), 1);
+}
+
+/* The stream was destroyed before the lease ended: nothing is recorded on
+ * it; the library waits for its context instead. */
+static void destroyed_stream(void **state) {
+  (void)state;
+  tb_cu_stream s = new_stream();
+  uint64_t v = publish();
+  DLManagedTensorVersioned *t = acquire(v, s);
+  assert_int_equal(cu->cuStreamDestroy(s), 0);
+  fk->log_clear();
+  t->deleter(t);
+  assert_int_equal(done_records(), 0);
+  assert_int_equal(fk->log_count("ctx-synchronize"), 1);
+  producer_reuses(v, 0);
+}
+
+/* Disconnect with a lease held: its done event is recorded on its stream
+ * before the session ends; the deleter afterwards records nothing. */
+static void disconnect_with_lease(void **state) {
+  (void)state;
+  tb_client *c2 = NULL;
+  tb_cu_stream s = new_stream();
+  struct tb_acquire_options ao;
+  DLManagedTensorVersioned *t = NULL;
+  char body[128], text[8192], suffix[64], ev2[64];
+  uint64_t v = publish();
+
+  assert_int_equal(tbt_connect(&daemon_, "leaver", &c2), 0);
+  tb_acquire_options_init(&ao);
+  ao.mode = TB_ACQUIRE_EXACT;
+  ao.version = v;
+  ao.stream = s;
+  assert_int_equal(tb_acquire(c2, CH, &ao, &t), 0);
+  fk->log_clear();
+  tb_client_disconnect(c2);
+  /* c2 has a done event of its own: the one recorded on s */
+  fk->log_read(text, sizeof(text));
+  snprintf(suffix, sizeof(suffix), " on %s", sname(s));
+  if (!fakecuda_text_find(text, 0, "record ", suffix, ev2, sizeof(ev2)))
+    fail_msg("disconnect recorded nothing on the lease's stream:\n%s", text);
+  (void)publish();
+  fk->log_clear();
+  assert_int_equal(tb_wait_free(prod, CH, v, TBT_TIMEOUT_MS, sp), 0);
+  snprintf(body, sizeof(body), "wait %s on %s", sname(sp), ev2);
+  assert_int_equal(fk->log_count(body), 1);
+  fk->log_clear();
+  t->deleter(t); /* after disconnect: unmaps, records and sends nothing */
+  snprintf(body, sizeof(body), "record %s on %s", ev2, sname(s));
+  assert_int_equal(fk->log_count(body), 0);
+}
+
+/* Bad input: a ninth declared stream is refused and changes nothing. */
+static void too_many_streams(void **state) {
+  (void)state;
+  tb_cu_stream s[9];
+  uint64_t v = publish();
+  DLManagedTensorVersioned *t = acquire(v, TB_STREAM_NO_SYNC);
+  for (int i = 0; i < 9; i++)
+    s[i] = new_stream();
+  for (int i = 0; i < 8; i++)
+    assert_int_equal(tb_lease_use(t, s[i]), 0);
+  assert_int_equal(tb_lease_use(t, s[8]), TB_ELIMIT);
+  assert_int_equal(tb_lease_use(t, s[3]), 0); /* known: not a new one */
+  assert_int_equal(tb_lease_use(t, (void *)(intptr_t)-5), TB_ESTREAM);
+  assert_int_equal(tb_lease_use(NULL, s[0]), TB_EINVAL);
+  fk->log_clear();
+  assert_int_equal(tb_release(t, TB_STREAM_DEFAULT), 0);
+  for (int i = 0; i < 8; i++) {
+    char suffix[64], ev[64], text[16384];
+    fk->log_read(text, sizeof(text));
+    snprintf(suffix, sizeof(suffix), " on %s", sname(s[i]));
+    assert_true(fakecuda_text_find(text, 0, "record ", suffix, ev,
+                                   sizeof(ev)));
+  }
+  producer_reuses(v, 1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(release_on_acquire_stream),
+      cmocka_unit_test(deleter_after_lease_wait),
+      cmocka_unit_test(deleter_after_lease_use),
+      cmocka_unit_test(several_streams_join),
+      cmocka_unit_test(release_riding_on_acquire),
+      cmocka_unit_test(per_thread_stream),
+      cmocka_unit_test(no_stream_declared),
+      cmocka_unit_test(deleter_without_streams),
+      cmocka_unit_test(capturing_at_end),
+      cmocka_unit_test(destroyed_stream),
+      cmocka_unit_test(disconnect_with_lease),
+      cmocka_unit_test(too_many_streams),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
