@@ -1,0 +1,295 @@
+"""CPU: where the Python binding's CUDA leases record their done event, with
+the fake CUDA driver (tests/fakecuda) standing in for libcuda.so.1.
+
+A consumer library is emulated the way PyTorch's from_dlpack treats a
+capsule: it calls lease.__dlpack__(stream=its_stream), renames the capsule
+"used_dltensor_versioned" (it now owns the tensor) and calls the tensor's
+deleter when its own tensor dies. The fake's call log must then show the
+consumer's done event recorded on the stream the consumer declared, however
+the lease ends, and the producer's wait_free waiting on that event.
+
+Registered as python_fakecuda_streams with LD_LIBRARY_PATH pointing at the
+fake; anywhere else (the real driver, or none) it skips."""
+import ctypes
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tbtest  # noqa: E402
+from tbtest import daemon  # noqa: E402
+
+import tensorbroker as tb  # noqa: E402
+
+try:
+    cu = ctypes.CDLL("libcuda.so.1")
+    cu.fakecuda_hooks  # only the fake has it
+except (OSError, AttributeError):
+    raise tbtest.Skip("libcuda.so.1 is not the fake CUDA driver here")
+
+cu.fakecuda_stream_name.restype = ctypes.c_char_p
+cu.fakecuda_stream_name.argtypes = [ctypes.c_void_p]
+cu.fakecuda_log_count.restype = ctypes.c_size_t
+cu.fakecuda_log_count.argtypes = [ctypes.c_char_p]
+cu.fakecuda_log_read.restype = ctypes.c_size_t
+cu.fakecuda_log_read.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+def check(r, what):
+    if r != 0:
+        raise AssertionError("%s failed: CUresult %d" % (what, r))
+
+
+check(cu.cuInit(0), "cuInit")
+_dev = ctypes.c_int()
+check(cu.cuDeviceGet(ctypes.byref(_dev), 0), "cuDeviceGet")
+_ctx = ctypes.c_void_p()
+check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(_ctx), _dev), "retain")
+check(cu.cuCtxSetCurrent(_ctx), "cuCtxSetCurrent")
+cu.fakecuda_set_busy(1)  # every stream busy: no record skipped as idle
+
+
+def new_stream():
+    s = ctypes.c_void_p()
+    check(cu.cuStreamCreate(ctypes.byref(s), 1), "cuStreamCreate")
+    return s.value
+
+
+def sname(s):
+    return cu.fakecuda_stream_name(s).decode()
+
+
+def log():
+    n = cu.fakecuda_log_read(None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    cu.fakecuda_log_read(buf, n + 1)
+    return buf.value.decode()
+
+
+def count(body):
+    return cu.fakecuda_log_count(body.encode())
+
+
+# ---- DLPack by hand, as a C consumer or producer library would ----
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    pass
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensorVersioned))
+DLManagedTensorVersioned._fields_ = [
+    ("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+    ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+capi = ctypes.pythonapi
+capi.PyCapsule_New.restype = ctypes.py_object
+capi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
+capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+capi.PyCapsule_SetName.restype = ctypes.c_int
+capi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+_keep = []  # producer-side tensors live as long as the test module
+
+
+class FakeCudaWords:
+    """n uint32 words of fake device memory that export themselves by DLPack
+    (the producer side: what a torch tensor's __dlpack__ gives)."""
+
+    def __init__(self, n):
+        self.n = n
+        p = ctypes.c_uint64()
+        check(cu.cuMemAlloc_v2(ctypes.byref(p), n * 4), "cuMemAlloc")
+        self.ptr = p.value
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        shape = (ctypes.c_int64 * 1)(self.n)
+        m = DLManagedTensorVersioned()
+        m.major, m.minor = 1, 0
+        m.dl_tensor.data = self.ptr
+        m.dl_tensor.device = DLDevice(2, 0)
+        m.dl_tensor.ndim = 1
+        m.dl_tensor.dtype = DLDataType(1, 32, 1)
+        m.dl_tensor.shape = shape
+        m.deleter = None  # borrowed: the broker copies what it needs
+        _keep.append((m, shape))
+        return capi.PyCapsule_New(ctypes.addressof(m), b"dltensor_versioned", None)
+
+
+class ConsumerTensor:
+    """What a consumer library makes of a lease: it takes the capsule
+    (renames it), keeps the tensor, and calls its deleter when it dies."""
+
+    def __init__(self, lease, stream):
+        cap = lease.__dlpack__(stream=stream, max_version=(1, 0))
+        p = capi.PyCapsule_GetPointer(cap, b"dltensor_versioned")
+        assert capi.PyCapsule_SetName(cap, b"used_dltensor_versioned") == 0
+        self.m = ctypes.cast(p, ctypes.POINTER(DLManagedTensorVersioned))
+        assert self.m.contents.dl_tensor.device.device_type == 2
+
+    def drop(self):
+        DELETER(self.m.contents.deleter)(self.m)
+        self.m = None
+
+
+CH = "fake/py"
+
+
+class Pipeline:
+    def __init__(self, sock):
+        self.prod = tb.Client(socket=sock, name="producer")
+        self.cons = tb.Client(socket=sock, name="consumer")
+        self.sp = new_stream()
+        self.bufs = [FakeCudaWords(256), FakeCudaWords(256)]
+        self.i = 0
+        self.done = None
+
+    def publish(self):
+        b = self.bufs[self.i]
+        self.i ^= 1
+        return self.prod.publish(CH, b, stream=self.sp, history_depth=1)
+
+    def reuse(self, v, want=1):
+        """The producer moves on and reuses v's buffer: its wait_free must
+        wait on the consumer's done event (want 1) or nothing (want 0)."""
+        self.publish()
+        cu.fakecuda_log_clear()
+        self.prod.wait_free(CH, v, timeout=20, stream=self.sp)
+        body = "wait %s on %s" % (sname(self.sp), self.done)
+        assert count(body) == want, (body, want, log())
+
+    def assert_done_on(self, stream_name):
+        body = "record %s on %s" % (self.done, stream_name)
+        n_all = sum(1 for line in log().splitlines()
+                    if " record %s on " % self.done in " " + line.split(" ", 1)[1])
+        assert count(body) == 1 and n_all == 1, (body, log())
+
+    def learn_done_event(self):
+        s = new_stream()
+        v = self.publish()
+        lease = self.cons.acquire(CH, exact=v, stream=s)
+        cu.fakecuda_log_clear()
+        lease.release()
+        suffix = " on %s" % sname(s)
+        for line in log().splitlines():
+            body = line.split(" ", 1)[1]
+            if body.startswith("record ") and body.endswith(suffix):
+                self.done = body[len("record "):-len(suffix)]
+        assert self.done, log()
+        self.reuse(v)
+
+    def close(self):
+        self.cons.close()
+        self.prod.close()
+
+
+def run(case):
+    with daemon() as sock:
+        p = Pipeline(sock)
+        try:
+            p.learn_done_event()
+            case(p)
+        finally:
+            p.close()
+
+
+def test_from_dlpack_then_del_then_release():
+    # case (b) of the bug: the consumer library read on its side stream,
+    # drops its tensor, then release() with no stream
+    def case(p):
+        side = new_stream()
+        v = p.publish()
+        lease = p.cons.acquire(CH, exact=v)
+        x = ConsumerTensor(lease, side)
+        cu.fakecuda_log_clear()
+        x.drop()
+        lease.release()
+        p.assert_done_on(sname(side))
+        p.reuse(v)
+    run(case)
+
+
+def test_release_with_stream_while_tensor_lives():
+    # case (a): release(stream=side) while the library holds the tensor;
+    # the lease ends when the tensor is dropped, on side
+    def case(p):
+        side = new_stream()
+        v = p.publish()
+        lease = p.cons.acquire(CH, exact=v)
+        x = ConsumerTensor(lease, -1)  # the library said -1: no sync
+        lease.release(stream=side)
+        assert lease.released
+        cu.fakecuda_log_clear()
+        x.drop()
+        p.assert_done_on(sname(side))
+        p.reuse(v)
+    run(case)
+
+
+def test_capsule_never_consumed_is_collected():
+    # a capsule nobody took is garbage-collected: its destructor ends the
+    # lease on the stream __dlpack__ was given
+    def case(p):
+        side = new_stream()
+        v = p.publish()
+        lease = p.cons.acquire(CH, exact=v)
+        cap = lease.__dlpack__(stream=side, max_version=(1, 0))
+        cu.fakecuda_log_clear()
+        del lease
+        del cap
+        p.assert_done_on(sname(side))
+        p.reuse(v)
+    run(case)
+
+
+def test_with_block_after_acquire_stream():
+    # acquire(stream=s), then the library's own stream via __dlpack__:
+    # the end follows both (joined on the library's stream)
+    def case(p):
+        s, side = new_stream(), new_stream()
+        v = p.publish()
+        with p.cons.acquire(CH, exact=v, stream=s) as lease:
+            x = ConsumerTensor(lease, side)
+            x.drop()
+            cu.fakecuda_log_clear()
+        text = log()
+        for st in (s, side):
+            assert any(line.split(" ", 1)[1].startswith("record ")
+                       and line.endswith(" on %s" % sname(st))
+                       for line in text.splitlines()), (sname(st), text)
+        assert sum(1 for line in text.splitlines()
+                   if line.split(" ", 1)[1].startswith("record %s on " % p.done)) == 1, text
+        p.reuse(v)
+    run(case)
+
+
+def test_no_stream_declared():
+    # a consumer that only ever says -1 promises its own ordering: no done
+    # event, and the producer waits on nothing
+    def case(p):
+        v = p.publish()
+        lease = p.cons.acquire(CH, exact=v)
+        x = ConsumerTensor(lease, -1)
+        cu.fakecuda_log_clear()
+        x.drop()
+        lease.release(stream=-1)
+        assert not any(" record %s on " % p.done in " " + line.split(" ", 1)[1]
+                       for line in log().splitlines()), log()
+        p.reuse(v, want=0)
+    run(case)
