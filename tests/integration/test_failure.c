@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "raw_wire.h"
 
 static struct tb_acquire_options acq_opts(int mode, uint64_t version,
                                           int timeout_ms) {
@@ -207,12 +208,20 @@ static void test_producer_killed(void **state) {
   {
     DLManagedTensorVersioned *t2 = NULL;
     struct tb_acquire_options oe = acq_opts(TB_ACQUIRE_EXACT, 1, 0);
+    struct tb_acquire_options ol = acq_opts(TB_ACQUIRE_LATEST, 0, 200);
     struct tb_acquire_options on = acq_opts(TB_ACQUIRE_NEXT, 1, 0);
+    struct tb_lease_info li;
     char why[256];
     assert_tb_ok(tb_acquire(c, "orphan", &oe, &t2));
     assert_int_equal(((const uint8_t *)t2->dl_tensor.data +
                       t2->dl_tensor.byte_offset)[100],
                      tbt_pattern(100, 99));
+    t2->deleter(t2);
+    assert_tb_ok(tb_acquire(c, "orphan", &ol, &t2));
+    assert_tb_ok(tb_lease_info(t2, &li));
+    assert_int_equal(li.version, 1);
+    assert_int_equal(((const uint8_t *)t2->dl_tensor.data)[7],
+                     tbt_pattern(7, 99));
     t2->deleter(t2);
     assert_tb_err(tb_acquire(c, "orphan", &on, &t2), TB_ECLOSED);
     tb_client_last_error(c, why, sizeof(why));
@@ -316,6 +325,306 @@ static void test_forked_child_disconnects(void **state) {
                                  TBT_TIMEOUT_MS, &n));
   assert_string_equal(n.reason, "publisher ended without closing its session");
   tb_client_disconnect(c);
+}
+
+/* ---- a CUDA IPC producer's death and restart ----
+ *
+ * The producers and the consumers that are granted CUDA versions speak the
+ * wire (raw_wire.h): through the library a CUDA publish needs a GPU, and
+ * the daemon never opens the made-up handles. Consumers that must not be
+ * granted anything use the library, which would fail with TB_ENOCUDA (or
+ * TB_EDEVICE on a GPU machine) if they were. */
+
+#define CAM "gpu/cam0"
+
+struct cuda_prod {
+  const struct tbt_daemon *d;
+  int versions; /* how many to publish, history depth 3 */
+  uint8_t tag;  /* the made-up handle's first byte */
+};
+
+/* Publishes, says "published V" with its last version, then on "bye"
+ * closes its session as tb_client_disconnect does (Goodbye first), or is
+ * killed while it waits. */
+static int cuda_producer(struct tbt_chan *ch, void *arg) {
+  const struct cuda_prod *cp = arg;
+  uint64_t b, v = 0;
+  char line[16];
+  int fd;
+
+  raw_child();
+  fd = raw_connect(cp->d);
+  raw_hello_as(fd, true, true);
+  b = raw_cuda_buffer(fd, 2, cp->tag);
+  for (int i = 0; i < cp->versions; i++)
+    v = raw_publish_depth(fd, 3 + (uint64_t)i, CAM, b, 0, 3);
+  TBT_CHECK_OK(tbt_send(ch->wr, "published %llu", (unsigned long long)v));
+  TBT_CHECK_OK(tbt_recv(ch->rd, line, sizeof(line), -1));
+  TBT_CHECK(strcmp(line, "bye") == 0);
+  raw_goodbye(fd);
+  close(fd);
+  return 0;
+}
+
+/* Start a producer; returns its last version. */
+static uint64_t cuda_producer_start(struct tbt_child *c, struct cuda_prod *cp) {
+  unsigned long long v = 0;
+  char line[64];
+
+  assert_tb_ok(tbt_child_start(c, cuda_producer, cp));
+  assert_tb_ok(tbt_recv(c->rd, line, sizeof(line), TBT_TIMEOUT_MS));
+  assert_int_equal(sscanf(line, "published %llu", &v), 1);
+  return v;
+}
+
+/* How the producer ends: its ChannelClosed reason. */
+static const char *cuda_producer_reason(bool bye) {
+  return bye ? "publisher disconnected"
+             : "publisher ended without closing its session";
+}
+
+/* End the producer, with its Goodbye (bye) or by SIGKILL, and wait until
+ * the daemon has closed its channel: watcher, subscribed to CAM, hears. */
+static void cuda_producer_end(struct tbt_child *c, bool bye,
+                              tb_client *watcher) {
+  struct tb_notice n;
+
+  if (bye) {
+    assert_tb_ok(tbt_send(c->wr, "bye"));
+    assert_int_equal(tbt_child_wait(c, TBT_TIMEOUT_MS), 0);
+  } else {
+    tbt_child_kill(c);
+  }
+  assert_tb_ok(tbt_expect_notice(watcher, TB_NOTICE_CHANNEL_CLOSED, CAM, 0,
+                                 TBT_TIMEOUT_MS, &n));
+  assert_string_equal(n.reason, cuda_producer_reason(bye));
+}
+
+/* A raw CUDA consumer's HelloReply entries for CAM named at connect. */
+static size_t named_latest(const struct tbt_daemon *d) {
+  const char *names[] = {CAM};
+  struct raw_hello_opts o = {.cuda = true, .prefetch = true,
+                             .channels = names, .n_channels = 1};
+  int fd = raw_connect(d);
+  tb__server_message *m = raw_hello_reply(fd, &o);
+  size_t n = m->reply->hello->n_latest;
+
+  tb__server_message_free(m);
+  close(fd);
+  return n;
+}
+
+/* tb_acquire on CAM must fail with TB_ECLOSED and this message. */
+static void expect_closed(tb_client *c, int mode, uint64_t version,
+                          int timeout_ms, const char *want) {
+  struct tb_acquire_options o = acq_opts(mode, version, timeout_ms);
+  DLManagedTensorVersioned *t = NULL;
+  char why[256];
+
+  assert_tb_err(tb_acquire(c, CAM, &o, &t), TB_ECLOSED);
+  assert_null(t);
+  tb_client_last_error(c, why, sizeof(why));
+  assert_string_equal(why, want);
+}
+
+/* A CUDA IPC producer publishes 1..3 and ends: nothing of it is granted
+ * to a new consumer, who is told the producer is gone (after its timeout,
+ * or at once with timeout 0), never a timeout or a CUDA failure; EXACT of
+ * a version that died says so; a consumer naming the channel at connect
+ * is sent no dead buffer. The channel stays, closed, numbered up to 3. */
+static void cuda_producer_gone(const struct tbt_daemon *d, bool bye) {
+  struct cuda_prod cp = {.d = d, .versions = 3, .tag = 0x11};
+  struct tbt_child prod;
+  struct tb_channel_info ci;
+  tb_client *w, *late;
+  char gone[256], gone_next[256], died[256];
+  uint64_t t0, ms;
+
+  assert_tb_ok(tbt_connect(d, "watcher", &w));
+  assert_tb_ok(tb_subscribe(w, CAM));
+  assert_int_equal(cuda_producer_start(&prod, &cp), 3);
+  assert_int_equal(named_latest(d), 1); /* while it lives */
+  snprintf(gone, sizeof(gone),
+           "channel '" CAM "' has no producer: its publisher ended (pid %d: "
+           "%s) and no version is left that can be granted",
+           (int)prod.pid, cuda_producer_reason(bye));
+  snprintf(gone_next, sizeof(gone_next),
+           "channel '" CAM "' has no producer: its publisher ended (pid %d: "
+           "%s) and no version after 0 is left that can be granted",
+           (int)prod.pid, cuda_producer_reason(bye));
+  snprintf(died, sizeof(died),
+           "version 3 of '" CAM "' is gone: its CUDA IPC memory died with "
+           "its producer (pid %d)",
+           (int)prod.pid);
+  cuda_producer_end(&prod, bye, w);
+
+  assert_tb_ok(tbt_connect(d, "late", &late));
+  t0 = tbt_now_ms();
+  expect_closed(late, TB_ACQUIRE_LATEST, 0, 200, gone);
+  ms = tbt_now_ms() - t0;
+  assert_true(ms >= 190); /* it waited for a new producer */
+  expect_closed(late, TB_ACQUIRE_LATEST, 0, 0, gone);
+  expect_closed(late, TB_ACQUIRE_NEXT, 0, 0, gone_next);
+  expect_closed(late, TB_ACQUIRE_EXACT, 3, 0, died);
+  assert_int_equal(named_latest(d), 0);
+  assert_tb_ok(tbt_find_channel(w, CAM, &ci));
+  assert_true(ci.closed);
+  assert_int_equal(ci.publisher_session, 0);
+  assert_int_equal(ci.latest_version, 3);
+  assert_int_equal(ci.versions_held, 0);
+  tb_client_disconnect(late);
+  tb_client_disconnect(w);
+}
+
+static void test_cuda_producer_exits(void **state) {
+  cuda_producer_gone(*state, true);
+}
+
+static void test_cuda_producer_killed(void **state) {
+  cuda_producer_gone(*state, false);
+}
+
+/* A raw consumer's reply to its parked acquire (request 2): a lease on
+ * version v in the buffer whose handle starts with tag. */
+static void expect_granted(int fd, uint64_t v, uint8_t tag) {
+  tb__server_message *m = raw_recv(fd);
+
+  assert_non_null(m);
+  assert_int_equal(m->body_case, TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY);
+  assert_int_equal(m->reply->request_id, 2);
+  assert_int_equal(m->reply->status, 0);
+  assert_int_equal(m->reply->body_case, TENSORBROKER__V1__REPLY__BODY_ACQUIRE);
+  assert_int_equal(m->reply->acquire->version, v);
+  assert_int_equal(m->reply->acquire->buffer->cuda_ipc_handle.data[0], tag);
+  tb__server_message_free(m);
+}
+
+/* Consumers wait through a producer's death and are granted the next
+ * producer's first version, numbered after the dead one's: one parked in
+ * NEXT after 3 before the kill, one parked in LATEST after it. */
+static void test_cuda_producer_restarts(void **state) {
+  const struct tbt_daemon *d = *state;
+  struct cuda_prod first = {.d = d, .versions = 3, .tag = 0x11};
+  struct cuda_prod second = {.d = d, .versions = 1, .tag = 0x22};
+  struct tbt_child prod;
+  struct tb_channel_info ci;
+  tb_client *w;
+  uint64_t sid_next, sid_latest;
+  int next, latest;
+
+  assert_tb_ok(tbt_connect(d, "watcher", &w));
+  assert_tb_ok(tb_subscribe(w, CAM));
+  assert_int_equal(cuda_producer_start(&prod, &first), 3);
+  next = raw_connect(d);
+  sid_next = raw_hello_as(next, false, true);
+  raw_send_acquire(next, 2, CAM, TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_NEXT,
+                   3, TBT_TIMEOUT_MS);
+  assert_tb_ok(tbt_wait_requests(w, sid_next, 2)); /* Hello, Acquire */
+
+  cuda_producer_end(&prod, false, w);
+  /* the daemon answered nothing: it would have before its notice */
+  assert_false(raw_pending(next));
+  latest = raw_connect(d);
+  sid_latest = raw_hello_as(latest, false, true);
+  raw_send_acquire(latest, 2, CAM,
+                   TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_LATEST, 0,
+                   TBT_TIMEOUT_MS);
+  assert_tb_ok(tbt_wait_requests(w, sid_latest, 2));
+  assert_false(raw_pending(latest)); /* parked: nothing left to grant */
+
+  assert_int_equal(cuda_producer_start(&prod, &second), 4);
+  expect_granted(next, 4, 0x22);
+  expect_granted(latest, 4, 0x22);
+  assert_tb_ok(tbt_find_channel(w, CAM, &ci));
+  assert_false(ci.closed);
+  assert_int_equal(ci.latest_version, 4);
+  assert_int_equal(ci.leases, 2);
+  close(next);
+  close(latest);
+  cuda_producer_end(&prod, true, w);
+  tb_client_disconnect(w);
+}
+
+/* A lease taken before the producer died keeps working: its holder is
+ * told the channel closed, nobody else is granted the version, the
+ * release succeeds, and then the version and its buffer are freed (the
+ * holder hears the buffer retire). */
+static void test_cuda_lease_outlives_producer(void **state) {
+  const struct tbt_daemon *d = *state;
+  struct cuda_prod cp = {.d = d, .versions = 3, .tag = 0x11};
+  Tensorbroker__V1__Acquire aq = TENSORBROKER__V1__ACQUIRE__INIT;
+  Tensorbroker__V1__Release rl = TENSORBROKER__V1__RELEASE__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  struct tbt_child prod;
+  struct tb_channel_info ci;
+  struct tb_status st;
+  tb__server_message *m;
+  tb_client *w;
+  uint64_t lease, bid;
+  int fd;
+
+  assert_tb_ok(tbt_connect(d, "watcher", &w));
+  assert_tb_ok(tb_subscribe(w, CAM));
+  assert_int_equal(cuda_producer_start(&prod, &cp), 3);
+  fd = raw_connect(d);
+  raw_hello_as(fd, false, true);
+  aq.channel = CAM;
+  aq.mode = TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT;
+  aq.version = 3;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
+  r.acquire = &aq;
+  m = raw_ok(fd, &r, 2);
+  lease = m->reply->acquire->lease_id;
+  bid = m->reply->acquire->buffer->buffer_id;
+  tb__server_message_free(m);
+
+  cuda_producer_end(&prod, false, w);
+  m = raw_recv(fd); /* the lease holder is told too */
+  assert_non_null(m);
+  assert_int_equal(m->body_case,
+                   TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE);
+  assert_int_equal(m->notice->body_case,
+                   TENSORBROKER__V1__NOTICE__BODY_CHANNEL_CLOSED);
+  tb__server_message_free(m);
+  assert_tb_ok(tbt_find_channel(w, CAM, &ci));
+  assert_int_equal(ci.versions_held, 1); /* the leased one, only */
+  assert_int_equal(ci.leases, 1);
+  assert_tb_ok(tb_daemon_status(w, &st));
+  assert_int_equal(st.buffers, 1);
+  {
+    struct tb_acquire_options o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+    DLManagedTensorVersioned *t = NULL;
+    assert_tb_err(tb_acquire(w, CAM, &o, &t), TB_ECLOSED);
+  }
+
+  rl.lease_id = lease;
+  rl.want_reply = true;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
+  r.release = &rl;
+  r.request_id = 3;
+  raw_send_req(fd, &r);
+  m = raw_recv(fd); /* the buffer goes with the version, before the reply */
+  assert_non_null(m);
+  assert_int_equal(m->body_case,
+                   TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE);
+  assert_int_equal(m->notice->body_case,
+                   TENSORBROKER__V1__NOTICE__BODY_BUFFER_RETIRED);
+  assert_int_equal(m->notice->buffer_retired->buffer_id, bid);
+  tb__server_message_free(m);
+  m = raw_recv(fd);
+  assert_non_null(m);
+  assert_int_equal(m->body_case, TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY);
+  assert_int_equal(m->reply->request_id, 3);
+  assert_int_equal(m->reply->status, 0);
+  tb__server_message_free(m);
+  assert_tb_ok(tbt_find_channel(w, CAM, &ci));
+  assert_int_equal(ci.versions_held, 0);
+  assert_int_equal(ci.leases, 0);
+  assert_tb_ok(tb_daemon_status(w, &st));
+  assert_int_equal(st.buffers, 0);
+  assert_int_equal(st.leases, 0);
+  close(fd);
+  tb_client_disconnect(w);
 }
 
 /* ---- the daemon killed ---- */
@@ -422,6 +731,14 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_producer_closes, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_forked_child_disconnects, tbt_setup,
                                       tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_cuda_producer_exits, tbt_setup,
+                                      tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_cuda_producer_killed, tbt_setup,
+                                      tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_cuda_producer_restarts, tbt_setup,
+                                      tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_cuda_lease_outlives_producer,
+                                      tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_sigterm, tbt_setup, tbt_teardown),
   };

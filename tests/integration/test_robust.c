@@ -3,83 +3,13 @@
  * else. After each abuse a normal client makes a full round trip. */
 #include "tb_test.h"
 
-#include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <stdbool.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
+#include <unistd.h>
 
 #include "harness.h"
-#include "tb_proto.h"
-#include "fake_cuda.h"
-
-static int raw_connect(const struct tbt_daemon *d) {
-  struct sockaddr_un a;
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-
-  assert_true(fd >= 0);
-  memset(&a, 0, sizeof(a));
-  a.sun_family = AF_UNIX;
-  snprintf(a.sun_path, sizeof(a.sun_path), "%s", d->sock);
-  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-  return fd;
-}
-
-static void raw_send_req(int fd, tb__request *r) {
-  uint8_t buf[4096];
-  long n = tb__request_encode(r, buf, sizeof(buf));
-  assert_tb_ok(n);
-  assert_int_equal(tb__wire_send(fd, buf, (size_t)n, NULL, 0, 0), 0);
-}
-
-/* Read one server message (bounded); NULL at end of stream. */
-static tb__server_message *raw_recv(int fd) {
-  static uint8_t buf[TB__MAX_MESSAGE_HARD];
-  struct pollfd p = {.fd = fd, .events = POLLIN};
-  int fds[TB__MAX_FDS], nfds = 0;
-  tb__server_message *m = NULL;
-  long n;
-
-  assert_int_equal(poll(&p, 1, TBT_TIMEOUT_MS), 1);
-  n = tb__wire_recv(fd, buf, sizeof(buf), fds, &nfds, 0);
-  if (n == 0 || n == -ECONNRESET)
-    return NULL;
-  assert_tb_ok(n);
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
-  assert_tb_ok(tb__server_message_decode(buf, (size_t)n, &m));
-  return m;
-}
-
-/* Hello; says_goodbye as Hello.says_goodbye, cuda: it can map CUDA memory */
-static void raw_hello_as(int fd, bool says_goodbye, bool cuda) {
-  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
-  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  tb__server_message *m;
-
-  h.protocol_version = 1;
-  h.client_name = "raw";
-  h.says_goodbye = says_goodbye;
-  if (cuda)
-    h.memory_kinds =
-        1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
-  r.request_id = 1;
-  r.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
-  r.hello = &h;
-  raw_send_req(fd, &r);
-  m = raw_recv(fd);
-  assert_non_null(m);
-  assert_int_equal(m->body_case, TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY);
-  assert_int_equal(m->reply->status, 0);
-  assert_true(m->reply->request_id == 1);
-  assert_int_equal(m->reply->body_case, TENSORBROKER__V1__REPLY__BODY_HELLO);
-  assert_true(m->reply->hello->session_id != 0);
-  tb__server_message_free(m);
-}
-
-static void raw_hello(int fd) { raw_hello_as(fd, false, false); }
+#include "raw_wire.h"
 
 /* After a protocol error: at most one Reply{TB_EPROTO}, then end of stream. */
 static void expect_closed_with_eproto(int fd) {
@@ -320,65 +250,6 @@ static void test_never_reads(void **state) {
   close(fd);
   assert_tb_ok(tb_buffer_destroy(b));
   tb_client_disconnect(p);
-}
-
-
-/* A raw request that must succeed; returns its reply (caller frees),
- * skipping the notices that come before it. */
-static tb__server_message *raw_ok(int fd, tb__request *r, uint64_t id) {
-  tb__server_message *m;
-
-  r->request_id = id;
-  raw_send_req(fd, r);
-  while ((m = raw_recv(fd)) != NULL &&
-         m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE)
-    tb__server_message_free(m);
-  assert_non_null(m);
-  assert_int_equal(m->body_case, TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY);
-  assert_int_equal(m->reply->status, 0);
-  assert_true(m->reply->request_id == id);
-  return m;
-}
-
-static uint64_t raw_cuda_buffer(int fd, uint64_t id, uint8_t tag) {
-  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  struct tbt_fake_cuda f;
-  tb__server_message *m;
-  uint64_t bid;
-
-  tbt_fake_cuda_init(&f, tag);
-  r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
-  r.buffer_register = &f.reg;
-  m = raw_ok(fd, &r, id);
-  bid = m->reply->buffer_register->buffer_id;
-  tb__server_message_free(m);
-  return bid;
-}
-
-/* Publish a float32[16] CUDA tensor in buffer bid; ready: its ready event
- * (0: none), published as not complete. */
-static void raw_publish(int fd, uint64_t id, const char *ch, uint64_t bid,
-                        uint64_t ready) {
-  Tensorbroker__V1__Publish p = TENSORBROKER__V1__PUBLISH__INIT;
-  Tensorbroker__V1__Layout l = TENSORBROKER__V1__LAYOUT__INIT;
-  Tensorbroker__V1__Device d = TENSORBROKER__V1__DEVICE__INIT;
-  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  int64_t shape[1] = {16};
-
-  p.channel = (char *)ch;
-  p.buffer_id = bid;
-  p.layout = &l;
-  p.ready_event_id = ready;
-  l.device = &d;
-  d.type = kDLCUDA;
-  l.dtype_code = kDLFloat;
-  l.dtype_bits = 32;
-  l.dtype_lanes = 1;
-  l.shape = shape;
-  l.n_shape = 1;
-  r.body_case = TENSORBROKER__V1__REQUEST__BODY_PUBLISH;
-  r.publish = &p;
-  tb__server_message_free(raw_ok(fd, &r, id));
 }
 
 /* Opening ahead without a GPU: a CUDA buffer arrives in the new-version
