@@ -364,8 +364,11 @@ TB_EXPORT void tb_acquire_options_init(struct tb_acquire_options *opts);
  *
  * opts may be NULL. Errors: TB_ETIMEDOUT, TB_EAGAIN (timeout
  * 0 and nothing there), TB_ENOTFOUND (EXACT version gone, or no such channel
- * with timeout 0), TB_ECLOSED (the producer left and no version matches),
- * TB_ELIMIT (too many leases). */
+ * with timeout 0), TB_ECLOSED (the channel's producer is gone and no version
+ * that may still be granted matches: at once with timeout 0, else when the
+ * timeout runs out, since a new producer may take the channel over and carry
+ * on its numbering meanwhile; or EXACT of a version whose CUDA IPC memory
+ * died with its producer), TB_ELIMIT (too many leases). */
 TB_EXPORT int tb_acquire(tb_client *c, const char *channel,
                          const struct tb_acquire_options *opts,
                          DLManagedTensorVersioned **out);
