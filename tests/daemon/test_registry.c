@@ -1025,6 +1025,15 @@ static void test_cuda_producer_restarts(void **state) {
                       "that can be granted");
   fake_now += 100; /* within every timeout */
   tbd_registry_expire(r);
+  /* a waiter that goes away while it waits takes only its wait along */
+  {
+    struct tbd_session *gone = session(r, 15);
+    assert_int_equal(acquire_ex(r, gone, "g", LATEST, 0, -1, NULL, NULL),
+                     PARKED);
+    assert_int_equal(counts(r).waits, 4);
+    tbd_session_close(r, gone);
+    assert_int_equal(counts(r).waits, 3);
+  }
 
   assert_tb_ok(tbd_session_open(r, 14, 1000, 1000, NULL, &p2));
   assert_tb_ok(hello(r, p2, "restarted"));
