@@ -222,7 +222,8 @@ int main(int argc, char **argv) {
     prev = NULL;
     rc = tb_acquire(c, channel, &ao, &m);
     if (rc == TB_ECLOSED)
-      break; /* the producer left and we have seen everything it kept */
+      break; /* the producer left, none came back within the timeout, and
+              * we have seen everything it kept */
     if (rc < 0) {
       char msg[256] = "";
       tb_client_last_error(c, msg, sizeof(msg));

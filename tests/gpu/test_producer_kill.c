@@ -1,8 +1,8 @@
 /* GPU: a producer SIGKILLed while a consumer holds its version. The
  * consumer must get ChannelClosed, its tensor must stay readable until it
  * releases it (CUDA keeps the mapping; measured, though CUDA calls it
- * undefined), a waiting acquire must fail with TB_ECLOSED, and the
- * release must still succeed.
+ * undefined), an acquire of anything newer must fail with TB_ECLOSED
+ * (no producer), and the release must still succeed.
  *
  * producer_kill_pending: the producer is killed while the kernel that
  * writes the version still runs, after a consumer's stream was made to
@@ -69,8 +69,17 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   if (tbg_count(&g, tbg_tensor_ptr(t, N), 31, N, s) != 0)
     TBG_FAIL("the leased tensor no longer reads correctly after the "
              "producer died");
-  TBG_RC(c, tbg_acquire(c, "gpu/pkill", TB_ACQUIRE_NEXT, v1, s, &t2),
-         TB_ECLOSED);
+  {
+    /* no producer, and nothing newer: TB_ECLOSED at once with timeout 0
+     * (a longer timeout waits that long for a new producer) */
+    struct tb_acquire_options o;
+    tb_acquire_options_init(&o);
+    o.mode = TB_ACQUIRE_NEXT;
+    o.version = v1;
+    o.timeout_ms = 0;
+    o.stream = s;
+    TBG_RC(c, tb_acquire(c, "gpu/pkill", &o, &t2), TB_ECLOSED);
+  }
   TBG_OK(c, tb_release(t, s));
   struct tb_status st;
   TBG_OK(c, tb_daemon_status(c, &st));
