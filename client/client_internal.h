@@ -330,7 +330,6 @@ int tb__cuda_map_open(struct tb_client *c,
 struct tb__lease_stream {
   void *stream;         /* tb_cu_stream: legacy, per-thread or a CUstream */
   void *ctx;            /* tb_cu_context the stream runs in */
-  unsigned long long id; /* a CUstream's cuStreamGetId when declared */
   int device;           /* the context's device ordinal */
   pthread_t thread;     /* per-thread default stream: whose it is */
 };
@@ -401,10 +400,9 @@ int tb__cuda_acquire(struct tb_client *c, struct tb__map *m,
  * of the library's that waits for each). Writes the registered event id, 0
  * when there is nothing to wait for (no stream declared, or all idle).
  * TB__LEASE_LATER when a remembered stream is capturing a graph (nothing
- * can be recorded after its real work until the capture ends) or a
- * destroyed stream's context could not be synchronised: the caller keeps
- * the lease and asks again later, with stream NULL. Other errors: the
- * lease ends without a done event. Caller holds k->lock. */
+ * can be recorded after its real work until the capture ends): the caller
+ * keeps the lease and asks again later, with stream NULL. Other errors:
+ * the lease ends without a done event. Caller holds k->lock. */
 #define TB__LEASE_LATER 1
 int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
                               void *stream, uint64_t *done_event_id,

@@ -117,7 +117,6 @@ static const struct tb_cuda_sym tb_cuda_syms[] = {
     SYM1(cuMemcpyPeerAsync),
     SYM1(cuMemAllocAsync),
     SYM1(cuMemFreeAsync),
-    SYM1(cuStreamGetId),
 };
 
 static pthread_once_t tb_cuda_once = PTHREAD_ONCE_INIT;

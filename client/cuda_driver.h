@@ -155,9 +155,6 @@ struct tb_cuda {
   tb_cu_result (*cuMemAllocAsync)(tb_cu_deviceptr *p, size_t size,
                                   tb_cu_stream s);
   tb_cu_result (*cuMemFreeAsync)(tb_cu_deviceptr p, tb_cu_stream s);
-  /* Stream-true lease ends (a lease's streams are told apart by id, so a
-   * destroyed stream whose handle was reused is not mistaken for it). */
-  tb_cu_result (*cuStreamGetId)(tb_cu_stream s, unsigned long long *id);
 };
 
 /* Load and initialise the driver once per process (thread-safe). On success

@@ -1103,48 +1103,29 @@ int tb__cuda_capturing(const struct tb__cuda_stream *s, const char *what,
 /* ---- streams a lease remembers ------------------------------------------ */
 
 int tb__cuda_stream_ident(const struct tb__cuda_stream *s, tb_cu_context *ctx,
-                          int *device, unsigned long long *id, char *why,
-                          size_t whylen) {
+                          int *device, char *why, size_t whylen) {
   const struct tb_cuda *cu;
   struct tb_ctx_saved saved;
   tb_cu_context cur = NULL;
   tb_cu_device d;
   tb_cu_result r;
-  unsigned long long sid = 0;
   int rc;
 
+  /* No cuStreamGetId: on a capturing stream the driver refuses it and
+   * invalidates the capture (measured on the H200), and on a destroyed
+   * one it crashed. */
   rc = tb_stream_enter(s, NULL, &cu, &saved, why, whylen);
   if (rc != 0)
     return rc;
   r = cu->cuCtxGetCurrent(&cur);
   if (r == 0)
     r = cu->cuCtxGetDevice(&d);
-  if (r == 0 && s->stream != TB_CU_STREAM_LEGACY &&
-      s->stream != TB_CU_STREAM_PER_THREAD)
-    r = cu->cuStreamGetId(s->stream, &sid);
   tb_ctx_leave(cu, &saved);
-  if (r != 0) {
-    tb_why(why, whylen, "cannot identify the stream: %s (not a live "
-           "CUstream?)", tb__cuda_err_name(r));
-    return TB_ESTREAM;
-  }
+  if (r != 0)
+    return tb_cu_fail(why, whylen, "identifying the stream's device", r);
   *ctx = cur;
   *device = d;
-  *id = sid;
   return 0;
-}
-
-int tb__cuda_stream_alive(tb_cu_stream s, unsigned long long id) {
-  const struct tb_cuda *cu;
-  unsigned long long now = 0;
-
-  if (s == TB_CU_STREAM_LEGACY || s == TB_CU_STREAM_PER_THREAD)
-    return 1;
-  if (tb__cuda_load(&cu) != 0)
-    return 0;
-  /* A destroyed stream's handle is refused (CUDA_ERROR_INVALID_HANDLE) or,
-   * if the driver reused it, names a stream with another id. */
-  return cu->cuStreamGetId(s, &now) == 0 && now == id;
 }
 
 int tb__cuda_stream_create(tb_cu_context ctx, tb_cu_stream *out, char *why,
@@ -1196,23 +1177,6 @@ int tb__cuda_plain_event_create(tb_cu_context ctx, tb_cu_event *out,
   tb_relaxed_leave(cu, mode);
   tb_ctx_leave(cu, &saved);
   return r == 0 ? 0 : tb_cu_fail(why, whylen, "cuEventCreate", r);
-}
-
-int tb__cuda_ctx_synchronize(tb_cu_context ctx, char *why, size_t whylen) {
-  const struct tb_cuda *cu;
-  struct tb_ctx_saved saved;
-  tb_cu_result r;
-  int rc;
-
-  rc = tb_cu_get(&cu, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
-  if (rc != 0)
-    return rc;
-  r = cu->cuCtxSynchronize();
-  tb_ctx_leave(cu, &saved);
-  return r == 0 ? 0 : tb_cu_fail(why, whylen, "cuCtxSynchronize", r);
 }
 
 int tb__cuda_copy_peer(const struct tb__cuda_stream *s, tb_cu_deviceptr src,

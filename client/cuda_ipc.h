@@ -112,17 +112,11 @@ int tb__cuda_wait(const struct tb__cuda_stream *s, tb_cu_event ev, char *why,
 /* ---- streams a lease remembers (docs/cuda.md, "When a lease ends") ---- */
 
 /* Identify a resolved stream (not no_sync) for later use from any thread:
- * its context (the default streams: the current one, which must exist),
- * that context's device ordinal, and a CUstream's id (cuStreamGetId; 0 for
- * the default streams). */
+ * its context (the default streams: the current one, which must exist) and
+ * that context's device ordinal. Allowed while s captures (no call here
+ * touches the capture). */
 int tb__cuda_stream_ident(const struct tb__cuda_stream *s, tb_cu_context *ctx,
-                          int *device, unsigned long long *id, char *why,
-                          size_t whylen);
-
-/* 1 when the CUstream s is still the stream whose id was id; 0 when it was
- * destroyed (or its handle now names another stream). The default streams:
- * always 1. */
-int tb__cuda_stream_alive(tb_cu_stream s, unsigned long long id);
+                          int *device, char *why, size_t whylen);
 
 /* A non-blocking stream, and a plain event (timing disabled), created in
  * ctx; and their destruction (either may be NULL). */
@@ -131,11 +125,6 @@ int tb__cuda_stream_create(tb_cu_context ctx, tb_cu_stream *out, char *why,
 void tb__cuda_stream_destroy(tb_cu_stream s);
 int tb__cuda_plain_event_create(tb_cu_context ctx, tb_cu_event *out,
                                 char *why, size_t whylen);
-
-/* Wait on the host until all work of ctx has finished (cuCtxSynchronize),
- * for a stream that was destroyed with work perhaps still queued: nothing
- * else can order after that work. */
-int tb__cuda_ctx_synchronize(tb_cu_context ctx, char *why, size_t whylen);
 
 /* ---- cross-GPU exchange (docs/cuda.md, "Cross-GPU exchange") ---------- */
 

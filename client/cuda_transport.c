@@ -953,7 +953,7 @@ static int lease_stream_add(struct tb__cuda_acq *a,
   if (s->no_sync)
     return 0;
   memset(&e, 0, sizeof(e));
-  rc = tb__cuda_stream_ident(s, &ctx, &e.device, &e.id, why, whylen);
+  rc = tb__cuda_stream_ident(s, &ctx, &e.device, why, whylen);
   if (rc < 0)
     return rc;
   e.stream = s->stream;
@@ -961,7 +961,7 @@ static int lease_stream_add(struct tb__cuda_acq *a,
   e.thread = pthread_self();
   for (unsigned i = 0; i < a->n_streams; i++) {
     const struct tb__lease_stream *o = &a->streams[i];
-    if (o->stream == e.stream && o->ctx == e.ctx && o->id == e.id &&
+    if (o->stream == e.stream && o->ctx == e.ctx &&
         (e.stream != TB_CU_STREAM_PER_THREAD ||
          pthread_equal(o->thread, e.thread)))
       return 0;
@@ -1292,12 +1292,11 @@ static int join_ev_get_locked(struct tb__cuda_conn *cc, tb_cu_context ctx,
 
 /* Where the end of a lease is ordered: the one stream it remembers (when
  * it runs on the done event's device), or the join stream of that device
- * after it waited for every remembered stream. Streams destroyed since
- * they were declared cannot be recorded on: their context is synchronised
- * on the host instead, once, and they are forgotten. *target is no_sync
- * when nothing is left to order after. TB__LEASE_LATER when a stream
- * captures (or the legacy stream cannot be touched because one does), or
- * a synchronisation failed. Caller holds k->lock. */
+ * after it waited for every remembered stream. *target is no_sync when
+ * nothing is remembered. TB__LEASE_LATER when a stream captures (or the
+ * legacy stream cannot be touched because one does). The streams must
+ * still exist: CUDA cannot tell a destroyed stream's handle from a live
+ * one (docs/cuda.md, "When a lease ends"). Caller holds k->lock. */
 static int lease_target_locked(struct tb__conn *k, struct tb__cuda_acq *a,
                                struct tb__cuda_stream *target, char *why,
                                size_t whylen) {
@@ -1309,23 +1308,11 @@ static int lease_target_locked(struct tb__conn *k, struct tb__cuda_acq *a,
   target->no_sync = 1;
   for (i = 0; i < a->n_streams; i++) {
     struct tb__cuda_stream s = lease_stream_of(&a->streams[i]);
-    if (!tb__cuda_stream_alive(s.stream, a->streams[i].id))
-      continue; /* synchronised below, once every live one can be used */
     /* Nothing records after a capturing stream's real work until the
      * capture ends: an event recorded into the capture would mark the
      * graph's future launches, not the reads already queued. */
     if (tb__cuda_capturing(&s, "recording the done event", why, whylen) != 0)
       return TB__LEASE_LATER;
-  }
-  for (i = 0; i < a->n_streams;) {
-    struct tb__lease_stream *e = &a->streams[i];
-    if (tb__cuda_stream_alive((tb_cu_stream)e->stream, e->id)) {
-      i++;
-      continue;
-    }
-    if (tb__cuda_ctx_synchronize((tb_cu_context)e->ctx, why, whylen) < 0)
-      return TB__LEASE_LATER;
-    a->streams[i] = a->streams[--a->n_streams];
   }
   if (a->n_streams == 0)
     return 0;

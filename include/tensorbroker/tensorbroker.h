@@ -397,10 +397,10 @@ TB_EXPORT int tb_acquire(tb_client *c, const char *channel,
  *    tb_client_disconnect) that finds no remembered stream capturing. The
  *    capture is never touched. A graph that reads the tensor must be
  *    launched before the lease ends, on a stream the lease remembers.
- *  - A remembered stream was destroyed before the lease ended: the library
- *    cannot record on it, so it waits on the host for its context's work
- *    (cuCtxSynchronize) before ending the lease. Correct, but it blocks:
- *    destroy streams after the leases they read have ended.
+ *  - The streams a lease remembers must outlive it: the library records on
+ *    them when the lease ends, and CUDA cannot tell a destroyed stream's
+ *    handle from a live one (on the H200 the driver crashed on one).
+ *    Destroy a stream only after the leases it read have ended.
  *  - tb_client_disconnect(): every lease still held ends as above, and the
  *    tensors stay mapped, but the producer may then rewrite them.
  */

@@ -232,8 +232,6 @@ CHECK(cuMemAllocAsync, cuMemAllocAsync, S_allocasync,
       CU(CUdeviceptr, CUstream), TB(tb_cu_deviceptr, tb_cu_stream));
 CHECK(cuMemFreeAsync, cuMemFreeAsync, S_vv, CU(CUdeviceptr, CUstream),
       TB(tb_cu_deviceptr, tb_cu_stream));
-CHECK(cuStreamGetId, cuStreamGetId, S_vv, CU(CUstream, unsigned long long *),
-      TB(tb_cu_stream, unsigned long long *));
 
 /* cuGetProcAddress_v2, which cuda_driver.c declares privately. */
 _Static_assert(IS(__typeof__(&cuGetProcAddress_v2),

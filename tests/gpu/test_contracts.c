@@ -104,6 +104,11 @@ static int consumer(struct tbt_chan *ch, void *arg) {
     bad = tbg_count(&g, tbg_tensor_ptr(t, N), val, N, mine);
     if (bad != 0)
       TBG_FAIL("explicit: %u words wrong on the passed stream", bad);
+    /* NULL: the stream the lease remembers (mine), not the contract */
+    TBG_OK(c, tb_release(t, NULL));
+    /* a lease that remembers no stream has nothing for NULL to mean */
+    TBG_OK(c, tbg_acquire(c, "gpu/contracts", TB_ACQUIRE_EXACT, ver,
+                          TB_STREAM_NO_SYNC, &t));
     TBG_RC(c, tb_release(t, NULL), TB_ESTREAM);
     break;
   }

@@ -374,21 +374,6 @@ static void capturing_at_end(void **state) {
   assert_int_equal(fk->log_count(body), 1);
 }
 
-/* The stream was destroyed before the lease ended: nothing is recorded on
- * it; the library waits for its context instead. */
-static void destroyed_stream(void **state) {
-  (void)state;
-  tb_cu_stream s = new_stream();
-  uint64_t v = publish();
-  DLManagedTensorVersioned *t = acquire(v, s);
-  assert_int_equal(cu->cuStreamDestroy(s), 0);
-  fk->log_clear();
-  t->deleter(t);
-  assert_int_equal(done_records(), 0);
-  assert_int_equal(fk->log_count("ctx-synchronize"), 1);
-  producer_reuses(v, 0);
-}
-
 /* Disconnect with a lease held: its done event is recorded on its stream
  * before the session ends; the deleter afterwards records nothing. */
 static void disconnect_with_lease(void **state) {
@@ -461,7 +446,6 @@ int main(void) {
       cmocka_unit_test(no_stream_declared),
       cmocka_unit_test(deleter_without_streams),
       cmocka_unit_test(capturing_at_end),
-      cmocka_unit_test(destroyed_stream),
       cmocka_unit_test(disconnect_with_lease),
       cmocka_unit_test(too_many_streams),
   };
