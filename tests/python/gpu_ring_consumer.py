@@ -180,6 +180,17 @@ class TorchReleaseStream(TorchSide):
     def __init__(self, args):
         super().__init__(args)
         self.x_prev = None
+        self.evs = []
+
+    def throttle(self, ev):
+        # Three frames in flight, not two: x is dropped one frame late, and
+        # its read must still be queued then (measured on the H200: with two
+        # in flight the read had always finished by the time x went, so the
+        # variant passed with the old library too, which ended this lease on
+        # the legacy stream).
+        self.evs.append(ev)
+        if len(self.evs) > 2:
+            self.evs.pop(0).synchronize()
 
     def frame(self, lease, f):
         torch = self.torch
@@ -313,16 +324,14 @@ class JaxVariant:
       the pointer with CreateViewOfDeviceBuffer(..., on_delete_callback,
       S): a definition event is recorded on S, and JAX's computations (on
       its compute stream) wait for it.
-    - The capsule's deleter is that on_delete_callback. It runs when the
-      last jax.Array on the buffer is freed on the host (here: `del x`),
-      through PjRtStreamExecutorBuffer::Delete() ->
-      Release(wait_for_operations_to_complete=false), which does not wait
-      for usage events on the compute stream. So the deleter can run while
-      the jnp kernels that read x are still queued on the compute stream,
-      and the only stream JAX ever declared is S, where none of those reads
-      run. (Newer XLA GPU clients may differ; this is what the code says.)
-    This variant therefore shows whether the lease's done event covers JAX's
-    reads; a failure here is a finding about JAX interop, not noise.
+    - The capsule's deleter is that on_delete_callback, run when the last
+      jax.Array on the buffer is freed (here: `del x`). Measured on the H200
+      (JAX with driver 580.159.04, 2026-12-04): it runs only once JAX's
+      reads have finished. The library of 368f7b2, which recorded the done
+      event on the legacy stream, also read 0 wrong frames in 1181, while
+      the same consumer without the producer's wait_free reads wrong ones
+      (test_ring_jax_control_without_wait_free). So JAX is safe whatever
+      stream the lease ends on; this variant checks that it stays so.
     """
 
     def __init__(self, args):
