@@ -1128,8 +1128,11 @@ int tb__cuda_stream_ident(const struct tb__cuda_stream *s, tb_cu_context *ctx,
   return 0;
 }
 
-int tb__cuda_stream_create(tb_cu_context ctx, tb_cu_stream *out, char *why,
-                           size_t whylen) {
+/* Create, in ctx, a non-blocking stream (stream not NULL) or else a plain
+ * event (timing disabled). Relaxed capture mode: allowed while the
+ * application captures a graph. */
+static int tb_create_in(tb_cu_context ctx, tb_cu_stream *stream,
+                        tb_cu_event *event, char *why, size_t whylen) {
   const struct tb_cuda *cu;
   struct tb_ctx_saved saved;
   tb_cu_result r;
@@ -1142,10 +1145,21 @@ int tb__cuda_stream_create(tb_cu_context ctx, tb_cu_stream *out, char *why,
   if (rc != 0)
     return rc;
   mode = tb_relaxed_enter(cu);
-  r = cu->cuStreamCreate(out, TB_CU_STREAM_NON_BLOCKING);
+  if (stream != NULL)
+    r = cu->cuStreamCreate(stream, TB_CU_STREAM_NON_BLOCKING);
+  else
+    r = cu->cuEventCreate(event, TB_CU_EVENT_DISABLE_TIMING);
   tb_relaxed_leave(cu, mode);
   tb_ctx_leave(cu, &saved);
-  return r == 0 ? 0 : tb_cu_fail(why, whylen, "cuStreamCreate", r);
+  if (r != 0)
+    return tb_cu_fail(why, whylen,
+                      stream != NULL ? "cuStreamCreate" : "cuEventCreate", r);
+  return 0;
+}
+
+int tb__cuda_stream_create(tb_cu_context ctx, tb_cu_stream *out, char *why,
+                           size_t whylen) {
+  return tb_create_in(ctx, out, NULL, why, whylen);
 }
 
 void tb__cuda_stream_destroy(tb_cu_stream s) {
@@ -1161,22 +1175,7 @@ void tb__cuda_stream_destroy(tb_cu_stream s) {
 
 int tb__cuda_plain_event_create(tb_cu_context ctx, tb_cu_event *out,
                                 char *why, size_t whylen) {
-  const struct tb_cuda *cu;
-  struct tb_ctx_saved saved;
-  tb_cu_result r;
-  int rc, mode;
-
-  rc = tb_cu_get(&cu, why, whylen);
-  if (rc != 0)
-    return rc;
-  rc = tb_ctx_enter(cu, ctx, &saved, why, whylen);
-  if (rc != 0)
-    return rc;
-  mode = tb_relaxed_enter(cu);
-  r = cu->cuEventCreate(out, TB_CU_EVENT_DISABLE_TIMING);
-  tb_relaxed_leave(cu, mode);
-  tb_ctx_leave(cu, &saved);
-  return r == 0 ? 0 : tb_cu_fail(why, whylen, "cuEventCreate", r);
+  return tb_create_in(ctx, NULL, out, why, whylen);
 }
 
 int tb__cuda_copy_peer(const struct tb__cuda_stream *s, tb_cu_deviceptr src,

@@ -752,12 +752,15 @@ FK_EXPORT CUresult cuDriverGetVersion(int *driverVersion) {
   return FK_SUCCESS;
 }
 
-FK_EXPORT CUresult cuGetErrorName(CUresult error, const char **pStr) {
+/* The name (want_text 0) or text of a CUresult, as cuGetErrorName and
+ * cuGetErrorString give them. */
+static CUresult fk_error_lookup(CUresult error, int want_text,
+                                const char **pStr) {
   if (pStr == NULL)
     return FK_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < sizeof(fk_errors) / sizeof(fk_errors[0]); i++) {
     if (fk_errors[i].code == (int)error) {
-      *pStr = fk_errors[i].name;
+      *pStr = want_text ? fk_errors[i].text : fk_errors[i].name;
       return FK_SUCCESS;
     }
   }
@@ -765,17 +768,12 @@ FK_EXPORT CUresult cuGetErrorName(CUresult error, const char **pStr) {
   return FK_ERROR_INVALID_VALUE;
 }
 
+FK_EXPORT CUresult cuGetErrorName(CUresult error, const char **pStr) {
+  return fk_error_lookup(error, 0, pStr);
+}
+
 FK_EXPORT CUresult cuGetErrorString(CUresult error, const char **pStr) {
-  if (pStr == NULL)
-    return FK_ERROR_INVALID_VALUE;
-  for (size_t i = 0; i < sizeof(fk_errors) / sizeof(fk_errors[0]); i++) {
-    if (fk_errors[i].code == (int)error) {
-      *pStr = fk_errors[i].text;
-      return FK_SUCCESS;
-    }
-  }
-  *pStr = NULL;
-  return FK_ERROR_INVALID_VALUE;
+  return fk_error_lookup(error, 1, pStr);
 }
 
 /* ---- devices ------------------------------------------------------------ */
