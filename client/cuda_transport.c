@@ -46,7 +46,8 @@ struct tb__cuda_ev {
   int recorded;        /* ready events: recorded at least once */
 };
 
-/* Another process's event, opened once and kept (opening costs ~150 us). */
+/* Another process's event, opened once and kept (and a wait on it costs
+ * ~150 us even when it has completed: docs/cuda.md). */
 struct tb__cuda_open_ev {
   uint64_t event_id; /* key */
   tb_cu_event ev;
