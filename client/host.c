@@ -4,11 +4,17 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 #include <utlist.h>
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1; older C libraries lack it */
+#endif
 
 static int register_memfd(struct tb_client *c, int fd, size_t size,
                           unsigned flags, uint64_t *id) {
@@ -21,6 +27,38 @@ static int register_memfd(struct tb_client *c, int fd, size_t size,
   br.device = &dev;
   br.consumers_may_write = (flags & TB_BUFFER_CONSUMERS_MAY_WRITE) != 0;
   return tb__buffer_register(c, &br, fd, id);
+}
+
+/* Seal fd, which this process has mapped read-write already. Shrinking
+ * and growing are sealed so that no one (producer included) can change the
+ * size under a consumer's mapping: a SIGBUS on read is not an error we can
+ * report. Unless consumers may write, F_SEAL_FUTURE_WRITE too: from now on
+ * the kernel refuses every new writable shared mapping, write() and hole
+ * punch on this inode, through any descriptor (a consumer's re-open through
+ * /proc included), and read-only mappings made from now on cannot be
+ * mprotect()ed writable; our own mapping, made before, stays writable. The
+ * daemon refuses a read-only buffer without these seals
+ * (docs/memory-access.md). */
+static int seal_memfd(struct tb_client *c, int fd, unsigned flags) {
+  int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  struct utsname u;
+
+  if (!(flags & TB_BUFFER_CONSUMERS_MAY_WRITE))
+    seals |= F_SEAL_FUTURE_WRITE;
+  if (fcntl(fd, F_ADD_SEALS, seals) == 0)
+    return 0;
+  if (errno == EINVAL && (seals & F_SEAL_FUTURE_WRITE)) {
+    /* kernels before 5.1 refuse seal bits they do not know with EINVAL */
+    if (uname(&u) < 0)
+      snprintf(u.release, sizeof(u.release), "unknown");
+    return tb__set_error(c, TB_ENOTSUP,
+                         "read-only host buffers need Linux 5.1 or newer "
+                         "(F_SEAL_FUTURE_WRITE); this kernel is %s "
+                         "(TB_BUFFER_CONSUMERS_MAY_WRITE buffers need no "
+                         "such seal, and consumers may write them)",
+                         u.release);
+  }
+  return tb__set_error(c, TB_ESYS, "F_ADD_SEALS: %s", strerror(errno));
 }
 
 int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,
@@ -54,17 +92,16 @@ int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,
                        "ftruncate(%zu): %s", size, strerror(errno));
     goto out_close;
   }
-  /* Sealed so that no one (producer included) can shrink the file under a
-   * consumer's mapping: a SIGBUS on read is not an error we can report. */
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-    rc = tb__set_error(c, TB_ESYS, "F_ADD_SEALS: %s", strerror(errno));
-    goto out_close;
-  }
+  /* mapped before sealing: F_SEAL_FUTURE_WRITE spares only mappings that
+   * exist when it is added */
   p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     rc = tb__set_error(c, TB_ENOMEM, "mmap(%zu): %s", size, strerror(errno));
     goto out_close;
   }
+  rc = seal_memfd(c, fd, flags);
+  if (rc < 0)
+    goto out_unmap;
   rc = register_memfd(c, fd, size, flags, &b->id);
   if (rc < 0)
     goto out_unmap;

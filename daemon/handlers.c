@@ -3,6 +3,7 @@
  * changes themselves are in registry.c. */
 #include "registry_impl.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,6 +14,10 @@
 #include <tensorbroker/tensorbroker.h>
 
 #include "log.h"
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1; older C libraries lack it */
+#endif
 
 #define BODY(x) TENSORBROKER__V1__REQUEST__BODY_##x
 
@@ -171,6 +176,58 @@ static int copy_device(const Tensorbroker__V1__Device *d, int32_t *type,
   return 0;
 }
 
+/* Why a HOST_MEMFD buffer's seals are not acceptable, or NULL. The kernel,
+ * not the producer's library, keeps consumers from writing a read-only
+ * buffer (docs/memory-access.md): it must be sealed against writes
+ * (F_SEAL_FUTURE_WRITE, which leaves the producer's earlier mapping
+ * writable), shrinking and growing. The daemon refuses rather than adding
+ * the seal itself: only the producer knows whether it has mapped the memfd
+ * yet (a mapping attempted after the seal is refused), a producer that
+ * added F_SEAL_SEAL cannot be sealed further anyway, and a seal cannot be
+ * taken back if the registration then fails. A buffer consumers may write
+ * must not be write-sealed, or their writable mappings would fail. */
+static const char *memfd_seals_bad(int seals, bool consumers_may_write) {
+  if (seals < 0 || !(seals & F_SEAL_SHRINK))
+    return "memfd is not sealed against shrinking (F_SEAL_SHRINK)";
+  if (consumers_may_write)
+    return seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)
+               ? "consumers may write this buffer but its memfd is sealed "
+                 "against writes (F_SEAL_WRITE or F_SEAL_FUTURE_WRITE)"
+               : NULL;
+  if (!(seals & F_SEAL_GROW))
+    return "read-only buffer: memfd is not sealed against growing "
+           "(F_SEAL_GROW)";
+  if (!(seals & F_SEAL_FUTURE_WRITE))
+    return "read-only buffer: memfd is not sealed against writes "
+           "(F_SEAL_FUTURE_WRITE, added after the producer maps it; Linux "
+           "5.1 or newer)";
+  return NULL;
+}
+
+/* A read-only file description of memfd fd (the daemon's own open of the
+ * inode), or -1. Consumers of a read-only buffer are sent this one, so that
+ * write(), fallocate() and writable shared mappings fail at the descriptor
+ * already. It is the second wall, not the first: a consumer can re-open it
+ * read-write through /proc/self/fd (memfds are created mode 0777), and
+ * only the seal stops that. fd passed F_GET_SEALS, so it is a memfd (shmem or
+ * hugetlbfs): this open cannot block, as one on a FUSE file could. */
+static int readonly_description(int fd) {
+  static bool warned;
+  char path[40];
+  int ro;
+
+  snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+  ro = open(path, O_RDONLY | O_CLOEXEC);
+  if (ro < 0 && !warned) {
+    warned = true;
+    tbd_warn("cannot re-open a memfd read-only through %s (%s): read-only "
+             "buffers go to consumers as the producer's read-write "
+             "description, guarded by their seals alone",
+             path, strerror(errno));
+  }
+  return ro;
+}
+
 static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
                               uint64_t id,
                               const Tensorbroker__V1__BufferRegister *m,
@@ -180,6 +237,7 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
       TENSORBROKER__V1__BUFFER_REGISTER_REPLY__INIT;
   struct tbd_buffer *b;
   struct stat st;
+  const char *why;
   int seals, rc;
 
   if (m->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) {
@@ -199,10 +257,9 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
                                (long long)st.st_size,
                                (unsigned long long)m->size);
     seals = fcntl(fds[0], F_GET_SEALS);
-    if (seals < 0 || !(seals & F_SEAL_SHRINK))
-      return tbd__reply_status(r, s, id, TB_EINVAL,
-                               "memfd is not sealed against shrinking "
-                               "(F_SEAL_SHRINK)");
+    why = memfd_seals_bad(seals, m->consumers_may_write);
+    if (why != NULL)
+      return tbd__reply_status(r, s, id, TB_EINVAL, "%s", why);
   } else if (m->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
     if (nfds != 0)
       return proto_error(r, s, id, "CUDA_IPC BufferRegister with descriptors");
@@ -256,8 +313,13 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, rc, "out of memory");
   }
   if (nfds == 1) {
-    b->fd = fds[0]; /* the received descriptor is the daemon's own dup */
-    fds[0] = -1;
+    /* the received descriptor is the daemon's own dup; a read-only
+     * buffer's is replaced by a read-only one (closed with fds) */
+    b->fd = b->writable ? -1 : readonly_description(fds[0]);
+    if (b->fd < 0) {
+      b->fd = fds[0];
+      fds[0] = -1;
+    }
   }
   rep.request_id = id;
   rep.body_case = TENSORBROKER__V1__REPLY__BODY_BUFFER_REGISTER;

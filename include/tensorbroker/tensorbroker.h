@@ -197,7 +197,12 @@ typedef struct tb_buffer tb_buffer;
 /* Create a shareable host buffer of size bytes (a memfd, sealed against
  * shrinking and growing), map it read-write in this process and register it
  * with the daemon. The application writes tensors into tb_buffer_data() and
- * publishes them with tb_publish(). On success *out owns the buffer; free it
+ * publishes them with tb_publish(). Unless flags has
+ * TB_BUFFER_CONSUMERS_MAY_WRITE, the memfd is also sealed with
+ * F_SEAL_FUTURE_WRITE once mapped here, so that the kernel gives consumers
+ * no writable route to it while this mapping stays writable; that needs
+ * Linux 5.1 or newer (older kernels: TB_ENOTSUP, naming the kernel;
+ * docs/memory-access.md). On success *out owns the buffer; free it
  * with tb_buffer_destroy(). The buffer belongs to c and must be destroyed
  * before c is disconnected, or is destroyed with it. */
 TB_EXPORT int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,

@@ -26,6 +26,10 @@
 #include "fake_cuda.h"
 #include "tensorbroker/tensorbroker.h" /* TB_CONNECT_CHANNELS_MAX */
 
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1; older C libraries lack it */
+#endif
+
 typedef Tensorbroker__V1__Request req_t;
 typedef Tensorbroker__V1__ServerMessage msg_t;
 
@@ -289,18 +293,27 @@ static struct tbd_session *session(struct tbd_registry *r, pid_t pid) {
   return s;
 }
 
-static int memfd(size_t size, bool seal) {
+/* A memfd of size bytes with exactly these seals. */
+static int memfd_seals(size_t size, int seals) {
   int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 
   assert_true(fd >= 0);
   assert_int_equal(ftruncate(fd, (off_t)size), 0);
-  if (seal)
-    assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  if (seals != 0)
+    assert_int_equal(fcntl(fd, F_ADD_SEALS, seals), 0);
   return fd;
 }
 
-static int reg_buffer_fd(struct tbd_registry *r, struct tbd_session *s,
-                         uint64_t size, int fd, uint64_t *id) {
+/* seal: the seals the daemon wants of a read-only buffer (none otherwise) */
+static int memfd(size_t size, bool seal) {
+  return memfd_seals(size, seal ? F_SEAL_SHRINK | F_SEAL_GROW |
+                                      F_SEAL_FUTURE_WRITE
+                                : 0);
+}
+
+static int reg_buffer_fd_ex(struct tbd_registry *r, struct tbd_session *s,
+                            uint64_t size, int fd, bool may_write,
+                            uint64_t *id) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__BufferRegister b =
       TENSORBROKER__V1__BUFFER_REGISTER__INIT;
@@ -312,6 +325,7 @@ static int reg_buffer_fd(struct tbd_registry *r, struct tbd_session *s,
   q.buffer_register = &b;
   b.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
   b.size = size;
+  b.consumers_may_write = may_write;
   st = send_req(r, s, &q, fds, fd >= 0 ? 1 : 0, &c);
   if (st == 0) {
     *id = c->m->reply->buffer_register->buffer_id;
@@ -320,6 +334,11 @@ static int reg_buffer_fd(struct tbd_registry *r, struct tbd_session *s,
   if (st <= 0 && c != NULL)
     cap_free(c);
   return st;
+}
+
+static int reg_buffer_fd(struct tbd_registry *r, struct tbd_session *s,
+                         uint64_t size, int fd, uint64_t *id) {
+  return reg_buffer_fd_ex(r, s, size, fd, false, id);
 }
 
 static uint64_t buffer(struct tbd_registry *r, struct tbd_session *s) {
@@ -1560,6 +1579,51 @@ static void test_buffer_register_checks(void **state) {
   reg_free(r);
 }
 
+/* The kernel keeps consumers from writing a read-only buffer: its memfd
+ * must be sealed against writes, shrinking and growing, and consumers are
+ * sent a read-only description of it; a buffer consumers may write must
+ * not be write-sealed, and keeps the producer's read-write description. */
+static void test_buffer_register_seals(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10);
+  struct tbd_buffer *b;
+  uint64_t id;
+
+  (void)state;
+  assert_tb_err(reg_buffer_fd(r, p, 4096, memfd_seals(4096, F_SEAL_SHRINK),
+                              &id),
+                TB_EINVAL);
+  assert_non_null(strstr(last_message, "F_SEAL_GROW"));
+  assert_tb_err(reg_buffer_fd(r, p, 4096,
+                              memfd_seals(4096, F_SEAL_SHRINK | F_SEAL_GROW),
+                              &id),
+                TB_EINVAL);
+  assert_non_null(strstr(last_message, "F_SEAL_FUTURE_WRITE"));
+  assert_non_null(strstr(last_message, "Linux 5.1"));
+  assert_tb_err(reg_buffer_fd(r, p, 4096,
+                              memfd_seals(4096, F_SEAL_GROW |
+                                                    F_SEAL_FUTURE_WRITE),
+                              &id),
+                TB_EINVAL);
+  assert_non_null(strstr(last_message, "F_SEAL_SHRINK"));
+  assert_tb_err(reg_buffer_fd_ex(r, p, 4096, memfd(4096, true), true, &id),
+                TB_EINVAL);
+  assert_non_null(strstr(last_message, "sealed against writes"));
+  assert_int_equal(counts(r).buffers, 0);
+
+  assert_tb_ok(reg_buffer_fd(r, p, 4096, memfd(4096, true), &id));
+  HASH_FIND(hh, r->buffers, &id, sizeof(id), b);
+  assert_non_null(b);
+  assert_int_equal(fcntl(b->fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+  assert_tb_ok(reg_buffer_fd_ex(r, p, 4096, memfd_seals(4096, F_SEAL_SHRINK),
+                                true, &id));
+  HASH_FIND(hh, r->buffers, &id, sizeof(id), b);
+  assert_non_null(b);
+  assert_int_equal(fcntl(b->fd, F_GETFL) & O_ACCMODE, O_RDWR);
+  assert_int_equal(counts(r).buffers, 2);
+  reg_free(r);
+}
+
 static void test_wait_free(void **state) {
   struct tbd_registry *r = reg_new(NULL);
   struct tbd_session *p = session(r, 10), *c = session(r, 11);
@@ -1752,6 +1816,7 @@ int main(void) {
       T(test_alloc_failure_prefetch),
       T(test_limits),
       T(test_buffer_register_checks),
+      T(test_buffer_register_seals),
       T(test_wait_free),
       T(test_protocol_errors),
       T(test_alloc_failure_publish),

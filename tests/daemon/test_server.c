@@ -25,6 +25,10 @@
 
 #include "tb_proto.h"
 
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1; older C libraries lack it */
+#endif
+
 typedef Tensorbroker__V1__Request req_t;
 typedef Tensorbroker__V1__ServerMessage msg_t;
 
@@ -230,7 +234,10 @@ static uint64_t register_memfd(int fd, const char *text) {
   assert_true(p != MAP_FAILED);
   snprintf(p, 4096, "%s", text);
   munmap(p, 4096);
-  assert_int_equal(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  /* what the daemon wants of a read-only buffer */
+  assert_int_equal(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW |
+                                               F_SEAL_FUTURE_WRITE),
+                   0);
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
   q.buffer_register = &b;
   b.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;

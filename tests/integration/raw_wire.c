@@ -52,22 +52,33 @@ void raw_send_req(int fd, tb__request *r) {
   RAW_CHECK(tb__wire_send(fd, buf, (size_t)n, NULL, 0, 0) == 0);
 }
 
-tb__server_message *raw_recv(int fd) {
+tb__server_message *raw_recv_fds(int fd, int *keep, int max, int *nkept) {
   static uint8_t buf[TB__MAX_MESSAGE_HARD];
   struct pollfd p = {.fd = fd, .events = POLLIN};
   int fds[TB__MAX_FDS], nfds = 0;
   tb__server_message *m = NULL;
   long n;
 
+  *nkept = 0;
   RAW_CHECK(poll(&p, 1, TBT_TIMEOUT_MS) == 1);
   n = tb__wire_recv(fd, buf, sizeof(buf), fds, &nfds, 0);
   if (n == 0 || n == -ECONNRESET)
     return NULL;
   RAW_CHECK(n >= 0);
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
+  for (int i = 0; i < nfds; i++) {
+    if (i < max)
+      keep[(*nkept)++] = fds[i];
+    else
+      close(fds[i]);
+  }
   RAW_CHECK(tb__server_message_decode(buf, (size_t)n, &m) == 0);
   return m;
+}
+
+tb__server_message *raw_recv(int fd) {
+  int n;
+
+  return raw_recv_fds(fd, NULL, 0, &n);
 }
 
 bool raw_pending(int fd) {

@@ -26,6 +26,9 @@ void raw_send_req(int fd, tb__request *r);
 /* Read one server message (bounded by TBT_TIMEOUT_MS); NULL at end of
  * stream. Descriptors that came with it are closed. */
 tb__server_message *raw_recv(int fd);
+/* raw_recv that keeps the first max descriptors that came with the message
+ * in keep (*nkept of them; the caller closes them) and closes the rest. */
+tb__server_message *raw_recv_fds(int fd, int *keep, int max, int *nkept);
 /* Whether a datagram is waiting to be read now. */
 bool raw_pending(int fd);
 
