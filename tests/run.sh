@@ -14,7 +14,9 @@ ctest_jobs=${TB_CTEST_JOBS:-2}
 
 packages=(libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev
           libdlpack-dev uthash-dev libcjson-dev python3-numpy python3-dev
-          cmake gcc pkg-config)
+          cmake gcc pkg-config
+          scdoc python3-venv python3-setuptools python3-wheel
+          build-essential debhelper dh-python lintian adduser)
 
 install_missing() {
   local missing=() p
