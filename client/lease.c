@@ -357,13 +357,13 @@ static int build_tensor(struct tb_client *c,
   if (l == NULL)
     return tb__set_error(c, TB_ENOMEM, "out of memory for the tensor");
   t = &l->m.dl_tensor;
-  l->m.version.major = 1;
-  l->m.version.minor = 1;
+  l->m.version.major = TB_DLPACK_MAJOR_VERSION;
+  l->m.version.minor = TB_DLPACK_MINOR_VERSION;
   l->m.manager_ctx = l;
   l->m.deleter = tb__lease_deleter;
   l->m.flags = lay->flags;
   if (!map->writable && (cuda == NULL || cuda->copy == 0))
-    l->m.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+    l->m.flags |= TB_DLPACK_FLAG_BITMASK_READ_ONLY;
   l->conn = c->conn;
   l->map = map;
   l->buffer_id = map->buffer_id;
@@ -372,8 +372,8 @@ static int build_tensor(struct tb_client *c,
     l->cuda = *cuda;
   if (l->cuda.copy != 0) {
     /* our own writable copy on the consumer's device */
-    l->m.flags &= ~(uint64_t)DLPACK_FLAG_BITMASK_READ_ONLY;
-    l->m.flags |= DLPACK_FLAG_BITMASK_IS_COPIED;
+    l->m.flags &= ~(uint64_t)TB_DLPACK_FLAG_BITMASK_READ_ONLY;
+    l->m.flags |= TB_DLPACK_FLAG_BITMASK_IS_COPIED;
   }
   l->lease_id = ar->lease_id;
   l->version = ar->version;

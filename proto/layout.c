@@ -104,7 +104,8 @@ int tb__layout_extent(int32_t ndim, const int64_t *shape,
 
   /* Packed sub-byte elements have no byte address of their own: accept only
    * the compact layout, whose size is the bit count rounded up. */
-  packed = (elem_bits % 8) != 0 && !(flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
+  packed = (elem_bits % 8) != 0 &&
+           !(flags & TB_DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
   if (packed) {
     int64_t expect = 1, bits;
     if (strides != NULL) {

@@ -1,31 +1,46 @@
-/* DLPack for tensorbroker: the system's <dlpack/dlpack.h> plus the DLPack 1.x
- * pieces it may lack.
+/* DLPack for tensorbroker: the <dlpack/dlpack.h> the compiler finds, plus
+ * what tensorbroker needs from DLPack 1.x when that header is older.
  *
  * Debian 12 ships DLPack 0.6, which has DLTensor but not the versioned
- * managed tensor. Where the header is older than 1.0, the 1.x structures are
- * declared here exactly as the published ABI has them (dmlc/dlpack
- * include/dlpack/dlpack.h, v1.1), so that binaries built against either header
- * agree on the layout. */
+ * managed tensor this API hands out. Where the header found is older than
+ * 1.0, DLPackVersion and DLManagedTensorVersioned are declared here exactly
+ * as the published ABI has them (dmlc/dlpack include/dlpack/dlpack.h, v1.1),
+ * so that binaries built against either header agree on the layout, and
+ * TB_DLPACK_DECLARES_VERSIONED is defined (a user's own fallback
+ * declarations can test it).
+ *
+ * DLPack's macros are never defined here: DLPACK_MAJOR_VERSION stays
+ * undefined over a 0.6 header, so code that tests it does not go on to use
+ * what 0.6 lacks (kDLBool). What tensorbroker's API needs of them has its own
+ * name, defined whatever the header: TB_DLPACK_MAJOR_VERSION and
+ * TB_DLPACK_MINOR_VERSION, the version of the DLManagedTensorVersioned
+ * objects the library makes, and the flag bits TB_DLPACK_FLAG_BITMASK_*,
+ * the same values as DLPack's DLPACK_FLAG_BITMASK_*.
+ *
+ * A user's DLPack 1.x header, found as <dlpack/dlpack.h> (before the system
+ * one on the include path) or included before this one, is the one used:
+ * its types are then the ones in tensorbroker's API. */
 #ifndef TENSORBROKER_DLPACK_H
 #define TENSORBROKER_DLPACK_H
 
 #include <dlpack/dlpack.h>
 #include <stdint.h>
 
+#define TB_DLPACK_MAJOR_VERSION 1
+#define TB_DLPACK_MINOR_VERSION 1
+
+/* DLManagedTensorVersioned.flags bits (DLPack 1.0 and 1.1). */
+#define TB_DLPACK_FLAG_BITMASK_READ_ONLY (UINT64_C(1) << 0)
+#define TB_DLPACK_FLAG_BITMASK_IS_COPIED (UINT64_C(1) << 1)
+#define TB_DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED (UINT64_C(1) << 2)
+
 #if !defined(DLPACK_MAJOR_VERSION) || DLPACK_MAJOR_VERSION < 1
 #define TB_DLPACK_DECLARES_VERSIONED 1
-
-#define DLPACK_MAJOR_VERSION 1
-#define DLPACK_MINOR_VERSION 1
 
 typedef struct {
   uint32_t major;
   uint32_t minor;
 } DLPackVersion;
-
-#define DLPACK_FLAG_BITMASK_READ_ONLY (1UL << 0UL)
-#define DLPACK_FLAG_BITMASK_IS_COPIED (1UL << 1UL)
-#define DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED (1UL << 2UL)
 
 typedef struct DLManagedTensorVersioned {
   DLPackVersion version;
@@ -34,6 +49,18 @@ typedef struct DLManagedTensorVersioned {
   uint64_t flags;
   DLTensor dl_tensor;
 } DLManagedTensorVersioned;
+
+/* Only for code of this project's build not yet moved to the TB_ names
+ * (client/CMakeLists.txt sets it there, never for installed users): DLPack
+ * 1.x's own macro names, over a header that lacks them. */
+#if defined(TB_DLPACK_COMPAT_MACROS)
+#define DLPACK_MAJOR_VERSION TB_DLPACK_MAJOR_VERSION
+#define DLPACK_MINOR_VERSION TB_DLPACK_MINOR_VERSION
+#define DLPACK_FLAG_BITMASK_READ_ONLY TB_DLPACK_FLAG_BITMASK_READ_ONLY
+#define DLPACK_FLAG_BITMASK_IS_COPIED TB_DLPACK_FLAG_BITMASK_IS_COPIED
+#define DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED \
+  TB_DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
+#endif
 #endif
 
 /* Data type codes added after DLPack 0.6 (values from the 1.1 ABI). The

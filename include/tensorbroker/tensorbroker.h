@@ -40,10 +40,10 @@ extern "C" {
 #define TB_EXPORT
 #endif
 
-#define TB_VERSION_MAJOR 0
-#define TB_VERSION_MINOR 1
-#define TB_VERSION_PATCH 0
-#define TB_VERSION_STRING "0.1.0"
+/* TB_VERSION_MAJOR, TB_VERSION_MINOR, TB_VERSION_PATCH and
+ * TB_VERSION_STRING ("MAJOR.MINOR.PATCH"): the version of these headers,
+ * generated at build time from the source tree's VERSION file. */
+#include <tensorbroker/version.h>
 /* Wire protocol version spoken by this library (Hello.protocol_version). */
 #define TB_PROTOCOL_VERSION 1
 

@@ -71,8 +71,8 @@ static void check_host_tensor(DLManagedTensorVersioned *t) {
   for (uint32_t i = 0; i < NW; i++)
     assert_int_equal(w[i], 0xC0DE0000u + i);
   /* zero-copy, read-only: never flagged as a copy */
-  assert_true(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
-  assert_false(t->flags & DLPACK_FLAG_BITMASK_IS_COPIED);
+  assert_true(t->flags & TB_DLPACK_FLAG_BITMASK_READ_ONLY);
+  assert_false(t->flags & TB_DLPACK_FLAG_BITMASK_IS_COPIED);
 }
 
 static void defaults(void **state) {

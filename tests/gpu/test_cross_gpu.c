@@ -137,7 +137,7 @@ static int dir_consumer(struct tbt_chan *ch, void *arg) {
   if (t->dl_tensor.device.device_id != d->src)
     TBG_FAIL("peer-mapped tensor says device %d; the memory is on %d",
              (int)t->dl_tensor.device.device_id, d->src);
-  if (t->flags & DLPACK_FLAG_BITMASK_IS_COPIED)
+  if (t->flags & TB_DLPACK_FLAG_BITMASK_IS_COPIED)
     TBG_FAIL("peer mapping flagged as a copy");
   tb_cu_deviceptr p = tbg_tensor_ptr(t, N);
   use(&gd);
@@ -397,9 +397,9 @@ static int copy_consumer(struct tbt_chan *ch, void *arg) {
   uint64_t v = tbg_child_hear_version(ch);
   TBG_OK(c, tbg_acquire_on(c, "xgpu/copy", TB_ACQUIRE_EXACT, v, s1, 1,
                            TB_ACQUIRE_COPY_TO_DEVICE, &t));
-  if (!(t->flags & DLPACK_FLAG_BITMASK_IS_COPIED))
-    TBG_FAIL("copied tensor lacks DLPACK_FLAG_BITMASK_IS_COPIED");
-  if (t->flags & DLPACK_FLAG_BITMASK_READ_ONLY)
+  if (!(t->flags & TB_DLPACK_FLAG_BITMASK_IS_COPIED))
+    TBG_FAIL("copied tensor lacks TB_DLPACK_FLAG_BITMASK_IS_COPIED");
+  if (t->flags & TB_DLPACK_FLAG_BITMASK_READ_ONLY)
     TBG_FAIL("the consumer's own copy is flagged read-only");
   if (t->dl_tensor.device.device_id != 1)
     TBG_FAIL("copy says device %d, not the consumer's 1",
@@ -426,7 +426,7 @@ static int copy_consumer(struct tbt_chan *ch, void *arg) {
   use(&g0);
   TBG_OK(c, tbg_acquire_on(c, "xgpu/copy", TB_ACQUIRE_LATEST, 0, s0, 0,
                            TB_ACQUIRE_COPY_TO_DEVICE, &same));
-  if (same->flags & DLPACK_FLAG_BITMASK_IS_COPIED)
+  if (same->flags & TB_DLPACK_FLAG_BITMASK_IS_COPIED)
     TBG_FAIL("same-device acquire with the copy flag copied");
   if (same->dl_tensor.device.device_id != 0 ||
       ptr_device(&g0, tbg_tensor_ptr(same, N)) != 0)

@@ -48,13 +48,13 @@ static void check_tensor(const DLManagedTensorVersioned *t,
   int64_t cstr[4] = {0, 0, 0, 0}, idx[4] = {0, 0, 0, 0};
   size_t eb = (size_t)(d->dtype.bits * d->dtype.lanes + 7) / 8;
 
-  TBT_CHECK(t->version.major == DLPACK_MAJOR_VERSION);
+  TBT_CHECK(t->version.major == TB_DLPACK_MAJOR_VERSION);
   TBT_CHECK(d->device.device_type == kDLCPU);
   TBT_CHECK(d->ndim == e->ndim);
   TBT_CHECK(d->dtype.code == e->dtype.code);
   TBT_CHECK(d->dtype.bits == e->dtype.bits);
   TBT_CHECK(d->dtype.lanes == e->dtype.lanes);
-  TBT_CHECK(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+  TBT_CHECK(t->flags & TB_DLPACK_FLAG_BITMASK_READ_ONLY);
   for (int i = 0; i < e->ndim; i++)
     TBT_CHECK(d->shape[i] == e->shape[i]);
   /* strides: as sent, or NULL only when the tensor is compact */

@@ -195,7 +195,7 @@ static void test_writable_flag(void **state) {
   assert_tb_ok(tb_host_buffer_create(p, 4096, TB_BUFFER_CONSUMERS_MAY_WRITE, &b));
   publish_buf(p, b, "w", 3, &v);
   assert_tb_ok(tb_acquire(c, "w", &o, &t));
-  assert_false(t->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+  assert_false(t->flags & TB_DLPACK_FLAG_BITMASK_READ_ONLY);
   ((uint8_t *)t->dl_tensor.data)[0] = 0xee; /* mapped writable */
   assert_int_equal(((uint8_t *)tb_buffer_data(b))[0], 0xee); /* shared */
   assert_tb_ok(tb_release(t, NULL));

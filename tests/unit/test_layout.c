@@ -219,8 +219,8 @@ static void test_extent_subbyte(void **state) {
   extent_bad(2, s2, st_t, 4, 0, 0);
   /* padded sub-byte types take a byte each and may be strided:
    * last element 2*6 + 4 = 16 → 17 bytes */
-  extent_ok(2, s2, st_nc, 4, DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED, 0, 0,
-            17);
+  extent_ok(2, s2, st_nc, 4, TB_DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED, 0,
+            0, 17);
   {
     int64_t huge[1] = {INT64_MAX / 2};
     extent_bad(1, huge, NULL, 4, 0, 0); /* bits overflow */
