@@ -131,11 +131,7 @@ def native_extension():
         sources=["src/native.c"] + sources("client", {"tbctl.c"}) + sources("proto"),
         include_dirs=[os.path.join(ROOT, "include"), os.path.join(ROOT, "proto"),
                       os.path.join(ROOT, "client")] + [w[2:] for w in cflags],
-        # TB_DLPACK_COMPAT_MACROS: what CMake gives in-tree users of the
-        # library (client/CMakeLists.txt): DLPack 1.x's macro names over an
-        # older system <dlpack/dlpack.h>, which native.c still uses.
-        define_macros=[("_GNU_SOURCE", None), ("TB_BUILDING_LIBRARY", None),
-                       ("TB_DLPACK_COMPAT_MACROS", None)],
+        define_macros=[("_GNU_SOURCE", None), ("TB_BUILDING_LIBRARY", None)],
         extra_compile_args=["-std=c11", "-fvisibility=hidden"],
         extra_link_args=libs + ["-ldl", "-lpthread"],
         py_limited_api=True,

@@ -456,8 +456,8 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
     struct export_v *e = calloc(1, sizeof(*e) + extra);
     if (e == NULL)
       return PyErr_NoMemory();
-    e->t.version.major = DLPACK_MAJOR_VERSION;
-    e->t.version.minor = DLPACK_MINOR_VERSION;
+    e->t.version.major = TB_DLPACK_MAJOR_VERSION;
+    e->t.version.minor = TB_DLPACK_MINOR_VERSION;
     e->t.manager_ctx = e;
     e->t.deleter = export_v_deleter;
     e->t.flags = mt->flags;
@@ -653,7 +653,7 @@ static PyObject *lease_get_device(LeaseObject *self, void *c) {
 static PyObject *lease_get_read_only(LeaseObject *self, void *c) {
   if (lease_check(self) < 0)
     return NULL;
-  return PyBool_FromLong((self->core->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0);
+  return PyBool_FromLong((self->core->mt->flags & TB_DLPACK_FLAG_BITMASK_READ_ONLY) != 0);
 }
 static PyObject *lease_get_dtype(LeaseObject *self, void *c) {
   if (lease_check(self) < 0)
