@@ -6,8 +6,9 @@
 For each pair, runs `PROGRAM --help` and checks, against the scdoc source:
   - every option --help prints (-s, --socket, ...) appears in the page, and
     every option the page names is one --help prints;
-  - an option whose --help line gives "(default D, MIN..MAX)" says the same
-    default and range in its entry of the page;
+  - an option whose --help line gives "(default D, MIN..MAX)" has an entry
+    of its own in the page (a line starting *--option*, its text up to the
+    next such line) that says "default D" and "MIN..MAX";
   - the commands --help lists under "Commands:" are the page's COMMANDS.
 Prints every difference and exits 1 when there is one, else 0.
 """
@@ -92,6 +93,11 @@ def check(page, program):
             continue
         opt, default, limits = m.groups()
         text = entry(lines, opt)
+        if not text:
+            problems.append("%s: %s has a default and a range in --help, but no "
+                            "entry of its own in the page (a line starting *%s*) "
+                            "to say them in" % (name, opt, opt))
+            continue
         for want in ("default " + default, limits):
             if want not in text:
                 problems.append("%s: %s: --help says '%s', the page's entry "
