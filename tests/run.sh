@@ -3,9 +3,13 @@
 #  1. installs missing Debian packages (as root, or through sudo);
 #  2. builds with -Werror into build-ci and runs ctest;
 #  3. builds with ASan+UBSan into build-ci-asan and runs ctest again;
-#  4. prints "tests: N passed, N failed" and exits non-zero on any failure.
+#  4. builds with ThreadSanitizer into build-ci-tsan and runs the C tests;
+#  5. builds the libFuzzer targets with clang into build-ci-fuzz and runs
+#     each for TB_FUZZ_SECONDS under ASan+UBSan (docs/testing.md);
+#  6. prints "tests: N passed, N failed" and exits non-zero on any failure.
 # Environment: TB_JOBS (parallel build jobs, default: nproc),
-#              TB_CTEST_JOBS (parallel tests, default 2).
+#              TB_CTEST_JOBS (parallel tests, default 2),
+#              TB_FUZZ_SECONDS (per fuzz target, default 15; 0: skip 5).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,6 +19,7 @@ ctest_jobs=${TB_CTEST_JOBS:-2}
 packages=(libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev
           libdlpack-dev uthash-dev libcjson-dev python3-numpy python3-dev
           cmake gcc pkg-config
+          clang libclang-rt-14-dev # libFuzzer (Debian 12's clang is 14)
           scdoc python3-venv python3-setuptools python3-wheel
           build-essential debhelper dh-python lintian adduser)
 
@@ -120,6 +125,38 @@ if build "asan+ubsan" "$root/build-ci-asan" -DTB_WERROR=ON -DTB_SANITIZE=ON; the
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest "asan+ubsan python" "$root/build-ci-asan" -L python
+fi
+
+# (c) ThreadSanitizer, the C tests: the library's deleters run on any
+# thread. (The Python tests would need the TSan runtime preloaded into the
+# interpreter; they run under ASan above.)
+if build "tsan" "$root/build-ci-tsan" -DTB_WERROR=ON -DTB_SANITIZE=thread \
+     -DTB_BUILD_EXAMPLES=OFF; then
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    run_ctest "tsan" "$root/build-ci-tsan" -LE python
+fi
+
+# (d) the libFuzzer targets (tests/fuzz), each for TB_FUZZ_SECONDS from its
+# seed corpus, under ASan+UBSan; only clang builds them. What they find is
+# written to build-ci-fuzz/tests/fuzz/artifacts/.
+fuzz_seconds=${TB_FUZZ_SECONDS:-15}
+if [ "$fuzz_seconds" -gt 0 ]; then
+  fuzz_dir="$root/build-ci-fuzz"
+  echo "==== fuzz: configure and build in $fuzz_dir"
+  if ! command -v clang >/dev/null 2>&1; then
+    echo "run.sh: fuzz: no clang" >&2
+    failed=$((failed + 1))
+  elif ! CC=clang cmake -S "$root" -B "$fuzz_dir" \
+         -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTB_SANITIZE=OFF \
+         -DTB_BUILD_EXAMPLES=OFF -DTB_BUILD_BENCH=OFF \
+         -DTB_FUZZ_SECONDS="$fuzz_seconds" ||
+       ! cmake --build "$fuzz_dir" -j "$jobs" --target fuzz_request \
+         fuzz_server_message fuzz_layout fuzz_daemon; then
+    echo "run.sh: fuzz: configure or build failed" >&2
+    failed=$((failed + 1))
+  else
+    run_ctest "fuzz" "$fuzz_dir" -L fuzzing
+  fi
 fi
 
 echo "skipped: $skipped (tests that need a GPU or tools this machine lacks)"
