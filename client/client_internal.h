@@ -21,6 +21,17 @@
 #include <stdint.h>
 
 #include <tensorbroker/tensorbroker.h>
+/* A library never exits: when uthash cannot allocate while adding, the
+ * table stays as it was and tb__hash_oom is set (per thread) for the
+ * caller to see. Usage: tb__hash_oom = 0; HASH_ADD(...); if (tb__hash_oom)
+ * <not added>. */
+extern _Thread_local int tb__hash_oom;
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(obj)                                             \
+  do {                                                                       \
+    (void)(obj);                                                             \
+    tb__hash_oom = 1;                                                        \
+  } while (0)
 #include "tb_uthash.h" /* <uthash.h>, cheaper for 8-byte keys */
 
 #include "tb_proto.h"
@@ -94,6 +105,9 @@ struct tb__freed {
   uint64_t version;
   size_t n_done;
   struct tb__done_event *done;
+  /* consumers' done events the daemon did not keep (--max-done-events):
+   * the version cannot be known free */
+  uint32_t dropped;
 };
 
 /* ---- the public handle ---- */

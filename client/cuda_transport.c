@@ -83,8 +83,14 @@ static int own_event_create(tb_cu_event *ev, uint8_t *handle, char *why,
   memcpy(o->handle, handle, TB__CUDA_IPC_HANDLE_SIZE);
   o->ev = *ev;
   pthread_mutex_lock(&own_lock);
+  tb__hash_oom = 0;
   HASH_ADD(hh, own_events, handle, TB__CUDA_IPC_HANDLE_SIZE, o);
   pthread_mutex_unlock(&own_lock);
+  if (tb__hash_oom) {
+    tb__cuda_event_destroy(*ev);
+    free(o);
+    return TB_ENOMEM;
+  }
   return 0;
 }
 
@@ -349,7 +355,14 @@ static int alloc_registration(struct tb_client *c, struct tb__cuda_client *cc,
   reg->device = a->device;
   memcpy(reg->uuid, a->uuid, TB__UUID_SIZE);
   memcpy(reg->handle, handle, sizeof(handle));
+  tb__hash_oom = 0;
   HASH_ADD(hh, cc->regs, base, sizeof(reg->base), reg);
+  if (tb__hash_oom) {
+    unregister_buffer(c, reg->buffer_id);
+    tb__cuda_unexport_mem(reg->base);
+    free(reg);
+    return tb__set_error(c, TB_ENOMEM, "out of memory for the buffer table");
+  }
   *out = reg;
   return 0;
 }
@@ -539,7 +552,15 @@ static int open_event_locked(struct tb__conn *k, uint64_t event_id,
   }
   o->event_id = event_id;
   o->stamp = ++cc->clock;
+  tb__hash_oom = 0;
   HASH_ADD(hh, cc->opened, event_id, sizeof(o->event_id), o);
+  if (tb__hash_oom) {
+    if (!o->own)
+      tb__cuda_event_destroy(o->ev);
+    free(o);
+    rc = TB_ENOMEM;
+    goto out_leave;
+  }
   cc->n_opened++;
   *out = o->ev;
   rc = 0;

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
+_Thread_local int tb__hash_oom;
+
 void tb__map_release_memory(struct tb__map *m) {
   if (m->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)
     tb__cuda_map_close(m);
@@ -82,8 +84,12 @@ void tb__map_insert(struct tb__conn *k, struct tb__map *m) {
   evict_locked(k);
   m->refs = 1;
   m->stamp = ++k->map_clock;
+  tb__hash_oom = 0;
   HASH_ADD(hh, k->maps, buffer_id, sizeof(m->buffer_id), m);
-  k->nmaps++;
+  if (tb__hash_oom)
+    m->retired = 2; /* not cached: unmapped when its leases end */
+  else
+    k->nmaps++;
   pthread_mutex_unlock(&k->lock);
 }
 

@@ -50,17 +50,6 @@ typedef struct DLManagedTensorVersioned {
   DLTensor dl_tensor;
 } DLManagedTensorVersioned;
 
-/* Only for code of this project's build not yet moved to the TB_ names
- * (client/CMakeLists.txt sets it there, never for installed users): DLPack
- * 1.x's own macro names, over a header that lacks them. */
-#if defined(TB_DLPACK_COMPAT_MACROS)
-#define DLPACK_MAJOR_VERSION TB_DLPACK_MAJOR_VERSION
-#define DLPACK_MINOR_VERSION TB_DLPACK_MINOR_VERSION
-#define DLPACK_FLAG_BITMASK_READ_ONLY TB_DLPACK_FLAG_BITMASK_READ_ONLY
-#define DLPACK_FLAG_BITMASK_IS_COPIED TB_DLPACK_FLAG_BITMASK_IS_COPIED
-#define DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED \
-  TB_DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
-#endif
 #endif
 
 /* Data type codes added after DLPack 0.6 (values from the 1.1 ABI). The
