@@ -449,6 +449,18 @@ received:
     close_fds(fds, got);
     return mark_dead(c, "undecodable message from the daemon");
   }
+  if (got < 0) {
+    /* the daemon attached a descriptor (a buffer's memfd) this process
+     * could not take: it is out of descriptors. An acquire's lease is
+     * ended and the buffer forgotten (as for a late reply), so that the
+     * daemon attaches it again next time. */
+    if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY)
+      handle_stale_reply(c, m->reply);
+    tb__msg_free(c, m);
+    return tb__set_error(c, TB_ESYS, "a descriptor the daemon sent could "
+                                     "not be received: this process is out "
+                                     "of file descriptors (EMFILE)");
+  }
   if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE) {
     close_fds(fds, got); /* notices carry no descriptors */
     handle_notice(c, m->notice);
@@ -498,11 +510,18 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
   n = tb__request_encode(r, c->sbuf, c->max_message);
   if (n < 0)
     return tb__set_error(c, TB_ELIMIT,
-                         "request larger than the daemon's %u-byte limit",
+                         "request larger than %u bytes, the most this "
+                         "connection can send (the daemon's --max-message, "
+                         "or less where the socket's send buffer cannot "
+                         "hold it: net.core.wmem_max)",
                          (unsigned)c->max_message);
   rc = tb__wire_send(c->conn->fd, c->sbuf, (size_t)n, send_fds, n_send_fds, 0);
   if (rc == -EPIPE || rc == -ECONNRESET || rc == -ENOTCONN)
     return mark_dead(c, strerror(-rc));
+  if (rc == -EMSGSIZE)
+    return tb__set_error(c, TB_ELIMIT,
+                         "request of %ld bytes does not fit the socket's "
+                         "send buffer (net.core.wmem_max)", n);
   if (rc < 0)
     return tb__set_error(c, TB_ESYS, "send: %s", strerror(-rc));
   return 0;
@@ -642,6 +661,32 @@ static int hello_send(struct tb_client *c, const char *name, int contract,
   return tb__send_request(c, &r, NULL, 0, id);
 }
 
+/* Bytes a SEQPACKET datagram needs in the sender's buffer besides its
+ * own (the kernel refuses len > SO_SNDBUF - 32). */
+#define SNDBUF_SLACK 64
+
+/* Size the socket's send buffer for the daemon's --max-message, so that
+ * every request the daemon accepts can be sent: a datagram must fit the
+ * send buffer whole, and the default (net.core.wmem_default) holds about
+ * 208 KiB. Where the kernel allows less (net.core.wmem_max; the daemon
+ * checks at start that it does not), requests are held to what fits and a
+ * larger one fails with TB_ELIMIT before it is sent. */
+static void fit_send_buffer(struct tb_client *c) {
+  int fd = c->conn->fd, cur = 0, want = (int)c->max_message + 4096;
+  socklen_t len = sizeof(cur);
+
+  if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &cur, &len) == 0 &&
+      (uint64_t)cur >= (uint64_t)c->max_message + SNDBUF_SLACK)
+    return;
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
+  len = sizeof(cur);
+  if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &cur, &len) == 0 &&
+      (uint64_t)cur < (uint64_t)c->max_message + SNDBUF_SLACK)
+    c->max_message = cur > 1024 + SNDBUF_SLACK
+                         ? (uint32_t)(cur - SNDBUF_SLACK)
+                         : 1024;
+}
+
 static int hello_reply(struct tb_client *c, uint64_t id) {
   tb__server_message *m = NULL;
   int fds[TB__MAX_FDS], nfds = 0, rc;
@@ -666,6 +711,7 @@ static int hello_reply(struct tb_client *c, uint64_t id) {
   if (m->reply->hello->max_message >= 1024 &&
       m->reply->hello->max_message <= TB__MAX_MESSAGE_HARD)
     c->max_message = m->reply->hello->max_message;
+  fit_send_buffer(c);
   if (m->reply->hello->max_ndim > 0)
     c->max_ndim = m->reply->hello->max_ndim;
   if (m->reply->hello->max_metadata > 0)

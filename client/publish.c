@@ -34,16 +34,32 @@ void tb__freed_clear(struct tb__freed *f) {
   memset(f, 0, sizeof(*f));
 }
 
+/* Keep f (its storage now the table's), forgetting the oldest when full. */
+static void freed_keep(struct tb_client *c, const struct tb__freed *f) {
+  size_t slot;
+
+  if (c->fr_len == TB__FREED_TABLE_MAX) {
+    /* full: forget the oldest; a later tb_wait_free on it asks the daemon,
+     * which answers 0 without done events */
+    tb__freed_clear(&c->freed[c->fr_head]);
+    c->fr_head = (c->fr_head + 1) % TB__FREED_TABLE_MAX;
+    c->fr_len--;
+  }
+  slot = (c->fr_head + c->fr_len) % TB__FREED_TABLE_MAX;
+  c->freed[slot] = *f;
+  c->fr_len++;
+}
+
 void tb__freed_add(struct tb_client *c,
                    const Tensorbroker__V1__VersionFree *vf) {
   struct tb__freed f;
-  size_t slot;
 
   memset(&f, 0, sizeof(f));
   f.channel = strdup(vf->channel ? vf->channel : "");
   if (f.channel == NULL)
     return;
   f.version = vf->version;
+  f.dropped = vf->done_events_dropped;
   if (vf->n_done_events > 0) {
     f.done = calloc(vf->n_done_events, sizeof(*f.done));
     if (f.done == NULL) {
@@ -65,16 +81,7 @@ void tb__freed_add(struct tb_client *c,
       f.n_done++;
     }
   }
-  if (c->fr_len == TB__FREED_TABLE_MAX) {
-    /* full: forget the oldest; a later tb_wait_free on it asks the daemon,
-     * which answers 0 without done events */
-    tb__freed_clear(&c->freed[c->fr_head]);
-    c->fr_head = (c->fr_head + 1) % TB__FREED_TABLE_MAX;
-    c->fr_len--;
-  }
-  slot = (c->fr_head + c->fr_len) % TB__FREED_TABLE_MAX;
-  c->freed[slot] = f;
-  c->fr_len++;
+  freed_keep(c, &f);
 }
 
 int tb__freed_take(struct tb_client *c, const char *channel, uint64_t version,
@@ -430,10 +437,26 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
       vf.version = version;
       vf.n_done_events = m->reply->wait_free->n_done_events;
       vf.done_events = m->reply->wait_free->done_events;
+      vf.done_events_dropped = m->reply->wait_free->done_events_dropped;
       tb__freed_add(c, &vf);
       (void)tb__freed_take(c, channel, version, &f);
     }
     tb__msg_free(c, m);
+  }
+  if (f.dropped > 0) {
+    /* Some consumers' done events were not kept: their reads cannot be
+     * waited for, so nothing here may say the buffer is free. Kept in the
+     * table, so that asking again says the same. */
+    rc = tb__set_error(c, TB_ELIMIT,
+                       "version %llu of '%s' was released by more consumers "
+                       "than the daemon keeps done events for "
+                       "(--max-done-events; %u not kept): their reads cannot "
+                       "be waited for, so this buffer must not be rewritten; "
+                       "publish from another one",
+                       (unsigned long long)version, channel,
+                       (unsigned)f.dropped);
+    freed_keep(c, &f);
+    goto out_unlock;
   }
   rc = 0;
   /* Host versions carry no done events and never touch CUDA. */

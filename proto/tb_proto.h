@@ -176,7 +176,11 @@ int tb__wire_send(int sock, const void *buf, size_t len, const int *fds,
  * descriptors (opened O_CLOEXEC) into fds, count in *nfds. Returns the
  * datagram length, 0 at end of stream, -EMSGSIZE when the datagram was
  * longer than cap or carried more descriptors than allowed (any received
- * descriptors are closed), or -errno. */
+ * descriptors are closed), or -errno. When the datagram came whole but the
+ * descriptors it carried could not be received (this process is out of
+ * descriptors: MSG_CTRUNC), its length is returned with *nfds set to -1
+ * (none kept), so that the caller can answer it instead of calling it too
+ * large. */
 long tb__wire_recv(int sock, void *buf, size_t cap, int *fds, int *nfds,
                    int flags);
 

@@ -45,10 +45,15 @@ int tb__wire_send(int sock, const void *buf, size_t len, const int *fds,
   return 0;
 }
 
+/* The kernel passes at most this many descriptors in one message
+ * (SCM_MAX_FD): with room for all of them, MSG_CTRUNC can only mean that
+ * the receiver could not take them (out of descriptors, EMFILE). */
+#define WIRE_SCM_MAX_FD 253
+
 long tb__wire_recv(int sock, void *buf, size_t cap, int *fds, int *nfds,
                    int flags) {
   union {
-    char buf[CMSG_SPACE(sizeof(int) * TB__MAX_FDS)];
+    char buf[CMSG_SPACE(sizeof(int) * WIRE_SCM_MAX_FD)];
     struct cmsghdr align;
   } ctl;
   struct iovec iov = {.iov_base = buf, .iov_len = cap};
@@ -57,7 +62,7 @@ long tb__wire_recv(int sock, void *buf, size_t cap, int *fds, int *nfds,
                        .msg_controllen = sizeof(ctl.buf)};
   struct cmsghdr *c;
   ssize_t n;
-  int got = 0;
+  int got = 0, extra = 0;
 
   *nfds = 0;
   do {
@@ -74,14 +79,23 @@ long tb__wire_recv(int sock, void *buf, size_t cap, int *fds, int *nfds,
       memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
       if (got < TB__MAX_FDS)
         fds[got++] = fd;
-      else
+      else {
         close(fd);
+        extra++;
+      }
     }
   }
-  if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+  if ((msg.msg_flags & MSG_TRUNC) || extra > 0) {
     for (int i = 0; i < got; i++)
       close(fds[i]);
     return -EMSGSIZE;
+  }
+  if (msg.msg_flags & MSG_CTRUNC) {
+    /* the datagram is whole, its descriptors are lost */
+    for (int i = 0; i < got; i++)
+      close(fds[i]);
+    *nfds = -1;
+    return (long)n;
   }
   *nfds = got;
   return (long)n;

@@ -269,7 +269,10 @@ TB_EXPORT int tb_publish_copy(tb_client *c, const char *channel,
  * timeout_ms: <0 waits forever, 0 only asks (TB_EBUSY if still leased or kept
  * in history). TB_ETIMEDOUT when the wait runs out, TB_ENOTFOUND for a version
  * never published. A version leaves the channel's history when history_depth
- * newer versions exist. */
+ * newer versions exist. TB_ELIMIT when more consumers released it with done
+ * events than the daemon keeps (--max-done-events): their reads cannot be
+ * waited for, so the buffer must not be rewritten (every later call on that
+ * version says the same while the client remembers it; docs/limits.md). */
 TB_EXPORT int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
                            int timeout_ms, void *stream);
 

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -158,6 +159,45 @@ static void test_oversized_datagram(void **state) {
   assert_int_equal(ngot, 0);
 }
 
+/* The receiver is out of descriptors: the datagram comes whole, with
+ * *nfds -1 (its descriptors lost), not as -EMSGSIZE ("too large"), which
+ * is how the daemon used to misreport it. */
+static void test_descriptors_lost(void **state) {
+  (void)state;
+  int p[2], got[TB__MAX_FDS], ngot = 0, fill[1024], nfill = 0, before;
+  struct rlimit old, tight;
+  char buf[16];
+  long n;
+
+  assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+  assert_tb_ok(tb__wire_send(g_sv[0], "lost", 4, p, 2, 0));
+  close(p[0]);
+  close(p[1]);
+  before = count_fds();
+  assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+  /* no descriptor left: a limit just above the highest open one, and any
+   * hole below it filled */
+  tight = old;
+  tight.rlim_cur = (rlim_t)fcntl(g_sv[1], F_DUPFD_CLOEXEC, 0);
+  close((int)tight.rlim_cur);
+  for (int fd = 0; fd < 1024; fd++)
+    if (fcntl(fd, F_GETFD) >= 0 && (rlim_t)fd >= tight.rlim_cur)
+      tight.rlim_cur = (rlim_t)fd + 1;
+  assert_int_equal(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  while (nfill < 1024 && (fill[nfill] = open("/dev/null", O_RDONLY |
+                                                         O_CLOEXEC)) >= 0)
+    nfill++;
+  assert_true(nfill < 1024); /* open failed: no descriptor left */
+  n = tb__wire_recv(g_sv[1], buf, sizeof(buf), got, &ngot, 0);
+  for (int i = 0; i < nfill; i++)
+    close(fill[i]);
+  assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+  assert_int_equal(n, 4);
+  assert_memory_equal(buf, "lost", 4);
+  assert_int_equal(ngot, -1);
+  assert_int_equal(count_fds(), before);
+}
+
 static void test_end_of_stream_and_errors(void **state) {
   (void)state;
   int got[TB__MAX_FDS], ngot = -1;
@@ -190,6 +230,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_five_fds_rejected_on_send, setup, teardown),
       cmocka_unit_test_setup_teardown(test_five_fds_rejected_on_recv, setup, teardown),
       cmocka_unit_test_setup_teardown(test_oversized_datagram, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_descriptors_lost, setup, teardown),
       cmocka_unit_test_setup_teardown(test_end_of_stream_and_errors, setup, teardown),
       cmocka_unit_test(test_now_ms),
   };
