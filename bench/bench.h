@@ -150,5 +150,6 @@ void tbb_scenario_gpu_handoff(void);/* 4 */
 void tbb_scenario_zero_copy(void);  /* 5 */
 void tbb_scenario_pipeline(int gpu);/* 6 */
 void tbb_scenario_handoff(void);    /* 7 */
+void tbb_scenario_flat(void);       /* 8 */
 
 #endif /* TB_BENCH_H */

@@ -5,6 +5,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -17,6 +18,9 @@
 static void version_maybe_free(struct tbd_registry *r,
                                struct tbd_version *v);
 static void channel_free(struct tbd_registry *r, struct tbd_channel *ch);
+static void history_leave(struct tbd_channel *ch, struct tbd_version *v);
+static bool deadline_less(const struct tbd_heap_node *a,
+                          const struct tbd_heap_node *b);
 static int reply_no_producer(struct tbd_registry *r, struct tbd_session *s,
                              uint64_t request_id,
                              const struct tbd_channel *ch, int mode,
@@ -43,6 +47,7 @@ int tbd_registry_new(const struct tbd_limits *limits, tbd_emit_fn emit,
   r->socket_path = "";
   r->next_session_id = r->next_buffer_id = r->next_event_id = 1;
   r->next_lease_id = 1;
+  tbd_heap_init(&r->deadlines, deadline_less);
   tbd_hash_oom = 0;
   HASH_ADD(hh, r->leases, id, sizeof(r->anchor.id), &r->anchor);
   if (tbd_hash_oom) {
@@ -95,11 +100,13 @@ void tbd_registry_free(struct tbd_registry *r) {
     while (ch->versions != NULL) {
       struct tbd_version *v = ch->versions;
       assert(v->nleases == 0);
-      v->in_history = false;
+      history_leave(ch, v);
       version_maybe_free(r, v);
     }
     channel_free(r, ch);
   }
+  assert(r->waitqs == NULL && r->deadlines.n == 0);
+  tbd_heap_free(&r->deadlines);
   HASH_DEL(r->leases, &r->anchor);
   while (r->spare != NULL) {
     struct tbd_lease *l = r->spare;
@@ -194,75 +201,211 @@ struct tbd_session *tbd__session_find(struct tbd_registry *r, uint64_t id) {
   return s;
 }
 
-/* ---- waits ---- */
+/* ---- waits ----
+ *
+ * A parked acquire sits in the queue of its channel's name (tbd_waitq), a
+ * WaitFree in its version's list, and either, when it has a deadline, in
+ * the registry's deadline heap: the loop's timer reads the heap's top, a
+ * publish looks at its own channel's queue, a freed version at its own
+ * list, and a wait leaves all of them in O(log n). */
+
+#define WAIT_OF(node, field)                                                 \
+  ((struct tbd_wait *)(void *)((char *)(node) -                              \
+                               offsetof(struct tbd_wait, field)))
+
+/* Ties go by arrival, as the single list of waits served them before. */
+static bool deadline_less(const struct tbd_heap_node *a,
+                          const struct tbd_heap_node *b) {
+  const struct tbd_wait *x = WAIT_OF(a, by_deadline);
+  const struct tbd_wait *y = WAIT_OF(b, by_deadline);
+
+  return x->deadline < y->deadline ||
+         (x->deadline == y->deadline && x->seq < y->seq);
+}
+
+static bool version_less(const struct tbd_heap_node *a,
+                         const struct tbd_heap_node *b) {
+  const struct tbd_wait *x = WAIT_OF(a, by_version);
+  const struct tbd_wait *y = WAIT_OF(b, by_version);
+
+  return x->version < y->version ||
+         (x->version == y->version && x->seq < y->seq);
+}
+
+static int seq_cmp(const struct tbd_wait *a, const struct tbd_wait *b) {
+  return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+
+static struct tbd_waitq *waitq_find(struct tbd_registry *r,
+                                    const char *name) {
+  struct tbd_waitq *q;
+
+  HASH_FIND_STR(r->waitqs, name, q);
+  return q;
+}
+
+static void waitq_free(struct tbd_registry *r, struct tbd_waitq *q) {
+  HASH_DEL(r->waitqs, q);
+  tbd_heap_free(&q->later);
+  tbd_free(q->name);
+  tbd_free(q);
+}
 
 void tbd__wait_remove(struct tbd_registry *r, struct tbd_wait *w) {
-  DL_DELETE(r->waits, w);
+  struct tbd_waitq *q = w->q;
+
+  if (w->by_deadline.slot != TBD_HEAP_NONE)
+    tbd_heap_remove(&r->deadlines, &w->by_deadline);
+  if (w->kind == TBD_WAIT_FREE) {
+    DL_DELETE(w->v->free_waits, w);
+  } else {
+    if (w->by_version.slot != TBD_HEAP_NONE)
+      tbd_heap_remove(&q->later, &w->by_version);
+    else
+      DL_DELETE(q->ready, w);
+    if (--q->n == 0)
+      waitq_free(r, q);
+  }
   r->nwaits--;
   w->s->wait = NULL;
-  tbd_free(w->channel);
   tbd_free(w);
 }
 
-static int wait_park(struct tbd_registry *r, struct tbd_session *s,
-                     enum tbd_wait_kind kind, uint64_t request_id,
-                     const char *channel, int mode, uint64_t version,
-                     int64_t timeout_ms) {
-  struct tbd_wait *w;
+/* A wait not linked anywhere yet, with room for it in the deadline heap,
+ * or NULL (out of memory). */
+static struct tbd_wait *wait_new(struct tbd_registry *r, struct tbd_session *s,
+                                 enum tbd_wait_kind kind, uint64_t request_id,
+                                 int mode, uint64_t version,
+                                 int64_t timeout_ms) {
+  struct tbd_wait *w = tbd_calloc(1, sizeof(*w));
 
-  if (s->wait != NULL)
-    return TB_EBUSY;
-  w = tbd_calloc(1, sizeof(*w));
   if (w == NULL)
-    return TB_ENOMEM;
-  w->channel = tbd_strdup(channel);
-  if (w->channel == NULL) {
-    tbd_free(w);
-    return TB_ENOMEM;
-  }
+    return NULL;
   w->kind = kind;
   w->s = s;
   w->request_id = request_id;
   w->mode = mode;
   w->version = version;
+  w->by_deadline.slot = w->by_version.slot = TBD_HEAP_NONE;
   if (timeout_ms < 0 || (uint64_t)timeout_ms > UINT64_MAX / 2)
     w->deadline = UINT64_MAX;
   else
     w->deadline = tbd__now(r) + (uint64_t)timeout_ms;
-  DL_APPEND(r->waits, w);
+  if (w->deadline != UINT64_MAX && tbd_heap_reserve(&r->deadlines) < 0) {
+    tbd_free(w);
+    return NULL;
+  }
+  return w;
+}
+
+/* Commit w: nothing fails from here. */
+static void wait_commit(struct tbd_registry *r, struct tbd_wait *w) {
+  w->seq = ++r->wait_seq;
+  if (w->deadline != UINT64_MAX)
+    tbd_heap_push(&r->deadlines, &w->by_deadline);
   r->nwaits++;
-  s->wait = w;
+  w->s->wait = w;
+}
+
+/* Park an acquire on channel (ch: it, or NULL when it does not exist
+ * yet). Nothing changes on failure (TB_EBUSY, TB_ENOMEM). */
+static int acquire_park(struct tbd_registry *r, struct tbd_session *s,
+                        uint64_t request_id, const char *channel,
+                        const struct tbd_channel *ch, int mode,
+                        uint64_t after, int64_t timeout_ms) {
+  struct tbd_waitq *q, *newq = NULL;
+  struct tbd_wait *w;
+  /* answered by the next publish, or only by the publish of after + 1 */
+  bool later = mode == TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_NEXT &&
+               after > (ch != NULL ? ch->latest : 0);
+
+  if (s->wait != NULL)
+    return TB_EBUSY;
+  w = wait_new(r, s, TBD_WAIT_ACQUIRE, request_id, mode, after, timeout_ms);
+  if (w == NULL)
+    return TB_ENOMEM;
+  q = waitq_find(r, channel);
+  if (q == NULL) {
+    newq = tbd_calloc(1, sizeof(*newq));
+    if (newq == NULL)
+      goto out_free_wait;
+    newq->name = tbd_strdup(channel);
+    if (newq->name == NULL)
+      goto out_free_queue;
+    tbd_heap_init(&newq->later, version_less);
+    tbd_hash_oom = 0;
+    HASH_ADD_KEYPTR(hh, r->waitqs, newq->name, strlen(newq->name), newq);
+    if (tbd_hash_oom)
+      goto out_free_queue;
+    q = newq;
+  }
+  if (later && tbd_heap_reserve(&q->later) < 0)
+    goto out_unlink_queue;
+
+  w->q = q;
+  q->n++;
+  wait_commit(r, w);
+  if (later)
+    tbd_heap_push(&q->later, &w->by_version);
+  else
+    DL_APPEND(q->ready, w);
+  return 0;
+
+out_unlink_queue:
+  if (newq != NULL)
+    HASH_DEL(r->waitqs, newq);
+out_free_queue:
+  if (newq != NULL)
+    tbd_free(newq->name);
+  tbd_free(newq);
+out_free_wait:
+  tbd_free(w);
+  return TB_ENOMEM;
+}
+
+/* Park a WaitFree on v. Nothing changes on failure (TB_EBUSY,
+ * TB_ENOMEM). */
+static int free_park(struct tbd_registry *r, struct tbd_session *s,
+                     uint64_t request_id, struct tbd_version *v,
+                     int64_t timeout_ms) {
+  struct tbd_wait *w;
+
+  if (s->wait != NULL)
+    return TB_EBUSY;
+  w = wait_new(r, s, TBD_WAIT_FREE, request_id, 0, v->number, timeout_ms);
+  if (w == NULL)
+    return TB_ENOMEM;
+  w->v = v;
+  wait_commit(r, w);
+  DL_APPEND(v->free_waits, w);
   return 0;
 }
 
 uint64_t tbd_registry_next_deadline(const struct tbd_registry *r) {
-  uint64_t best = UINT64_MAX;
-  const struct tbd_wait *w;
+  const struct tbd_heap_node *top = tbd_heap_top(&r->deadlines);
 
-  DL_FOREACH(r->waits, w) {
-    if (w->deadline < best)
-      best = w->deadline;
-  }
-  return best;
+  return top != NULL ? WAIT_OF(top, by_deadline)->deadline : UINT64_MAX;
 }
 
 void tbd_registry_expire(struct tbd_registry *r) {
   uint64_t now = tbd__now(r);
-  struct tbd_wait *w, *tmp;
+  struct tbd_heap_node *top;
 
-  DL_FOREACH_SAFE(r->waits, w, tmp) {
+  /* soonest first; among equal deadlines, in arrival order */
+  while ((top = tbd_heap_top(&r->deadlines)) != NULL) {
+    struct tbd_wait *w = WAIT_OF(top, by_deadline);
     if (w->deadline > now)
-      continue;
+      break;
     struct tbd_session *s = w->s;
     uint64_t id = w->request_id;
-    const char *what = w->kind == TBD_WAIT_ACQUIRE ? "acquire" : "wait-free";
-    struct tbd_channel *ch = w->kind == TBD_WAIT_ACQUIRE
-                                 ? tbd__channel_find(r, w->channel)
-                                 : NULL;
+    bool acquire = w->kind == TBD_WAIT_ACQUIRE;
+    const char *what = acquire ? "acquire" : "wait-free";
+    struct tbd_channel *ch = acquire ? tbd__channel_find(r, w->q->name)
+                                     : NULL;
     int mode = w->mode;
     uint64_t after = w->version;
     char name[TB__DEFAULT_MAX_NAME + 1];
-    snprintf(name, sizeof(name), "%s", w->channel);
+    snprintf(name, sizeof(name), "%s", acquire ? w->q->name : w->v->ch->name);
     tbd__wait_remove(r, w);
     /* an acquire that waited in vain for a new producer is told that the
      * producer is gone, not that time ran out */
@@ -324,6 +467,7 @@ static void channel_free(struct tbd_registry *r, struct tbd_channel *ch) {
   HASH_DEL(r->channels, ch);
   r->nchannels--;
   r->channel_frees++;
+  tbd_vindex_free(&ch->index);
   tbd_free(ch->name);
   tbd_free(ch);
 }
@@ -334,7 +478,7 @@ static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
   Tensorbroker__V1__EventInfo *evs = NULL, **evp = NULL;
   Tensorbroker__V1__Device *devs = NULL;
   struct tbd_session *pub = tbd__session_find(r, v->publisher_id);
-  struct tbd_wait *w, *tmp;
+  struct tbd_wait *w;
   size_t nev = v->ndone;
 
   if (nev > 0) {
@@ -363,15 +507,12 @@ static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
     vf.done_events = evp;
     tbd__emit_notice(r, pub, &n);
   }
-  DL_FOREACH_SAFE(r->waits, w, tmp) {
+  while ((w = v->free_waits) != NULL) {
     Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
     Tensorbroker__V1__WaitFreeReply wf =
         TENSORBROKER__V1__WAIT_FREE_REPLY__INIT;
     struct tbd_session *s = w->s;
 
-    if (w->kind != TBD_WAIT_FREE || w->version != v->number ||
-        strcmp(w->channel, v->ch->name) != 0)
-      continue;
     rep.request_id = w->request_id;
     rep.body_case = TENSORBROKER__V1__REPLY__BODY_WAIT_FREE;
     rep.wait_free = &wf;
@@ -400,6 +541,7 @@ static void version_maybe_free(struct tbd_registry *r, struct tbd_version *v) {
     ch->died.first = v->number + 1;
   version_free_notify(r, v);
   DL_DELETE(ch->versions, v);
+  tbd_vindex_remove(&ch->index, v);
   ch->nversions--;
   r->nversions--;
   b->nversions--;
@@ -410,21 +552,30 @@ static void version_maybe_free(struct tbd_registry *r, struct tbd_version *v) {
   buffer_maybe_free(r, b);
 }
 
-/* Keep the newest ch->depth versions in history. */
+/* v leaves the history for good (trimmed, died, or the registry ends). */
+static void history_leave(struct tbd_channel *ch, struct tbd_version *v) {
+  if (!v->in_history)
+    return;
+  v->in_history = false;
+  DL_DELETE2(ch->history, v, hprev, hnext);
+  ch->nhistory--;
+}
+
+/* Keep the newest ch->depth versions in history: the others are the
+ * oldest, and only they are looked at. They go newest first (their
+ * VersionFree notices in that order, as before). */
 static void channel_trim(struct tbd_registry *r, struct tbd_channel *ch) {
   struct tbd_version *v, *prev;
-  uint32_t kept = 0;
+  uint32_t excess;
 
-  /* newest first; prev of the head is the tail */
-  for (v = ch->versions ? ch->versions->prev : NULL; v != NULL; v = prev) {
-    prev = v == ch->versions ? NULL : v->prev;
-    if (!v->in_history)
-      continue;
-    if (kept < ch->depth) {
-      kept++;
-      continue;
-    }
-    v->in_history = false;
+  if (ch->nhistory <= ch->depth)
+    return;
+  excess = ch->nhistory - ch->depth;
+  for (v = ch->history; excess > 1; excess--)
+    v = v->hnext;
+  for (; v != NULL; v = prev) {
+    prev = v == ch->history ? NULL : v->hprev;
+    history_leave(ch, v);
     version_maybe_free(r, v);
   }
 }
@@ -470,7 +621,7 @@ static void channel_drop_died(struct tbd_registry *r, struct tbd_channel *ch,
     if (!version_dies_with(v, s))
       continue;
     v->died = true;
-    v->in_history = false;
+    history_leave(ch, v);
     version_maybe_free(r, v);
   }
 }
@@ -650,6 +801,38 @@ static void new_version_notify(struct tbd_registry *r, struct tbd_session *s,
   tbd__emit_notice(r, s, &n);
 }
 
+/* Answer the acquires parked on q that ch's new version (ch->latest)
+ * satisfies, in arrival order: the ready ones, and NEXT after the number
+ * before it. q is freed with its last wait. */
+static void waitq_publish(struct tbd_registry *r, struct tbd_waitq *q,
+                          struct tbd_channel *ch) {
+  struct tbd_heap_node *top;
+  struct tbd_wait *w, *next, *due = NULL;
+
+  while ((top = tbd_heap_top(&q->later)) != NULL &&
+         WAIT_OF(top, by_version)->version < ch->latest) {
+    w = WAIT_OF(top, by_version);
+    tbd_heap_remove(&q->later, top);
+    DL_APPEND(due, w);
+  }
+  if (due != NULL) {
+    DL_CONCAT(q->ready, due);
+    DL_SORT(q->ready, seq_cmp);
+  }
+  for (w = q->ready; w != NULL; w = next) {
+    struct tbd_session *ws = w->s;
+    uint64_t id = w->request_id;
+    int mode = w->mode;
+    uint64_t after = w->version;
+
+    next = w->next;
+    if (find_match(ch, mode, after) == NULL)
+      continue; /* not for a ready wait: see acquire_park */
+    tbd__wait_remove(r, w);
+    /* cannot park again: a version now exists that matches */
+    tbd__acquire(r, ws, id, ch->name, mode, after, 0);
+  }
+}
 
 int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
                  const char *channel, struct tbd_buffer *b,
@@ -661,7 +844,7 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
   struct tbd_version *v;
   struct tbd_subgroup *g;
   struct tbd_sub *sub;
-  struct tbd_wait *w, *wtmp;
+  struct tbd_waitq *q;
   int rc = TB_ENOMEM;
 
   if (ch != NULL && ch->publisher != NULL && ch->publisher != s) {
@@ -694,6 +877,8 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
   v->meta = tbd_memdup(meta, meta_len);
   if (v->meta == NULL)
     goto out_free_version;
+  if (ch != NULL && tbd_vindex_reserve(&ch->index) < 0)
+    goto out_free_version;
   if (ch == NULL) {
     newch = tbd_calloc(1, sizeof(*newch));
     if (newch == NULL)
@@ -703,6 +888,8 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
       goto out_free_channel;
     newch->depth = 1;
     newch->closed = true;
+    if (tbd_vindex_reserve(&newch->index) < 0)
+      goto out_free_channel;
     tbd_hash_oom = 0;
     HASH_ADD_KEYPTR(hh, r->channels, newch->name, strlen(newch->name), newch);
     if (tbd_hash_oom)
@@ -729,6 +916,9 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
     v->ready.complete = ready_complete;
   }
   DL_APPEND(ch->versions, v);
+  tbd_vindex_append(&ch->index, v);
+  DL_APPEND2(ch->history, v, hprev, hnext);
+  ch->nhistory++;
   ch->nversions++;
   ch->publishes++;
   r->nversions++;
@@ -741,18 +931,9 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
    * publisher's own reply (the caller sends it). A parked acquire only
    * ever matches the new version (it would not have parked otherwise),
    * which the trim never removes. */
-  DL_FOREACH_SAFE(r->waits, w, wtmp) {
-    if (w->kind != TBD_WAIT_ACQUIRE || strcmp(w->channel, channel) != 0 ||
-        find_match(ch, w->mode, w->version) == NULL)
-      continue;
-    struct tbd_session *ws = w->s;
-    uint64_t id = w->request_id;
-    int mode = w->mode;
-    uint64_t after = w->version;
-    tbd__wait_remove(r, w);
-    /* cannot park again: a version now exists that matches */
-    tbd__acquire(r, ws, id, channel, mode, after, 0);
-  }
+  q = waitq_find(r, channel);
+  if (q != NULL)
+    waitq_publish(r, q, ch);
   HASH_FIND_STR(r->subgroups, channel, g);
   if (g != NULL) {
     DL_FOREACH2(g->members, sub, gnext) { new_version_notify(r, sub->s, v); }
@@ -761,6 +942,7 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
   return 0;
 
 out_free_channel:
+  tbd_vindex_free(&newch->index);
   tbd_free(newch->name);
   tbd_free(newch);
 out_free_version:
@@ -777,13 +959,7 @@ out_nomem:
 /* Version number of ch, granted or not, or NULL. */
 static struct tbd_version *version_find(struct tbd_channel *ch,
                                         uint64_t number) {
-  struct tbd_version *v;
-
-  DL_FOREACH(ch->versions, v) {
-    if (v->number == number)
-      return v;
-  }
-  return NULL;
+  return tbd_vindex_find(&ch->index, number);
 }
 
 /* The version an acquire is granted now, or NULL: never one whose memory
@@ -798,9 +974,13 @@ static struct tbd_version *find_match(struct tbd_channel *ch, int mode,
   case TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_LATEST:
     return tbd__channel_newest(ch);
   case TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_NEXT:
-    DL_FOREACH(ch->versions, v) {
-      if (v->number > version && !v->died)
-        return v;
+    if (version == UINT64_MAX)
+      return NULL;
+    /* died versions are skipped: only those still leased are there */
+    for (uint32_t i = tbd_vindex_lower(&ch->index, version + 1);
+         i < ch->index.end; i++) {
+      if (!ch->index.a[i]->died)
+        return ch->index.a[i];
     }
     return NULL;
   default:
@@ -1061,8 +1241,7 @@ int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
   }
   /* Also on a channel whose producer is gone: a new one may take it over
    * within the timeout, and its versions carry on the numbering. */
-  rc = wait_park(r, s, TBD_WAIT_ACQUIRE, request_id, channel, mode, version,
-                 timeout_ms);
+  rc = acquire_park(r, s, request_id, channel, ch, mode, version, timeout_ms);
   if (rc == TB_EBUSY)
     return tbd__reply_status(r, s, request_id, rc,
                              "another request of this session is waiting");
@@ -1216,8 +1395,7 @@ int tbd__wait_free(struct tbd_registry *r, struct tbd_session *s,
                              "version %llu of '%s' is %s",
                              (unsigned long long)version, channel,
                              v->nleases > 0 ? "leased" : "in history");
-  rc = wait_park(r, s, TBD_WAIT_FREE, request_id, channel, 0, version,
-                 timeout_ms);
+  rc = free_park(r, s, request_id, v, timeout_ms);
   if (rc == TB_EBUSY)
     return tbd__reply_status(r, s, request_id, rc,
                              "another request of this session is waiting");

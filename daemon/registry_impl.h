@@ -7,7 +7,9 @@
 #include <stdint.h>
 
 #include "hash.h"
+#include "heap.h"
 #include "registry.h"
+#include "vindex.h"
 
 /* An event as handed to peers; versions keep copies, so an event may be
  * unregistered while versions still name it. */
@@ -52,6 +54,7 @@ struct tbd_event {
 };
 
 struct tbd_lease;
+struct tbd_wait;
 
 struct tbd_version {
   struct tbd_channel *ch;
@@ -67,13 +70,15 @@ struct tbd_version {
   struct tbd_evinfo ready;
   struct tbd_evinfo *done;   /* consumers' done events, each once */
   size_t ndone;
-  bool in_history;
+  bool in_history;            /* in ch->history */
   bool died;                 /* its memory died with its producer (out of
                                 history, kept while leased): never
                                 granted again */
   uint32_t nleases;
   struct tbd_lease *leases;  /* vnext/vprev */
+  struct tbd_wait *free_waits; /* its WaitFree waits, in arrival order */
   struct tbd_version *next, *prev; /* ch->versions, oldest first */
+  struct tbd_version *hnext, *hprev; /* ch->history, oldest first */
 };
 
 /* The history versions of a channel that died with the last producer
@@ -102,7 +107,12 @@ struct tbd_channel {
   uint64_t publishes;
   uint32_t nversions;
   uint32_t nleases;
+  /* every live version: in the history, or out of it but leased */
   struct tbd_version *versions;
+  struct tbd_vindex index;   /* the same, by number */
+  /* those in the history (nhistory of them): a publish trims the oldest */
+  struct tbd_version *history;
+  uint32_t nhistory;
 };
 
 struct tbd_lease {
@@ -140,15 +150,33 @@ struct tbd_sent {
 
 enum tbd_wait_kind { TBD_WAIT_ACQUIRE = 1, TBD_WAIT_FREE = 2 };
 
+/* The acquires parked on one channel name (which may not exist yet), so
+ * that a publish looks at those it answers and no others. */
+struct tbd_waitq {
+  char *name;
+  UT_hash_handle hh;         /* registry->waitqs, by name */
+  /* LATEST, and NEXT after a number already published: the next publish
+   * answers them all, in arrival order */
+  struct tbd_wait *ready;
+  /* NEXT after a number not yet published, by (version, seq): the
+   * publish of version + 1 answers them */
+  struct tbd_heap later;
+  uint32_t n;                /* both together */
+};
+
 struct tbd_wait {
   enum tbd_wait_kind kind;
   struct tbd_session *s;
   uint64_t request_id;
-  char *channel;
   int mode;
   uint64_t version;
   uint64_t deadline;         /* UINT64_MAX: none */
-  struct tbd_wait *next, *prev; /* registry->waits */
+  uint64_t seq;              /* arrival order */
+  struct tbd_heap_node by_deadline; /* registry->deadlines, unless none */
+  struct tbd_heap_node by_version;  /* q->later, or not in a heap */
+  struct tbd_waitq *q;       /* ACQUIRE */
+  struct tbd_version *v;     /* FREE: the version waited for */
+  struct tbd_wait *next, *prev; /* q->ready, or v->free_waits */
 };
 
 struct tbd_session {
@@ -213,8 +241,10 @@ struct tbd_registry {
   uint32_t nspare;
   struct tbd_subgroup *subgroups;
   uint32_t nsubs;
-  struct tbd_wait *waits;
+  struct tbd_waitq *waitqs;
+  struct tbd_heap deadlines; /* waits with a deadline, soonest first */
   uint32_t nwaits;
+  uint64_t wait_seq;
   uint64_t mark_seq;
   uint64_t next_session_id, next_buffer_id, next_event_id, next_lease_id;
 };

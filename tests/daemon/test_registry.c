@@ -1791,6 +1791,570 @@ static void test_alloc_failure_subscribe(void **state) {
   reg_free(r);
 }
 
+/* ---- flat costs: waits by deadline and by channel, deep histories ---- */
+
+/* The replies emitted since caps was last cleared, in emission order:
+ * sessions (by id) and request ids, at most max of them. */
+static size_t replies_in_order(uint64_t *sids, uint64_t *ids, int *status,
+                               size_t max) {
+  size_t n = 0;
+
+  for (struct cap *c = caps; c != NULL; c = c->next) {
+    if (c->m->body_case != REPLY_CASE)
+      continue;
+    assert_true(n < max);
+    sids[n] = c->sid;
+    ids[n] = c->m->reply->request_id;
+    status[n] = c->m->reply->status;
+    n++;
+  }
+  return n;
+}
+
+struct timed_wait {
+  struct tbd_session *s;
+  uint64_t id, deadline;
+  int want;
+  size_t arrival;
+};
+
+static int timed_wait_cmp(const void *a, const void *b) {
+  const struct timed_wait *x = a, *y = b;
+
+  if (x->deadline != y->deadline)
+    return x->deadline < y->deadline ? -1 : 1;
+  return x->arrival < y->arrival ? -1 : x->arrival > y->arrival;
+}
+
+/* Waits of every kind on many channels, their deadlines interleaved (and
+ * some equal): the next deadline is always the soonest left, and each wait
+ * is answered at its deadline, not a millisecond before, soonest first
+ * and at one deadline in arrival order: acquires on a channel that does
+ * not exist yet or has its producer, and WaitFree, with TB_ETIMEDOUT;
+ * acquires on a channel whose producer is gone with TB_ECLOSED. Waits
+ * without a deadline never expire. */
+static void test_wait_deadlines(void **state) {
+  enum { N = 600 };
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *gone = session(r, 11);
+  uint64_t b = buffer(r, p), start = fake_now;
+  uint64_t sids[N], ids[N];
+  int status[N];
+  struct timed_wait *tw = calloc(N, sizeof(*tw));
+  size_t ntimed = 0, nforever = 0;
+
+  (void)state;
+  assert_non_null(tw);
+  publish(r, p, "d/live", b, 4);
+  publish(r, gone, "d/dead", buffer(r, gone), 0);
+  tbd_session_close(r, gone);
+  for (size_t i = 0; i < N; i++) {
+    struct tbd_session *s = session(r, (pid_t)(100 + i));
+    /* 97 deadlines 3 ms apart, in an order unlike arrival's */
+    int64_t timeout = i % 50 == 49 ? -1 : 1 + (int64_t)((i * 7919) % 97) * 3;
+    uint64_t id;
+    int want = TB_ETIMEDOUT;
+    char name[32];
+
+    switch (i % 4) {
+    case 0: /* a channel that does not exist yet */
+      snprintf(name, sizeof(name), "d/none/%zu", i % 5);
+      assert_int_equal(acquire_ex(r, s, name, LATEST, 0, timeout, NULL, &id),
+                       PARKED);
+      break;
+    case 1:
+      assert_int_equal(
+          acquire_ex(r, s, "d/live", NEXT, 1, timeout, NULL, &id), PARKED);
+      break;
+    case 2: /* its producer is gone: TB_ECLOSED at the deadline */
+      assert_int_equal(
+          acquire_ex(r, s, "d/dead", NEXT, 1, timeout, NULL, &id), PARKED);
+      want = TB_ECLOSED;
+      break;
+    default:
+      assert_int_equal(wait_free(r, s, "d/live", 1, timeout, &id), PARKED);
+      break;
+    }
+    if (timeout < 0) {
+      nforever++;
+      continue;
+    }
+    tw[ntimed++] = (struct timed_wait){.s = s, .id = id, .want = want,
+                                       .deadline = start + (uint64_t)timeout,
+                                       .arrival = i};
+  }
+  assert_int_equal(counts(r).waits, N);
+  qsort(tw, ntimed, sizeof(*tw), timed_wait_cmp);
+  caps_clear();
+  for (size_t k = 0; k < ntimed;) {
+    uint64_t d = tw[k].deadline;
+    size_t group = 0, n;
+
+    while (k + group < ntimed && tw[k + group].deadline == d)
+      group++;
+    assert_int_equal(tbd_registry_next_deadline(r), d);
+    fake_now = d - 1;
+    tbd_registry_expire(r);
+    assert_null(caps);
+    fake_now = d;
+    tbd_registry_expire(r);
+    n = replies_in_order(sids, ids, status, N);
+    assert_int_equal(n, group);
+    for (size_t j = 0; j < group; j++) {
+      assert_int_equal(sids[j], tbd_session_id(tw[k + j].s));
+      assert_int_equal(ids[j], tw[k + j].id);
+      assert_int_equal(status[j], tw[k + j].want);
+    }
+    caps_clear();
+    k += group;
+  }
+  assert_int_equal(counts(r).waits, nforever);
+  assert_int_equal(tbd_registry_next_deadline(r), UINT64_MAX);
+  fake_now += 1000000;
+  tbd_registry_expire(r);
+  assert_null(caps);
+  free(tw);
+  reg_free(r);
+}
+
+struct fifo_wait {
+  struct tbd_session *s;
+  uint64_t id;
+};
+
+/* The replies since caps was cleared are acquires granting version v to
+ * exactly want[0..n), in that order. */
+static void expect_granted(const struct fifo_wait *want, size_t n,
+                           uint64_t v) {
+  size_t k = 0;
+
+  for (struct cap *c = caps; c != NULL; c = c->next) {
+    if (c->m->body_case != REPLY_CASE)
+      continue;
+    assert_true(k < n);
+    assert_int_equal(c->sid, tbd_session_id(want[k].s));
+    assert_int_equal(c->m->reply->request_id, want[k].id);
+    assert_int_equal(c->m->reply->status, 0);
+    assert_int_equal(c->m->reply->acquire->version, v);
+    k++;
+  }
+  assert_int_equal(k, n);
+  caps_clear();
+}
+
+/* A publish answers the acquires parked on its channel that its version
+ * satisfies, in arrival order, and nobody else: not those on other
+ * channels, nor NEXT after a number not yet reached, which the publish of
+ * that number + 1 answers, merged in arrival order with the acquires that
+ * came later. LATEST and NEXT on a channel that does not exist yet wait
+ * for its first version (NEXT after 1 for the second). */
+static void test_publish_wakes_own_channel(void **state) {
+  enum { N = 90 };
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10);
+  uint64_t b = buffer(r, p);
+  struct fifo_wait a_all[N], b_next1[N], b_next2[N], new_first[N],
+      new_second[N];
+  size_t na = 0, nb1 = 0, nb2 = 0, nn1 = 0, nn2 = 0;
+  uint32_t parked = 0;
+
+  (void)state;
+  publish(r, p, "f/a", b, 0);
+  publish(r, p, "f/b", b, 0);
+  for (size_t i = 0; i < N; i++) {
+    struct tbd_session *s = session(r, (pid_t)(100 + i));
+    struct fifo_wait w = {.s = s};
+    size_t j = i / 3;
+
+    switch (i % 3) {
+    case 0:
+      assert_int_equal(acquire_ex(r, s, "f/a", NEXT, 1, -1, NULL, &w.id),
+                       PARKED);
+      a_all[na++] = w;
+      break;
+    case 1: /* f/b is at 1: NEXT after 2 waits for version 3 */
+      assert_int_equal(acquire_ex(r, s, "f/b", NEXT, j % 2 ? 2 : 1, 60000,
+                                  NULL, &w.id),
+                       PARKED);
+      if (j % 2)
+        b_next2[nb2++] = w;
+      else
+        b_next1[nb1++] = w;
+      break;
+    default: /* f/new does not exist */
+      if (j % 3 == 2) {
+        assert_int_equal(
+            acquire_ex(r, s, "f/new", NEXT, 1, 60000, NULL, &w.id), PARKED);
+        new_second[nn2++] = w;
+      } else {
+        assert_int_equal(acquire_ex(r, s, "f/new", j % 3 ? LATEST : NEXT, 0,
+                                    j % 2 ? -1 : 60000, NULL, &w.id),
+                         PARKED);
+        new_first[nn1++] = w;
+      }
+      break;
+    }
+    parked++;
+  }
+  assert_int_equal(counts(r).waits, parked);
+  caps_clear();
+
+  assert_int_equal(publish(r, p, "f/b", b, 0), 2);
+  expect_granted(b_next1, nb1, 2);
+  parked -= (uint32_t)nb1;
+  assert_int_equal(counts(r).waits, parked);
+  /* more arrive, now satisfied by the next publish: they are served after
+   * the earlier NEXT-after-2 ones, which arrived first */
+  for (size_t i = 0; i < 5; i++) {
+    struct tbd_session *s = session(r, (pid_t)(300 + i));
+    struct fifo_wait w = {.s = s};
+    assert_int_equal(acquire_ex(r, s, "f/b", NEXT, 2, 60000, NULL, &w.id),
+                     PARKED);
+    b_next2[nb2++] = w;
+    parked++;
+  }
+  assert_int_equal(publish(r, p, "f/b", b, 0), 3);
+  expect_granted(b_next2, nb2, 3);
+  parked -= (uint32_t)nb2;
+
+  assert_int_equal(publish(r, p, "f/new", b, 0), 1);
+  expect_granted(new_first, nn1, 1);
+  parked -= (uint32_t)nn1;
+  assert_int_equal(publish(r, p, "f/new", b, 0), 2);
+  expect_granted(new_second, nn2, 2);
+  parked -= (uint32_t)nn2;
+
+  /* f/a's waiters heard nothing of all that */
+  assert_int_equal(counts(r).waits, parked);
+  assert_int_equal(parked, na);
+  assert_int_equal(publish(r, p, "f/a", b, 0), 2);
+  expect_granted(a_all, na, 2);
+  assert_int_equal(counts(r).waits, 0);
+  assert_null(r->waitqs);
+  reg_free(r);
+}
+
+/* A history 65,536 deep: EXACT and NEXT find versions at both ends and in
+ * the middle; a version that left the history while leased is still
+ * granted (EXACT, NEXT), WaitFree waits on it and on one still in the
+ * history, and each is freed when it should be; a publish that makes the
+ * history shallow frees the rest, newest first. */
+static void test_deep_history(void **state) {
+  enum { DEPTH = 65536, EXTRA = 1000 };
+  struct tbd_limits lim;
+  struct tbd_registry *r;
+  struct tbd_session *p, *c, *w1, *w2;
+  uint64_t b, oldest = EXTRA + 1, newest = DEPTH + EXTRA, mid, id1, id2;
+
+  (void)state;
+  tbd_limits_default(&lim);
+  lim.max_history = DEPTH;
+  r = reg_new(&lim);
+  p = session(r, 10);
+  c = session(r, 11);
+  w1 = session(r, 12);
+  w2 = session(r, 13);
+  b = buffer(r, p);
+  for (uint64_t v = 1; v <= newest; v++) {
+    assert_int_equal(publish(r, p, "deep", b, DEPTH), v);
+    caps_clear(); /* VersionFree notices of the first EXTRA */
+  }
+  mid = oldest + DEPTH / 2;
+  assert_int_equal(counts(r).versions, DEPTH);
+  assert_int_equal(acquire(r, c, "deep", LATEST, 0).version, newest);
+  for (uint64_t v = 0; v <= 2; v++) {
+    assert_int_equal(acquire(r, c, "deep", EXACT, oldest + v).version,
+                     oldest + v);
+    assert_int_equal(acquire(r, c, "deep", EXACT, mid + v).version, mid + v);
+    assert_int_equal(acquire(r, c, "deep", EXACT, newest - v).version,
+                     newest - v);
+    assert_int_equal(acquire(r, c, "deep", NEXT, oldest + v).version,
+                     oldest + v + 1);
+    assert_int_equal(acquire(r, c, "deep", NEXT, mid + v).version,
+                     mid + v + 1);
+  }
+  assert_int_equal(acquire(r, c, "deep", NEXT, 0).version, oldest);
+  assert_int_equal(acquire(r, c, "deep", NEXT, oldest - 1).version, oldest);
+  assert_int_equal(acquire(r, c, "deep", NEXT, newest - 1).version, newest);
+  assert_int_equal(acquire_ex(r, c, "deep", NEXT, newest, 0, NULL, NULL),
+                   TB_EAGAIN);
+  assert_int_equal(acquire_ex(r, c, "deep", EXACT, oldest - 1, 0, NULL, NULL),
+                   TB_ENOTFOUND);
+  assert_int_equal(acquire_ex(r, c, "deep", EXACT, newest + 1, 0, NULL, NULL),
+                   TB_ENOTFOUND);
+  assert_int_equal(acquire_ex(r, c, "deep", EXACT, 1, 0, NULL, NULL),
+                   TB_ENOTFOUND);
+  /* c holds leases on many versions now; close it and keep two */
+  tbd_session_close(r, c);
+  c = session(r, 14);
+  assert_int_equal(acquire(r, c, "deep", EXACT, oldest).version, oldest);
+  assert_int_equal(acquire(r, c, "deep", EXACT, mid).version, mid);
+  assert_int_equal(wait_free(r, w1, "deep", oldest, -1, &id1), PARKED);
+  assert_int_equal(wait_free(r, w2, "deep", mid + 1, -1, &id2), PARKED);
+
+  /* oldest leaves the history, leased: granted still, not freed */
+  assert_int_equal(publish(r, p, "deep", b, DEPTH), newest + 1);
+  assert_null(take_notice(p, N_FREE));
+  assert_int_equal(counts(r).versions, DEPTH + 1);
+  assert_int_equal(acquire(r, c, "deep", EXACT, oldest).version, oldest);
+  assert_int_equal(acquire(r, c, "deep", NEXT, oldest - 1).version, oldest);
+  assert_int_equal(acquire(r, c, "deep", NEXT, oldest).version, oldest + 1);
+  assert_int_equal(parked_reply(w1, id1, NULL), PARKED);
+  /* c's leases end (the session goes): oldest is freed, mid stays in the
+   * history */
+  tbd_session_close(r, c);
+  assert_int_equal(expect_free(p, oldest), 0);
+  assert_null(take_notice(p, N_FREE));
+  assert_int_equal(parked_reply(w1, id1, NULL), 0);
+  assert_int_equal(parked_reply(w2, id2, NULL), PARKED);
+  c = session(r, 15);
+  assert_int_equal(acquire_ex(r, c, "deep", EXACT, oldest, 0, NULL, NULL),
+                   TB_ENOTFOUND);
+  assert_int_equal(acquire(r, c, "deep", NEXT, 0).version, oldest + 1);
+
+  /* the producer goes (host versions outlive it) and a new one makes the
+   * history shallow: every version but its own and the leased one is gone
+   * (their producer, gone, hears nothing), and mid + 1's WaitFree has
+   * been answered */
+  tbd_session_close(r, p);
+  p = session(r, 16);
+  assert_int_equal(publish(r, p, "deep", buffer(r, p), 1), newest + 2);
+  assert_int_equal(parked_reply(w2, id2, NULL), 0);
+  assert_null(take_notice(p, N_FREE));
+  assert_int_equal(counts(r).versions, 2); /* newest + 2, and c's lease */
+  tbd_session_close(r, c);
+  assert_int_equal(counts(r).versions, 1);
+  c = session(r, 17);
+  assert_int_equal(acquire(r, c, "deep", NEXT, 0).version, newest + 2);
+  assert_int_equal(acquire(r, c, "deep", EXACT, newest + 2).version,
+                   newest + 2);
+  reg_free(r);
+}
+
+/* Waits leave with their session from wherever they are (the deadline
+ * heap's top or middle, a channel's ready list or its heap of NEXT after a
+ * number not yet published, a version's WaitFree list), and a channel
+ * name's queue goes with its last wait. The waits left are answered as
+ * before; nothing reaches the sessions that went. */
+static void test_waits_session_end(void **state) {
+  enum { N = 240 };
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *ss[N];
+  uint64_t b = buffer(r, p), sids[N], first = UINT64_MAX, second = UINT64_MAX;
+  bool gone[N];
+  size_t nleft = 0, top = 0;
+
+  (void)state;
+  for (int v = 1; v <= 3; v++)
+    publish(r, p, "e/x", b, 8);
+  for (size_t i = 0; i < N; i++) {
+    int64_t timeout = i % 7 == 0 ? -1 : 10 + (int64_t)((i * 31) % 200);
+    uint64_t id;
+
+    ss[i] = session(r, (pid_t)(100 + i));
+    sids[i] = tbd_session_id(ss[i]);
+    switch (i % 4) {
+    case 0: /* answered by the next publish */
+      assert_int_equal(acquire_ex(r, ss[i], "e/x", NEXT, 3, timeout, NULL,
+                                  &id),
+                       PARKED);
+      break;
+    case 1: /* by the publish of 6, 7 or 8 */
+      assert_int_equal(acquire_ex(r, ss[i], "e/x", NEXT, 5 + i % 3, timeout,
+                                  NULL, &id),
+                       PARKED);
+      break;
+    case 2:
+      assert_int_equal(acquire_ex(r, ss[i], "e/none", LATEST, 0, timeout,
+                                  NULL, &id),
+                       PARKED);
+      break;
+    default:
+      assert_int_equal(wait_free(r, ss[i], "e/x", 1 + i % 3, timeout, &id),
+                       PARKED);
+      break;
+    }
+    if (timeout >= 0 && fake_now + (uint64_t)timeout < first) {
+      second = first;
+      first = fake_now + (uint64_t)timeout;
+      top = i;
+    } else if (timeout >= 0 && fake_now + (uint64_t)timeout < second &&
+               fake_now + (uint64_t)timeout != first) {
+      second = fake_now + (uint64_t)timeout;
+    }
+  }
+  assert_int_equal(counts(r).waits, N);
+  assert_int_equal(tbd_registry_next_deadline(r), first);
+  /* the soonest deadline's session goes (it is the only one due then) */
+  tbd_session_close(r, ss[top]);
+  gone[top] = true;
+  assert_int_equal(tbd_registry_next_deadline(r), second);
+  for (size_t i = 0; i < N; i++) {
+    if (i != top)
+      gone[i] = i % 3 == 1;
+    if (gone[i] && i != top)
+      tbd_session_close(r, ss[i]);
+    nleft += !gone[i];
+  }
+  assert_int_equal(counts(r).waits, nleft);
+  caps_clear();
+
+  for (int v = 4; v <= 11; v++) /* 9 to 11 free versions 1 to 3 */
+    publish(r, p, "e/x", b, 8);
+  assert_int_equal(drop_notices(p, N_FREE), 3);
+  assert_int_equal(publish(r, p, "e/none", b, 0), 1);
+  assert_int_equal(counts(r).waits, 0);
+  assert_null(r->waitqs);
+  for (size_t i = 0; i < N; i++) {
+    size_t n = 0;
+    for (struct cap *c = caps; c != NULL; c = c->next)
+      n += c->sid == sids[i];
+    assert_int_equal(n, gone[i] ? 0 : 1);
+    if (!gone[i]) {
+      struct cap *c = caps;
+      while (c->sid != sids[i])
+        c = c->next;
+      assert_int_equal(c->m->body_case, REPLY_CASE);
+      assert_int_equal(c->m->reply->status, 0);
+    }
+  }
+  caps_clear();
+  fake_now += 1000;
+  tbd_registry_expire(r);
+  assert_null(caps);
+  reg_free(r);
+}
+
+/* Parking fails cleanly, whichever allocation fails: for a channel name
+ * with no queue yet, one with a queue, NEXT after a number not yet
+ * published, and WaitFree. Nothing changes but the TB_ENOMEM reply; the
+ * wait parked at last is answered as usual. */
+static void test_alloc_failure_park(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c[5];
+  uint64_t b = buffer(r, p), id[5];
+  struct acq a;
+  int failures = 0;
+
+  (void)state;
+  publish(r, p, "x", b, 2);
+  for (int k = 0; k < 5; k++)
+    c[k] = session(r, 20 + k);
+  for (int k = 0; k < 5; k++) {
+    for (unsigned long n = 1;; n++) {
+      struct snapshot before = snap(r);
+      int rc;
+      tbd_alloc_fail_at(n, 0);
+      switch (k) {
+      case 0: /* a new queue */
+        rc = acquire_ex(r, c[k], "x", NEXT, 1, 100, NULL, &id[k]);
+        break;
+      case 1: /* the same queue */
+        rc = acquire_ex(r, c[k], "x", NEXT, 1, -1, NULL, &id[k]);
+        break;
+      case 2: /* its heap of NEXT after a later number */
+        rc = acquire_ex(r, c[k], "x", NEXT, 2, 100, NULL, &id[k]);
+        break;
+      case 3: /* a channel that does not exist */
+        rc = acquire_ex(r, c[k], "y", LATEST, 0, 100, NULL, &id[k]);
+        break;
+      default:
+        rc = wait_free(r, c[k], "x", 1, 100, &id[k]);
+        break;
+      }
+      tbd_alloc_fail_at(0, 0);
+      if (rc == PARKED)
+        break;
+      assert_int_equal(rc, TB_ENOMEM);
+      failures++;
+      struct snapshot after = snap(r);
+      assert_memory_equal(&before.c, &after.c, sizeof(before.c));
+      assert_int_equal(before.msgs, after.msgs);
+      assert_true(n < 100);
+    }
+  }
+  assert_true(failures >= 5);
+  assert_int_equal(counts(r).waits, 5);
+  publish(r, p, "x", b, 0);
+  assert_int_equal(parked_reply(c[0], id[0], &a), 0);
+  assert_int_equal(a.version, 2);
+  assert_int_equal(parked_reply(c[1], id[1], &a), 0);
+  assert_int_equal(parked_reply(c[2], id[2], NULL), PARKED);
+  publish(r, p, "x", b, 0); /* 3: version 1 leaves the history */
+  assert_int_equal(parked_reply(c[2], id[2], &a), 0);
+  assert_int_equal(a.version, 3);
+  assert_int_equal(parked_reply(c[4], id[4], NULL), 0);
+  fake_now += 100;
+  tbd_registry_expire(r);
+  assert_int_equal(parked_reply(c[3], id[3], NULL), TB_ETIMEDOUT);
+  assert_int_equal(counts(r).waits, 0);
+  reg_free(r);
+}
+
+/* Gaps in a history: a producer of host and CUDA versions in turn ends, so
+ * its CUDA versions die (freed, or kept while leased but never granted
+ * again). Versions are still found by number across the gaps, NEXT skips
+ * the dead ones still leased, and those leave from the middle as their
+ * leases end in no particular order. The host versions are leased too, so
+ * that whatever the daemon keeps of a closed channel's history, they stay. */
+static void test_history_gaps(void **state) {
+  enum { N = 600 };
+  struct tbd_limits lim;
+  struct tbd_registry *r;
+  struct tbd_session *p, *c;
+  uint64_t hb, cb, lease[N + 1] = {0};
+  struct pub gpu = {.dev_type = kDLCUDA, .depth = N, .meta_len = 3};
+  struct pub host = {.depth = N, .meta_len = 3};
+
+  (void)state;
+  tbd_limits_default(&lim);
+  lim.max_history = N;
+  r = reg_new(&lim);
+  p = session(r, 10);
+  c = session(r, 11);
+  hb = buffer(r, p);
+  cb = cuda_buffer(r, p, 0x11);
+  for (uint64_t v = 1; v <= N; v++) /* odd: host, even: CUDA */
+    assert_tb_ok(publish_ex(r, p, "gaps", v % 2 ? hb : cb,
+                            v % 2 ? &host : &gpu, NULL));
+  for (uint64_t v = 1; v <= N; v++)
+    if (v % 2 == 1 || v % 6 == 0)
+      lease[v] = acquire(r, c, "gaps", EXACT, v).lease;
+  tbd_session_close(r, p);
+  assert_int_equal(counts(r).versions, N / 2 + N / 6);
+  for (int pass = 0; pass < 2; pass++) {
+    for (uint64_t v = 1; v <= N; v++) {
+      struct acq a;
+      if (v % 2 == 1) {
+        a = acquire(r, c, "gaps", EXACT, v);
+        assert_int_equal(a.version, v);
+        assert_tb_ok(release(r, c, a.lease));
+      } else {
+        assert_int_equal(acquire_ex(r, c, "gaps", EXACT, v, 0, NULL, NULL),
+                         TB_ECLOSED);
+      }
+      if (v < N - 1) {
+        a = acquire(r, c, "gaps", NEXT, v);
+        assert_int_equal(a.version, v % 2 ? v + 2 : v + 1);
+        assert_tb_ok(release(r, c, a.lease));
+      } else {
+        assert_int_equal(acquire_ex(r, c, "gaps", NEXT, v, 0, NULL, NULL),
+                         TB_ECLOSED);
+      }
+    }
+    if (pass == 1)
+      break;
+    /* the dead ones' leases end, scattered: each leaves the middle */
+    for (uint64_t k = 0; k < N / 6; k++) {
+      uint64_t v = 6 * (1 + (k * 37) % (N / 6));
+      assert_tb_ok(release(r, c, lease[v]));
+      lease[v] = 0;
+    }
+    assert_int_equal(counts(r).versions, N / 2);
+  }
+  reg_free(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
@@ -1822,6 +2386,12 @@ int main(void) {
       T(test_alloc_failure_publish),
       T(test_alloc_failure_acquire),
       T(test_alloc_failure_subscribe),
+      T(test_wait_deadlines),
+      T(test_publish_wakes_own_channel),
+      T(test_deep_history),
+      T(test_history_gaps),
+      T(test_waits_session_end),
+      T(test_alloc_failure_park),
 #undef T
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
