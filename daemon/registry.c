@@ -863,15 +863,22 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
     goto out_nomem;
   {
     /* Packed once, with its length prefix: every AcquireReply carries these
-     * bytes as they are (lease_grant). */
-    size_t len = tensorbroker__v1__layout__get_packed_size(layout);
+     * bytes as they are (lease_grant). Without the producer's unknown
+     * fields: protobuf-c accepts a field 0 written in two bytes, packs it
+     * back in one and then refuses its own output, so one bad publish
+     * would make every acquire of the version undecodable (found by the
+     * request fuzzer). */
+    Tensorbroker__V1__Layout known = *layout;
+    known.base.n_unknown_fields = 0;
+    known.base.unknown_fields = NULL;
+    size_t len = tensorbroker__v1__layout__get_packed_size(&known);
     size_t pre = tb__varint_size(len);
     v->layout_len = pre + len;
     v->layout = tbd_malloc(v->layout_len);
     if (v->layout == NULL)
       goto out_free_version;
     tb__put_varint(v->layout, len);
-    tensorbroker__v1__layout__pack(layout, v->layout + pre);
+    tensorbroker__v1__layout__pack(&known, v->layout + pre);
   }
   v->meta_len = meta_len;
   v->meta = tbd_memdup(meta, meta_len);
