@@ -182,8 +182,11 @@ void tbb_scenario_throughput(void) {
               "time, unpinned; daemon CPU from /proc/<pid>/stat, peak RSS from "
               "VmHWM reset before each point");
   uint64_t dur = (uint64_t)tbb_scale(3000, 1000, 200) * 1000000ull;
-  const char *extra[] = {"--max-channels", "20000", "--max-sessions", "4096",
-                         NULL};
+  /* one producer session publishes up to 10000 channels */
+  const char *extra[] = {"--max-channels", "20000",
+                         "--max-channels-per-uid", "20000",
+                         "--max-channels-per-session", "20000",
+                         "--max-sessions", "4096", NULL};
   struct tbb_daemon d;
   if (tbb_daemon_start(&d, extra) < 0) {
     tbb_failed("daemon did not start");

@@ -7,6 +7,8 @@
 
 #define LIMIT(name, def, min, max, help)                                     \
   {"max-" #name, offsetof(struct tbd_limits, max_##name), def, min, max, help}
+#define ROW(flag, name, def, min, max, help)                                 \
+  {flag, offsetof(struct tbd_limits, max_##name), def, min, max, help}
 
 const struct tbd_limit_desc tbd_limit_table[] = {
     LIMIT(message, TB__DEFAULT_MAX_MESSAGE, 4096, TB__MAX_MESSAGE_HARD,
@@ -15,10 +17,10 @@ const struct tbd_limit_desc tbd_limit_table[] = {
           "dimensions of a tensor"),
     LIMIT(name, TB__DEFAULT_MAX_NAME, 1, TB__DEFAULT_MAX_NAME,
           "bytes in a channel name"),
-    LIMIT(metadata, TB__DEFAULT_MAX_METADATA, 0, TB__MAX_MESSAGE_HARD / 2,
+    LIMIT(metadata, TB__DEFAULT_MAX_METADATA, 0, TB__MAX_MESSAGE_HARD - 4096,
           "bytes of user metadata per version"),
-    LIMIT(channels, 4096, 1, 1u << 20, "channels"),
-    LIMIT(sessions, 4096, 1, 1u << 20, "sessions"),
+    LIMIT(channels, 4096, 1, 1u << 20, "channels in the daemon"),
+    LIMIT(sessions, 4096, 1, 1u << 20, "sessions (connections that said Hello)"),
     LIMIT(buffers, 1024, 1, 1u << 20, "buffers per session"),
     LIMIT(events, 1024, 1, 1u << 20, "events per session"),
     LIMIT(leases, 4096, 1, 1u << 20, "leases per session"),
@@ -26,6 +28,51 @@ const struct tbd_limit_desc tbd_limit_table[] = {
     LIMIT(history, 64, 1, 1u << 16, "history depth of a channel"),
     LIMIT(outq, 1u << 20, 4096, 1u << 30,
           "bytes queued for a slow session before it is dropped"),
+    /* per uid and in total: docs/limits.md */
+    ROW("max-sessions-per-uid", sessions_uid, 1024, 1, 1u << 20,
+        "sessions of one uid"),
+    ROW("max-channels-per-session", channels_session, 1024, 1, 1u << 20,
+        "channels one session publishes"),
+    ROW("max-channels-per-uid", channels_uid, 1024, 1, 1u << 20,
+        "channels of one uid (its sessions', and those closed last by it)"),
+    ROW("max-buffers-per-uid", buffers_uid, 4096, 1, 1u << 20,
+        "buffers of one uid (retired ones still used count)"),
+    ROW("max-buffers-total", buffers_total, 16384, 1, 1u << 22,
+        "buffers in the daemon"),
+    ROW("max-events-per-uid", events_uid, 4096, 1, 1u << 20,
+        "events of one uid"),
+    ROW("max-events-total", events_total, 16384, 1, 1u << 22,
+        "events in the daemon"),
+    ROW("max-leases-per-uid", leases_uid, 16384, 1, 1u << 22,
+        "leases of one uid"),
+    ROW("max-leases-total", leases_total, 65536, 1, 1u << 24,
+        "leases in the daemon"),
+    ROW("max-subscriptions-per-uid", subscriptions_uid, 4096, 1, 1u << 20,
+        "subscriptions of one uid"),
+    ROW("max-subscriptions-total", subscriptions_total, 16384, 1, 1u << 22,
+        "subscriptions in the daemon"),
+    ROW("max-outq-per-uid", outq_uid, 16u << 20, 4096, 1u << 31,
+        "bytes queued for one uid's slow sessions; past it the largest "
+        "queue's session is dropped"),
+    ROW("max-outq-total", outq_total, 64u << 20, 4096, 1u << 31,
+        "bytes queued for all slow sessions; past it the largest queue's "
+        "session is dropped"),
+    ROW("max-done-events", done_events, 128, 1, 8000,
+        "distinct done events one version keeps; more are dropped and its "
+        "producer told"),
+    {"closed-history", offsetof(struct tbd_limits, closed_history), 1, 0,
+     1u << 16,
+     "versions a channel keeps once its producer ended (memory that "
+     "outlives it; 0: none)"},
+    {"max-fds", offsetof(struct tbd_limits, max_fds), 0, 0, 1u << 24,
+     "file descriptors the daemon may use (0: raise the soft limit to the "
+     "hard RLIMIT_NOFILE)"},
+    {"fd-reserve", offsetof(struct tbd_limits, fd_reserve), 64, 8, 65536,
+     "descriptors kept for new connections, so that they are answered "
+     "TB_ELIMIT instead of refused"},
+    {"operator-sessions", offsetof(struct tbd_limits, operator_sessions), 8,
+     0, 1024,
+     "sessions beyond the session limits for root and the daemon's uid"},
     {"hello-timeout", offsetof(struct tbd_limits, hello_timeout_ms), 10000, 0,
      3600000, "milliseconds a new connection has to say Hello (0: no limit)"},
     {"busy-poll", offsetof(struct tbd_limits, busy_poll_us), TB__POLL_AUTO_US,

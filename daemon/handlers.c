@@ -127,21 +127,19 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   for (size_t i = 0; i < h->n_channels; i++)
     if (name_bad(r, s, id, h->channels[i]))
       return TB_ENAME;
-  if (r->nhello >= r->lim.max_sessions) {
-    tbd_warn("refusing session from pid %d uid %u: %u sessions "
-             "(--max-sessions)",
-             (int)s->pid, (unsigned)s->uid, r->lim.max_sessions);
-    tbd__reply_status(r, s, id, TB_ELIMIT, "daemon has %u sessions "
-                      "(--max-sessions)", r->lim.max_sessions);
-    return TB_ELIMIT;
+  {
+    char why[256];
+    if (tbd__session_admit(r, s, why, sizeof(why)) < 0) {
+      tbd__reply_status(r, s, id, TB_ELIMIT, "%s", why);
+      return TB_ELIMIT;
+    }
   }
   snprintf(s->name, sizeof(s->name), "%s", name);
   s->contract = (int)h->stream_contract;
   s->memory_kinds = h->memory_kinds;
   s->prefetch = h->prefetch;
   s->says_goodbye = h->says_goodbye;
-  s->hello = true;
-  r->nhello++;
+  s->hello = true; /* counted by tbd__session_admit */
   tbd_info("session %llu open: pid %d uid %u gid %u name '%s' contract %s",
            (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid,
            (unsigned)s->gid, s->name, tb_contract_name(s->contract));
@@ -283,10 +281,11 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, TB_EINVAL, "unknown memory kind %d",
                              (int)m->kind);
   }
-  if (s->nbuffers >= r->lim.max_buffers)
-    return tbd__reply_status(r, s, id, TB_ELIMIT,
-                             "session has %u buffers (--max-buffers)",
-                             r->lim.max_buffers);
+  {
+    char lwhy[256];
+    if (tbd__buffer_admit(r, s, nfds == 1, lwhy, sizeof(lwhy)) < 0)
+      return tbd__reply_status(r, s, id, TB_ELIMIT, "%s", lwhy);
+  }
   b = tbd_calloc(1, sizeof(*b));
   if (b == NULL)
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
@@ -321,6 +320,8 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
       fds[0] = -1;
     }
   }
+  if (b->fd >= 0) /* admitted above: within the budget */
+    (void)tbd_registry_fds_take(r, 1, true);
   rep.request_id = id;
   rep.body_case = TENSORBROKER__V1__REPLY__BODY_BUFFER_REGISTER;
   rep.buffer_register = &br;
@@ -359,10 +360,12 @@ static int on_event_register(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, TB_EINVAL,
                              "cuda_ipc_event_handle must be %d bytes",
                              TB__CUDA_IPC_HANDLE_SIZE);
-  if (s->nevents >= r->lim.max_events)
-    return tbd__reply_status(r, s, id, TB_ELIMIT,
-                             "session has %u events (--max-events)",
-                             r->lim.max_events);
+  {
+    char why[160];
+    if (tbd__limit_check(r, s, s->u, TBD_RES_EVENTS, TBD_SCOPE_ALL, why,
+                         sizeof(why), NULL) < 0)
+      return tbd__reply_status(r, s, id, TB_ELIMIT, "%s", why);
+  }
   e = tbd_calloc(1, sizeof(*e));
   if (e == NULL)
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
@@ -559,6 +562,15 @@ static int on_subscribe(struct tbd_registry *r, struct tbd_session *s,
 
   if (name_bad(r, s, id, name))
     return TB_ENAME;
+  if (sub) {
+    struct tbd_sub *have;
+    char why[160];
+    HASH_FIND_STR(s->subs, name, have);
+    if (have == NULL &&
+        tbd__limit_check(r, s, s->u, TBD_RES_SUBS, TBD_SCOPE_ALL, why,
+                         sizeof(why), NULL) < 0)
+      return tbd__reply_status(r, s, id, TB_ELIMIT, "%s", why);
+  }
   rc = sub ? tbd__subscribe(r, s, name) : tbd__unsubscribe(r, s, name);
   if (rc == TB_ELIMIT)
     return tbd__reply_status(r, s, id, rc,
@@ -723,7 +735,7 @@ static int on_status(struct tbd_registry *r, struct tbd_session *s,
   st.daemon_version = (char *)TB_VERSION_STRING;
   st.pid = (uint32_t)getpid();
   st.uptime_ms = tbd__now(r) - r->start_ms;
-  st.sessions = r->nhello;
+  st.sessions = r->nhello + r->noperators;
   st.channels = r->nchannels;
   st.buffers = r->nbuffers;
   st.leases = r->nleases;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -29,6 +30,7 @@ enum {
   OPT_SOCKET_MODE = 256,
   OPT_LOG_LEVEL,
   OPT_READY_FD,
+  OPT_EXEMPT_ROOT,
 };
 
 struct options {
@@ -37,6 +39,7 @@ struct options {
   unsigned mode;
   enum tbd_log_level level;
   int ready_fd;
+  int done_events_set; /* --max-done-events given */
   struct tbd_limits lim;
 };
 
@@ -55,7 +58,9 @@ static void usage(FILE *f) {
           "info)\n"
           "      --ready-fd N       write \"READY\\n\" to descriptor N once "
           "listening,\n"
-          "                         then close it (default: none)\n");
+          "                         then close it (default: none)\n"
+          "      --exempt-root      per-uid limits do not apply to uid 0 "
+          "(default: they do)\n");
   for (unsigned i = 0; i < tbd_limit_count; i++) {
     const struct tbd_limit_desc *d = &tbd_limit_table[i];
     char flag[48];
@@ -102,7 +107,7 @@ static int default_socket(struct options *o) {
 
 /* Returns -1 to continue, else the exit status. */
 static int parse_options(int argc, char **argv, struct options *o) {
-  struct option longopts[8 + 32];
+  struct option longopts[8 + 64];
   unsigned n = 0;
   int c, have_socket = 0;
 
@@ -113,6 +118,8 @@ static int parse_options(int argc, char **argv, struct options *o) {
       (struct option){"log-level", required_argument, NULL, OPT_LOG_LEVEL};
   longopts[n++] =
       (struct option){"ready-fd", required_argument, NULL, OPT_READY_FD};
+  longopts[n++] =
+      (struct option){"exempt-root", no_argument, NULL, OPT_EXEMPT_ROOT};
   longopts[n++] = (struct option){"help", no_argument, NULL, 'h'};
   longopts[n++] = (struct option){"version", no_argument, NULL, 'V'};
   for (unsigned i = 0; i < tbd_limit_count; i++)
@@ -121,6 +128,10 @@ static int parse_options(int argc, char **argv, struct options *o) {
                                     OPT_LIMIT_BASE + (int)i};
   longopts[n] = (struct option){NULL, 0, NULL, 0};
 
+  if (tbd_limit_count + 8 > sizeof(longopts) / sizeof(longopts[0])) {
+    fprintf(stderr, "tensorbrokerd: too many options for the table\n");
+    return 1;
+  }
   memset(o, 0, sizeof(*o));
   o->mode = 0660;
   o->level = TBD_LOG_INFO;
@@ -163,6 +174,9 @@ static int parse_options(int argc, char **argv, struct options *o) {
       }
       o->ready_fd = (int)v;
       break;
+    case OPT_EXEMPT_ROOT:
+      o->lim.exempt_root = 1;
+      break;
     case 'h':
       usage(stdout);
       return 0;
@@ -188,6 +202,8 @@ static int parse_options(int argc, char **argv, struct options *o) {
           return 2;
         }
         *tbd_limit_field(&o->lim, d) = v;
+        if (d->offset == offsetof(struct tbd_limits, max_done_events))
+          o->done_events_set = 1;
         break;
       }
       fprintf(stderr, "Try 'tensorbrokerd --help'.\n");
@@ -202,6 +218,25 @@ static int parse_options(int argc, char **argv, struct options *o) {
     fprintf(stderr, "tensorbrokerd: --max-metadata %u leaves no room in "
                     "--max-message %u (need 4096 bytes more)\n",
             o->lim.max_metadata, o->lim.max_message);
+    return 2;
+  }
+  /* the default fits itself to a smaller --max-message; a number given
+   * must fit */
+  if (!o->done_events_set &&
+      (uint64_t)o->lim.max_done_events * TBD_DONE_EVENT_BYTES +
+              TBD_VERSION_FREE_BASE >
+          o->lim.max_message)
+    o->lim.max_done_events = (o->lim.max_message - TBD_VERSION_FREE_BASE) /
+                             TBD_DONE_EVENT_BYTES;
+  if ((uint64_t)o->lim.max_done_events * TBD_DONE_EVENT_BYTES +
+          TBD_VERSION_FREE_BASE >
+      o->lim.max_message) {
+    fprintf(stderr, "tensorbrokerd: --max-done-events %u needs %llu bytes "
+                    "in a message; --max-message is %u\n",
+            o->lim.max_done_events,
+            (unsigned long long)o->lim.max_done_events *
+                    TBD_DONE_EVENT_BYTES + TBD_VERSION_FREE_BASE,
+            o->lim.max_message);
     return 2;
   }
   if (!have_socket && default_socket(o) < 0) {
@@ -296,6 +331,81 @@ out_close:
   return -1;
 }
 
+/* Raise the soft RLIMIT_NOFILE to the hard limit, or to --max-fds when
+ * that is set (and lower), so that the daemon's descriptor budget is what
+ * the operator allowed, not the login default (often 1024). */
+static void raise_nofile(uint32_t max_fds) {
+  struct rlimit rl;
+  rlim_t want;
+
+  if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+    tbd_warn("getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+    return;
+  }
+  want = rl.rlim_max;
+  if (max_fds != 0 && (want == RLIM_INFINITY || max_fds < want))
+    want = max_fds;
+  else if (max_fds != 0 && max_fds > want)
+    tbd_warn("--max-fds %u: the hard RLIMIT_NOFILE is %llu; using that",
+             max_fds, (unsigned long long)want);
+  if (want == RLIM_INFINITY || want > (1u << 24))
+    want = 1u << 24;
+  if (want == rl.rlim_cur)
+    return;
+  rl.rlim_cur = want;
+  if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+    tbd_warn("setrlimit(RLIMIT_NOFILE, %llu): %s", (unsigned long long)want,
+             strerror(errno));
+}
+
+static long read_long(const char *path) {
+  FILE *f = fopen(path, "re");
+  long v = -1;
+
+  if (f != NULL) {
+    if (fscanf(f, "%ld", &v) != 1)
+      v = -1;
+    fclose(f);
+  }
+  return v;
+}
+
+/* Whether a datagram of len bytes fits the send buffer an unprivileged
+ * socket may have here (SO_SNDBUF, bounded by net.core.wmem_max): the
+ * daemon's replies and the library's requests both need it, and the
+ * library sizes its socket the same way (client/conn.c). */
+static int check_send_buffer(uint32_t len) {
+  int sv[2], val = (int)len + 4096, rc = 0;
+  uint8_t *buf;
+  ssize_t n;
+
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+    tbd_error("socketpair: %s", strerror(errno));
+    return -1;
+  }
+  buf = calloc(1, len);
+  if (buf == NULL) {
+    close(sv[0]);
+    close(sv[1]);
+    return -1;
+  }
+  (void)setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &val, sizeof(val));
+  n = send(sv[0], buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n != (ssize_t)len) {
+    tbd_error("--max-message %u: a datagram that long does not fit the "
+              "send buffer of a socket here (%s; net.core.wmem_max is %ld, "
+              "and a socket's buffer may be twice that): lower "
+              "--max-message or raise net.core.wmem_max",
+              len, n < 0 ? strerror(errno) : "short send",
+              read_long("/proc/sys/net/core/wmem_max"));
+    rc = -1;
+  }
+  free(buf);
+  close(sv[0]);
+  close(sv[1]);
+  return rc;
+}
+
 struct daemon {
   struct tbd_server srv;
   uv_signal_t sigterm, sigint;
@@ -337,6 +447,9 @@ int main(int argc, char **argv) {
     return rc;
   tbd_log_set_level(o.level);
   signal(SIGPIPE, SIG_IGN);
+  if (check_send_buffer(o.lim.max_message) < 0)
+    return 1;
+  raise_nofile(o.lim.max_fds);
 
   fd = listen_on(&o);
   if (fd < 0)

@@ -106,6 +106,7 @@ void tbd_registry_free(struct tbd_registry *r) {
     channel_free(r, ch);
   }
   assert(r->waitqs == NULL && r->deadlines.n == 0);
+  assert(r->uids == NULL); /* every count went with its object */
   tbd_heap_free(&r->deadlines);
   HASH_DEL(r->leases, &r->anchor);
   while (r->spare != NULL) {
@@ -447,10 +448,14 @@ static void buffer_maybe_free(struct tbd_registry *r, struct tbd_buffer *b) {
     tbd_free(e);
     tbd__emit_notice(r, s, &n);
   }
-  if (b->fd >= 0)
+  if (b->fd >= 0) {
     close(b->fd);
+    tbd_registry_fds_give(r, 1);
+  }
   HASH_DEL(r->buffers, b);
   r->nbuffers--;
+  b->u->n[TBD_RES_BUFFERS]--;
+  tbd__uid_put(r, b->u);
   tbd_free(b->info);
   tbd_free(b);
 }
@@ -461,15 +466,40 @@ void tbd__buffer_retire(struct tbd_registry *r, struct tbd_buffer *b) {
   buffer_maybe_free(r, b);
 }
 
-/* Only as the registry is freed: a channel otherwise stays, so that its
- * version numbers continue across producers. */
+/* As the registry is freed, or to make room (tbd__channel_drop): a channel
+ * otherwise stays, so that its version numbers continue across
+ * producers. */
 static void channel_free(struct tbd_registry *r, struct tbd_channel *ch) {
+  tbd__channel_gone(r, ch);
   HASH_DEL(r->channels, ch);
   r->nchannels--;
   r->channel_frees++;
   tbd_vindex_free(&ch->index);
   tbd_free(ch->name);
   tbd_free(ch);
+}
+
+bool tbd__channel_idle(struct tbd_registry *r, const struct tbd_channel *ch) {
+  const struct tbd_version *v;
+
+  if (ch->publisher != NULL || ch->nleases > 0 ||
+      waitq_find(r, ch->name) != NULL)
+    return false;
+  DL_FOREACH(ch->versions, v) {
+    if (v->free_waits != NULL)
+      return false;
+  }
+  return true;
+}
+
+void tbd__channel_drop(struct tbd_registry *r, struct tbd_channel *ch) {
+  while (ch->versions != NULL) {
+    struct tbd_version *v = ch->versions;
+    assert(v->nleases == 0);
+    history_leave(ch, v);
+    version_maybe_free(r, v);
+  }
+  channel_free(r, ch);
 }
 
 static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
@@ -480,6 +510,7 @@ static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
   struct tbd_session *pub = tbd__session_find(r, v->publisher_id);
   struct tbd_wait *w;
   size_t nev = v->ndone;
+  uint32_t dropped = v->done_dropped;
 
   if (nev > 0) {
     /* Without memory for the event list the notice still goes out, without
@@ -490,6 +521,8 @@ static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
     if (evs == NULL || devs == NULL || evp == NULL) {
       tbd_warn("out of memory: VersionFree for %s@%llu sent without events",
                v->ch->name, (unsigned long long)v->number);
+      /* ... saying so: the producer must not take it as free */
+      dropped += (uint32_t)nev;
       nev = 0;
     }
     for (size_t i = 0; i < nev; i++) {
@@ -505,6 +538,7 @@ static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
     vf.buffer_id = v->buf->id;
     vf.n_done_events = nev;
     vf.done_events = evp;
+    vf.done_events_dropped = dropped;
     tbd__emit_notice(r, pub, &n);
   }
   while ((w = v->free_waits) != NULL) {
@@ -519,6 +553,7 @@ static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
     wf.version = v->number;
     wf.n_done_events = nev;
     wf.done_events = evp;
+    wf.done_events_dropped = dropped;
     tbd__wait_remove(r, w);
     tbd__send_reply(r, s, &rep, NULL, 0);
   }
@@ -664,6 +699,15 @@ void tbd__channel_close(struct tbd_registry *r, struct tbd_channel *ch,
     }
   }
   channel_drop_died(r, ch, s);
+  /* What survived its producer stays, but only the newest
+   * --closed-history versions of it (docs/limits.md); the channel's own
+   * depth comes back for its next producer. */
+  if (ch->depth > r->lim.closed_history) {
+    uint32_t depth = ch->depth;
+    ch->depth = r->lim.closed_history;
+    channel_trim(r, ch);
+    ch->depth = depth;
+  }
 }
 
 /* ---- buffers and events ---- */
@@ -680,6 +724,8 @@ int tbd__buffer_add(struct tbd_registry *r, struct tbd_session *s,
     return TB_ENOMEM;
   r->next_buffer_id++;
   r->nbuffers++;
+  b->u = s->u;
+  b->u->n[TBD_RES_BUFFERS]++;
   b->owner = s;
   b->owner_pid = (uint32_t)s->pid;
   DL_APPEND2(s->buffers, b, sprev, snext);
@@ -699,6 +745,7 @@ int tbd__event_add(struct tbd_registry *r, struct tbd_session *s,
     return TB_ENOMEM;
   r->next_event_id++;
   r->nevents++;
+  s->u->n[TBD_RES_EVENTS]++;
   e->owner = s;
   DL_APPEND2(s->events, e, sprev, snext);
   s->nevents++;
@@ -708,6 +755,7 @@ int tbd__event_add(struct tbd_registry *r, struct tbd_session *s,
 void tbd__event_remove(struct tbd_registry *r, struct tbd_event *e) {
   DL_DELETE2(e->owner->events, e, sprev, snext);
   e->owner->nevents--;
+  e->owner->u->n[TBD_RES_EVENTS]--;
   HASH_DEL(r->events, e);
   r->nevents--;
   tbd_free(e);
@@ -852,11 +900,10 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
              channel, (unsigned long long)ch->publisher->id);
     return TB_EBUSY;
   }
-  if (ch == NULL && r->nchannels >= r->lim.max_channels) {
-    snprintf(why, whylen, "%u channels exist (--max-channels)",
-             r->lim.max_channels);
-    return TB_ELIMIT;
-  }
+  rc = tbd__channel_admit(r, s, ch, why, whylen);
+  if (rc < 0)
+    return rc;
+  rc = TB_ENOMEM;
   /* Allocate everything first so that a failure changes nothing. */
   v = tbd_calloc(1, sizeof(*v));
   if (v == NULL)
@@ -909,6 +956,7 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
   if (ch->publisher == NULL) {
     ch->publisher = s;
     ch->closed = false;
+    tbd__channel_taken(r, ch, s);
   }
   if (depth != 0)
     ch->depth = depth;
@@ -1147,6 +1195,7 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   DL_APPEND2(s->leases, l, sprev, snext);
   DL_APPEND2(v->leases, l, vprev, vnext);
   s->nleases++;
+  s->u->n[TBD_RES_LEASES]++;
   v->nleases++;
   v->ch->nleases++;
   r->nleases++;
@@ -1219,10 +1268,12 @@ int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
     s->recent_frees = r->channel_frees;
   }
 
-  if (s->nleases >= r->lim.max_leases)
-    return tbd__reply_status(r, s, request_id, TB_ELIMIT,
-                             "session holds %u leases (--max-leases)",
-                             r->lim.max_leases);
+  {
+    char why[160];
+    if (tbd__limit_check(r, s, s->u, TBD_RES_LEASES, TBD_SCOPE_ALL, why,
+                         sizeof(why), NULL) < 0)
+      return tbd__reply_status(r, s, request_id, TB_ELIMIT, "%s", why);
+  }
   v = find_match(ch, mode, version);
   if (v != NULL) {
     rc = lease_grant(r, s, request_id, v);
@@ -1266,7 +1317,18 @@ int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
     bool seen = false;
     for (size_t i = 0; i < v->ndone; i++)
       seen = seen || v->done[i].id == done->info.id;
-    if (!seen) {
+    if (!seen && v->ndone >= r->lim.max_done_events) {
+      /* Past --max-done-events the event is not kept, so that no
+       * VersionFree outgrows a message; the producer is told how many
+       * went (VersionFree.done_events_dropped) and must not rewrite the
+       * buffer on the strength of the events it got (docs/limits.md). */
+      if (v->done_dropped++ == 0)
+        tbd_warn("version %llu of '%s': more than %u distinct done events "
+                 "(--max-done-events); those past it are dropped and its "
+                 "producer told",
+                 (unsigned long long)v->number, v->ch->name,
+                 r->lim.max_done_events);
+    } else if (!seen) {
       struct tbd_evinfo *d = tbd_malloc((v->ndone + 1) * sizeof(*d));
       if (d == NULL)
         return TB_ENOMEM;
@@ -1282,6 +1344,7 @@ int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
   DL_DELETE2(s->leases, l, sprev, snext);
   DL_DELETE2(v->leases, l, vprev, vnext);
   s->nleases--;
+  s->u->n[TBD_RES_LEASES]--;
   v->nleases--;
   v->ch->nleases--;
   r->nleases--;
@@ -1333,6 +1396,7 @@ int tbd__subscribe(struct tbd_registry *r, struct tbd_session *s,
   sub->g = g;
   DL_APPEND2(g->members, sub, gprev, gnext);
   s->nsubs++;
+  s->u->n[TBD_RES_SUBS]++;
   r->nsubs++;
   return 0;
 
@@ -1363,6 +1427,7 @@ int tbd__unsubscribe(struct tbd_registry *r, struct tbd_session *s,
   }
   HASH_DEL(s->subs, sub);
   s->nsubs--;
+  s->u->n[TBD_RES_SUBS]--;
   r->nsubs--;
   tbd_free(sub->name);
   tbd_free(sub);

@@ -8,6 +8,8 @@
 #ifndef TBD_REGISTRY_H
 #define TBD_REGISTRY_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -95,6 +97,41 @@ int tbd_session_request(struct tbd_registry *r, struct tbd_session *s,
  * message (the server calls it for datagrams that do not decode). */
 void tbd_session_protocol_error(struct tbd_registry *r, struct tbd_session *s,
                                 uint64_t request_id, const char *why);
+
+/* ---- limits (quota.c, docs/limits.md) ---- */
+
+/* The descriptor budget: the registry counts the descriptors held for
+ * clients (the server's connections and queued descriptors, the memfds of
+ * buffers) against capacity; all is capacity plus the reserve that only
+ * new connections may use; nofile and reserve are for messages. Until this
+ * is called there is no budget. */
+void tbd_registry_set_fds(struct tbd_registry *r, uint32_t capacity,
+                          uint32_t all, uint32_t nofile, uint32_t reserve);
+uint32_t tbd_registry_fds_held(const struct tbd_registry *r);
+/* Count n more held descriptors if they fit the capacity (or, with
+ * reserve, the reserve too): 0, or -1 with nothing counted. */
+int tbd_registry_fds_take(struct tbd_registry *r, uint32_t n, bool reserve);
+void tbd_registry_fds_give(struct tbd_registry *r, uint32_t n);
+/* Why no descriptor is left ("the daemon holds N descriptors ..."). */
+void tbd_registry_fds_why(const struct tbd_registry *r, char *buf,
+                          size_t len);
+/* Sessions of uids a and b (root and the daemon's own) may take one of
+ * --operator-sessions when every other session would be refused. Without
+ * this call, no uid may. */
+void tbd_registry_set_operators(struct tbd_registry *r, uid_t a, uid_t b);
+/* The bytes queued for the sessions of s's uid: the server's count, kept
+ * with the uid's other counts. */
+uint64_t *tbd_session_uid_outq(struct tbd_session *s);
+/* Whether per-uid limits apply to s (not to root with --exempt-root). */
+bool tbd_session_uid_limited(const struct tbd_registry *r,
+                             const struct tbd_session *s);
+/* s came past a limit the server checks (why says which): its Hello is
+ * answered TB_ELIMIT with why, unless it may use an operator session. */
+void tbd_session_refuse(struct tbd_session *s, const char *why);
+/* The descriptors req carried could not be received: answer it TB_ELIMIT
+ * (the session goes on). */
+void tbd_session_fds_lost(struct tbd_registry *r, struct tbd_session *s,
+                          const tb__request *req);
 
 /* Earliest deadline of a parked wait (clock milliseconds), or UINT64_MAX. */
 uint64_t tbd_registry_next_deadline(const struct tbd_registry *r);

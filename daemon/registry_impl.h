@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "hash.h"
+#include "quota.h"
 #include "heap.h"
 #include "registry.h"
 #include "vindex.h"
@@ -27,6 +28,7 @@ struct tbd_buffer {
   uint64_t id;
   uint32_t generation;
   struct tbd_session *owner; /* NULL once retired */
+  struct tbd_uid *u;         /* counted against it until freed */
   uint32_t owner_pid;
   int kind;                  /* TENSORBROKER__V1__MEMORY_KIND__* */
   uint64_t size;
@@ -69,7 +71,8 @@ struct tbd_version {
   bool has_ready;
   struct tbd_evinfo ready;
   struct tbd_evinfo *done;   /* consumers' done events, each once */
-  size_t ndone;
+  size_t ndone;              /* at most --max-done-events */
+  uint32_t done_dropped;     /* distinct events past it, not kept */
   bool in_history;            /* in ch->history */
   bool died;                 /* its memory died with its producer (out of
                                 history, kept while leased): never
@@ -97,6 +100,9 @@ struct tbd_channel {
   UT_hash_handle hh;         /* registry->channels, by name */
   struct tbd_session *publisher; /* NULL: closed */
   bool closed;
+  struct tbd_uid *u;         /* counted against its (last) publisher's uid */
+  bool on_closed_list;
+  struct tbd_channel *cnext, *cprev; /* registry->closed, oldest first */
   /* its last publisher, once it ended: for the TB_ECLOSED of an acquire
    * that finds nothing to grant */
   uint32_t ended_pid;
@@ -200,7 +206,11 @@ struct tbd_session {
   bool says_goodbye;          /* Hello.says_goodbye */
   bool said_goodbye;          /* its Goodbye came: closing on purpose */
   bool hung_up;               /* the peer ended the connection */
+  bool operator_slot;         /* admitted past the limits (quota.c) */
+  char refuse[256];           /* the server refuses it: why ("": not) */
+  struct tbd_uid *u;          /* its uid's counts */
   uint32_t nleases, nbuffers, nevents, nsubs;
+  uint32_t nchannels;         /* channels it publishes */
   uint64_t implicit_stream_calls;
   uint64_t requests;
   struct tbd_lease *leases;
@@ -246,6 +256,13 @@ struct tbd_registry {
   uint32_t nwaits;
   uint64_t wait_seq;
   uint64_t mark_seq;
+  /* quota.c */
+  struct tbd_uid *uids;
+  struct tbd_channel *closed; /* closed channels, oldest first */
+  uint32_t noperators;
+  bool has_operators;
+  uid_t operator_uid[2];
+  uint32_t fds_held, fd_capacity, fd_all, fd_nofile, fd_reserve;
   uint64_t next_session_id, next_buffer_id, next_event_id, next_lease_id;
 };
 
@@ -276,6 +293,11 @@ void tbd__channel_close(struct tbd_registry *r, struct tbd_channel *ch,
 
 struct tbd_channel *tbd__channel_find(struct tbd_registry *r,
                                       const char *name);
+/* Whether closed channel ch may be freed: nobody leases any of its
+ * versions or waits on it (an acquire, or a WaitFree on a version). */
+bool tbd__channel_idle(struct tbd_registry *r, const struct tbd_channel *ch);
+/* Free idle closed channel ch with its versions (quota.c reclaims). */
+void tbd__channel_drop(struct tbd_registry *r, struct tbd_channel *ch);
 struct tbd_session *tbd__session_find(struct tbd_registry *r, uint64_t id);
 void tbd__evinfo_to_pb(const struct tbd_evinfo *e,
                        Tensorbroker__V1__EventInfo *pb,

@@ -5,13 +5,20 @@
  * socket turns writable, and a session whose queue overflows is dropped. */
 #include "server.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <tensorbroker/errors.h>
 
@@ -25,10 +32,16 @@
 #define READ_BUDGET 32
 /* Connections allowed beyond --max-sessions that have not said Hello. */
 #define EXTRA_CONNS 64
+/* Descriptors the daemon keeps for itself beyond those open at start (the
+ * signal pipe, the accept-and-close spare, a file opened for a moment). */
+#define FD_SLACK 16
+/* Queued bytes freed before the memory is handed back to the system. */
+#define TRIM_BYTES (1u << 20)
 
 struct tbd_outmsg {
   struct tbd_outmsg *next;
   size_t len;
+  size_t charge;  /* what it counts against the queue limits */
   int fds[TB__MAX_FDS];
   int nfds;
   uint8_t data[];
@@ -40,7 +53,9 @@ struct tbd_conn {
   uv_poll_t poll;
   struct tbd_session *s;
   struct tbd_outmsg *outq, *outq_tail;
-  size_t outq_bytes;
+  size_t outq_bytes;            /* charged: see TBD_QUEUED_MSG_OVERHEAD */
+  bool outq_counted;            /* also in its uid's and the total count */
+  bool refused;                 /* in the reserve, to be refused at Hello */
   int events;
   int doomed;
   int pending;                  /* on srv->pending: read in the check phase */
@@ -50,10 +65,33 @@ struct tbd_conn {
   struct tbd_conn *dnext;       /* srv->doomed */
 };
 
-static void outmsg_free(struct tbd_outmsg *m) {
+static void outmsg_free(struct tbd_server *srv, struct tbd_outmsg *m) {
   for (int i = 0; i < m->nfds; i++)
     close(m->fds[i]);
+  if (m->nfds > 0)
+    tbd_registry_fds_give(srv->reg, (uint32_t)m->nfds);
+  srv->trim_bytes += m->charge;
   free(m);
+}
+
+/* glibc keeps freed small blocks in its heap, and a heap once grown by
+ * queues stays grown: hand the free pages back once a megabyte of queued
+ * messages went, so that what a dropped slow session took is returned. */
+static void trim_memory(struct tbd_server *srv) {
+  if (srv->trim_bytes < TRIM_BYTES)
+    return;
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+  srv->trim_bytes = 0;
+}
+
+/* c's queued bytes leave its uid's and the server's count. */
+static void outq_uncount(struct tbd_conn *c, size_t n) {
+  if (!c->outq_counted || n == 0)
+    return;
+  *tbd_session_uid_outq(c->s) -= n;
+  c->srv->outq_total -= n;
 }
 
 static void on_conn_poll(uv_poll_t *h, int status, int events);
@@ -69,6 +107,9 @@ static void conn_doom(struct tbd_conn *c) {
   if (c->doomed)
     return;
   c->doomed = 1;
+  /* what it had queued no longer counts against the others */
+  outq_uncount(c, c->outq_bytes);
+  c->outq_counted = false;
   tbd_session_mute(c->s);
   c->dnext = c->srv->doomed;
   c->srv->doomed = c;
@@ -88,10 +129,84 @@ static int conn_flush(struct tbd_conn *c) {
     c->outq = m->next;
     if (c->outq == NULL)
       c->outq_tail = NULL;
-    c->outq_bytes -= m->len;
-    outmsg_free(m);
+    c->outq_bytes -= m->charge;
+    outq_uncount(c, m->charge);
+    outmsg_free(c->srv, m);
   }
   return 0;
+}
+
+static void drop_slow(struct tbd_conn *c, const char *limit) {
+  struct tbd_session *s = c->s;
+
+  tbd_warn("session %llu (pid %d uid %u '%s'): %zu bytes unread (%s); "
+           "dropping it",
+           (unsigned long long)tbd_session_id(s), (int)tbd_session_pid(s),
+           (unsigned)tbd_session_uid(s), tbd_session_name(s), c->outq_bytes,
+           limit);
+  tbd_registry_stats(c->srv->reg)->sessions_dropped++;
+  conn_doom(c);
+  /* its socket is full: what waited for it would never go, and other
+   * sessions' messages may be queued before it is closed */
+  while (c->outq != NULL) {
+    struct tbd_outmsg *m = c->outq;
+    c->outq = m->next;
+    outmsg_free(c->srv, m);
+  }
+  c->outq_tail = NULL;
+  c->outq_bytes = 0;
+}
+
+/* The live connection with the most bytes queued, of uid's sessions when
+ * one_uid is set; NULL when none has any. */
+static struct tbd_conn *largest_queue(struct tbd_server *srv, bool one_uid,
+                                      uid_t uid) {
+  struct tbd_conn *best = NULL;
+
+  for (struct tbd_conn *k = srv->conns; k != NULL; k = k->next) {
+    if (k->doomed || !k->outq_counted || k->outq_bytes == 0)
+      continue;
+    if (one_uid && tbd_session_uid(k->s) != uid)
+      continue;
+    if (best == NULL || k->outq_bytes > best->outq_bytes)
+      best = k;
+  }
+  return best;
+}
+
+/* Make room for charge more bytes queued for c. Past --max-outq, c is
+ * dropped; past the per-uid or the total limit, the session with the most
+ * bytes queued (of that uid, or of all) is dropped, until the message fits
+ * or c itself was dropped. Returns whether c may queue it. */
+static bool outq_room(struct tbd_server *srv, struct tbd_conn *c,
+                      size_t charge) {
+  uint64_t *uq = tbd_session_uid_outq(c->s);
+  bool per_uid = tbd_session_uid_limited(srv->reg, c->s);
+  uid_t uid = tbd_session_uid(c->s);
+
+  if (c->outq_bytes + charge > srv->lim.max_outq) {
+    drop_slow(c, "--max-outq");
+    return false;
+  }
+  for (;;) {
+    struct tbd_conn *victim;
+    const char *limit;
+
+    if (per_uid && *uq + charge > srv->lim.max_outq_uid) {
+      victim = largest_queue(srv, true, uid);
+      limit = "--max-outq-per-uid";
+    } else if (srv->outq_total + charge > srv->lim.max_outq_total) {
+      victim = largest_queue(srv, false, 0);
+      limit = "--max-outq-total";
+    } else {
+      return true;
+    }
+    if (victim == NULL || victim->outq_bytes < c->outq_bytes)
+      victim = c;
+    drop_slow(victim, limit);
+    if (victim == c)
+      return false;
+  }
 }
 
 void tbd_server_emit(void *ud, struct tbd_session *s,
@@ -99,6 +214,7 @@ void tbd_server_emit(void *ud, struct tbd_session *s,
   struct tbd_server *srv = ud;
   struct tbd_conn *c = tbd_session_conn(s);
   struct tbd_outmsg *q;
+  size_t charge;
   long len;
   int rc;
 
@@ -123,27 +239,38 @@ void tbd_server_emit(void *ud, struct tbd_session *s,
       return;
     }
   }
-  if (c->outq_bytes + (size_t)len > srv->lim.max_outq) {
-    tbd_warn("session %llu (pid %d '%s'): %zu bytes unread (--max-outq); "
-             "dropping it",
+  charge = (size_t)len + TBD_QUEUED_MSG_OVERHEAD +
+           (size_t)nfds * TBD_QUEUED_FD_BYTES;
+  if (!outq_room(srv, c, charge))
+    return;
+  /* a queued descriptor is one more the daemon holds */
+  if (nfds > 0 && tbd_registry_fds_take(srv->reg, (uint32_t)nfds, false) < 0) {
+    tbd_warn("session %llu (pid %d '%s'): cannot queue a descriptor: the "
+             "daemon is out of descriptors; dropping it",
              (unsigned long long)tbd_session_id(s), (int)tbd_session_pid(s),
-             tbd_session_name(s), c->outq_bytes);
+             tbd_session_name(s));
     tbd_registry_stats(srv->reg)->sessions_dropped++;
     conn_doom(c);
     return;
   }
   q = malloc(sizeof(*q) + (size_t)len);
-  if (q == NULL)
+  if (q == NULL) {
+    if (nfds > 0)
+      tbd_registry_fds_give(srv->reg, (uint32_t)nfds);
     goto out_drop;
+  }
   q->next = NULL;
   q->len = (size_t)len;
+  q->charge = charge;
   q->nfds = 0;
   memcpy(q->data, srv->txbuf, (size_t)len);
   /* The registry's descriptors may be closed before the queue drains. */
   for (int i = 0; i < nfds; i++) {
     q->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
     if (q->fds[i] < 0) {
-      outmsg_free(q);
+      tbd_registry_fds_give(srv->reg, (uint32_t)(nfds - q->nfds));
+      q->charge = 0;
+      outmsg_free(srv, q);
       goto out_drop;
     }
     q->nfds++;
@@ -153,7 +280,10 @@ void tbd_server_emit(void *ud, struct tbd_session *s,
   else
     c->outq = q;
   c->outq_tail = q;
-  c->outq_bytes += (size_t)len;
+  c->outq_bytes += charge;
+  c->outq_counted = true;
+  *tbd_session_uid_outq(s) += charge;
+  srv->outq_total += charge;
   conn_set_events(c, UV_READABLE | UV_DISCONNECT | UV_WRITABLE);
   return;
 
@@ -166,14 +296,20 @@ out_drop:
 
 static void on_conn_closed(uv_handle_t *h) {
   struct tbd_conn *c = h->data;
+  struct tbd_server *srv = c->srv;
 
+  /* counted nowhere any more (conn_doom), only freed */
   while (c->outq != NULL) {
     struct tbd_outmsg *m = c->outq;
     c->outq = m->next;
-    outmsg_free(m);
+    outmsg_free(srv, m);
   }
   close(c->fd);
+  tbd_registry_fds_give(srv->reg, 1);
+  if (c->refused)
+    srv->nrefused--;
   free(c);
+  trim_memory(srv);
 }
 
 /* Close doomed connections. Closing a session may notify others, whose
@@ -301,6 +437,13 @@ static int conn_read(struct tbd_conn *c, int budget) {
       conn_doom(c);
       return 0;
     }
+    if (nfds < 0) {
+      /* the kernel could not give us the descriptors it carried: say so
+       * to that request, not "too large" (the datagram was fine) */
+      tbd_session_fds_lost(srv->reg, c->s, req);
+      tb__arena_reset(&srv->arena);
+      continue;
+    }
     rc = tbd_session_request(srv->reg, c->s, req, fds, nfds);
     tb__arena_reset(&srv->arena); /* frees req */
     if (rc < 0)
@@ -412,19 +555,49 @@ static void hello_rearm(struct tbd_server *srv) {
                    next > now ? next - now : 0, 0);
 }
 
+/* Why a new connection cannot become a session ("" when it can): the
+ * daemon is at its descriptor capacity (room: no descriptor but the
+ * reserve's), or has as many connections as it takes. */
+static void admission(struct tbd_server *srv, bool room, char *why,
+                      size_t len) {
+  why[0] = '\0';
+  if (!room)
+    tbd_registry_fds_why(srv->reg, why, len);
+  else if (srv->nconns >= srv->lim.max_sessions + EXTRA_CONNS)
+    snprintf(why, len, "the daemon has %u connections (--max-sessions %u, "
+             "and %d more before Hello)",
+             srv->nconns, srv->lim.max_sessions, EXTRA_CONNS);
+}
+
 static void conn_accepted(struct tbd_server *srv, int fd) {
   struct ucred cred;
   socklen_t clen = sizeof(cred);
   struct tbd_conn *c;
   int sndbuf = (int)(2 * srv->lim.max_message + 65536);
+  char why[256];
+  bool room;
 
-  if (srv->nconns >= srv->lim.max_sessions + EXTRA_CONNS) {
-    tbd_warn("too many connections (%u); refusing one", srv->nconns);
+  /* A connection past the limits is still accepted while the reserve
+   * lasts, so that its Hello is answered TB_ELIMIT naming the limit (and
+   * root or the daemon's uid may still get in: --operator-sessions). */
+  room = tbd_registry_fds_take(srv->reg, 1, false) == 0;
+  if (!room && tbd_registry_fds_take(srv->reg, 1, true) < 0) {
+    tbd_warn("out of descriptors, the reserve too (%u held); refusing a "
+             "connection", tbd_registry_fds_held(srv->reg));
+    close(fd);
+    return;
+  }
+  admission(srv, room, why, sizeof(why));
+  if (why[0] != '\0' && srv->nrefused >= srv->lim.fd_reserve) {
+    tbd_warn("%s, and %u connections wait to be told so (--fd-reserve); "
+             "refusing one", why, srv->nrefused);
+    tbd_registry_fds_give(srv->reg, 1);
     close(fd);
     return;
   }
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
     tbd_warn("SO_PEERCRED: %s; refusing connection", strerror(errno));
+    tbd_registry_fds_give(srv->reg, 1);
     close(fd);
     return;
   }
@@ -444,6 +617,11 @@ static void conn_accepted(struct tbd_server *srv, int fd) {
   c->poll.data = c;
   c->events = UV_READABLE | UV_DISCONNECT;
   uv_poll_start(&c->poll, c->events, on_conn_poll);
+  if (why[0] != '\0') {
+    c->refused = true;
+    srv->nrefused++;
+    tbd_session_refuse(c->s, why);
+  }
   c->next = srv->conns;
   if (srv->conns != NULL)
     srv->conns->prev = c;
@@ -464,6 +642,7 @@ out_free:
   free(c);
 out_close:
   tbd_error("out of memory; refusing connection");
+  tbd_registry_fds_give(srv->reg, 1);
   close(fd);
 }
 
@@ -502,6 +681,48 @@ static void on_listen_poll(uv_poll_t *h, int status, int events) {
   after(srv);
 }
 
+/* Descriptors this process has open now. */
+static uint32_t fds_open(void) {
+  DIR *d = opendir("/proc/self/fd");
+  struct dirent *e;
+  uint32_t n = 0;
+
+  if (d == NULL)
+    return 64; /* no /proc: a guess on the safe side */
+  while ((e = readdir(d)) != NULL)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n > 0 ? n - 1 : 0; /* not the directory's own */
+}
+
+/* The descriptor budget: RLIMIT_NOFILE (main raised it), less what the
+ * daemon holds itself and FD_SLACK; of the rest, --fd-reserve is kept for
+ * connections that come when the daemon is full. */
+static int fd_budget(struct tbd_server *srv) {
+  struct rlimit rl;
+  uint64_t nofile = 1024, base = fds_open() + FD_SLACK;
+
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+    nofile = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (1u << 24)
+                 ? 1u << 24
+                 : rl.rlim_cur;
+  if (nofile < base + srv->lim.fd_reserve + 8) {
+    tbd_error("RLIMIT_NOFILE %llu leaves no descriptors for clients (the "
+              "daemon holds %llu, --fd-reserve %u): raise it, or --max-fds",
+              (unsigned long long)nofile, (unsigned long long)base,
+              srv->lim.fd_reserve);
+    return TB_ELIMIT;
+  }
+  srv->fd_all = (uint32_t)(nofile - base);
+  tbd_registry_set_fds(srv->reg, srv->fd_all - srv->lim.fd_reserve,
+                       srv->fd_all, (uint32_t)nofile, srv->lim.fd_reserve);
+  tbd_info("descriptors: %llu (RLIMIT_NOFILE), %u for clients, %u of them "
+           "kept for connections that come when the daemon is full "
+           "(--fd-reserve)",
+           (unsigned long long)nofile, srv->fd_all, srv->lim.fd_reserve);
+  return 0;
+}
+
 int tbd_server_init(struct tbd_server *srv, uv_loop_t *loop,
                     const struct tbd_limits *lim, int listen_fd,
                     const char *socket_path) {
@@ -523,7 +744,15 @@ int tbd_server_init(struct tbd_server *srv, uv_loop_t *loop,
   rc = tbd_registry_new(lim, tbd_server_emit, srv, &srv->reg);
   if (rc < 0)
     goto out_free;
+  rc = fd_budget(srv);
+  if (rc < 0) {
+    tbd_registry_free(srv->reg);
+    srv->reg = NULL;
+    goto out_free;
+  }
   tbd_registry_set_socket_path(srv->reg, socket_path);
+  /* an operator can always get in: root and the daemon's own uid */
+  tbd_registry_set_operators(srv->reg, 0, geteuid());
   uv_timer_init(loop, &srv->timer);
   srv->timer.data = srv;
   uv_timer_init(loop, &srv->hello_timer);

@@ -32,6 +32,11 @@ struct tbd_server {
   struct tbd_conn *doomed;
   struct tbd_conn *pending;  /* readable, to be read in the check phase */
   uint32_t nconns;
+  uint32_t nrefused;         /* connections admitted to be refused (the
+                                reserve: --fd-reserve) */
+  uint32_t fd_all;           /* descriptors for clients, reserve included */
+  uint64_t outq_total;       /* bytes queued for all sessions */
+  uint64_t trim_bytes;       /* queued bytes freed since the last trim */
   int stopping;
 };
 

@@ -20,12 +20,19 @@ int tbd_session_open(struct tbd_registry *r, pid_t pid, uid_t uid, gid_t gid,
   s->uid = uid;
   s->gid = gid;
   s->conn = conn;
-  tbd_hash_oom = 0;
-  HASH_ADD(hh, r->sessions, id, sizeof(s->id), s);
-  if (tbd_hash_oom) {
+  s->u = tbd__uid_get(r, uid);
+  if (s->u == NULL) {
     tbd_free(s);
     return TB_ENOMEM;
   }
+  tbd_hash_oom = 0;
+  HASH_ADD(hh, r->sessions, id, sizeof(s->id), s);
+  if (tbd_hash_oom) {
+    tbd__uid_put(r, s->u);
+    tbd_free(s);
+    return TB_ENOMEM;
+  }
+  s->u->conns++;
   r->next_session_id++;
   r->nsessions++;
   *out = s;
@@ -114,6 +121,7 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
     uint64_t unfinished;
     const char *reason = close_reason(s, ch, why, sizeof(why), &unfinished);
     tbd__channel_close(r, ch, s, reason, unfinished);
+    tbd__channel_left(r, ch, s);
   }
   DL_FOREACH_SAFE2(s->events, e, etmp, snext) { tbd__event_remove(r, e); }
   DL_FOREACH_SAFE2(s->buffers, b, btmp, snext) { tbd__buffer_retire(r, b); }
@@ -122,9 +130,11 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
     tbd_free(se);
   }
   if (s->hello)
-    r->nhello--;
+    tbd__session_uncount(r, s);
   HASH_DEL(r->sessions, s);
   r->nsessions--;
+  s->u->conns--;
+  tbd__uid_put(r, s->u);
   tbd_free(s);
 }
 
