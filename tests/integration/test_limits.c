@@ -516,7 +516,8 @@ static void unread_replies(const char *const *extra, bool bounded) {
                 rss2);
   if (bounded)
     assert_true(dropped >= 1);
-#ifndef __SANITIZE_ADDRESS__ /* ASan's own memory would dwarf the daemon's */
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  /* (the sanitizers' own memory would dwarf the daemon's) */
   /* the uid's queues, at most 16 MiB counted with their overhead, plus
    * the allocator's slack */
   if (bounded)
