@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tb-bench: shared helpers (timing, statistics, results, daemon control,
  * child processes, pinning, /proc readings). Not part of the library. */
 #ifndef TB_BENCH_H

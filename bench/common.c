@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tb-bench helpers: statistics, result table and JSON, child processes,
  * pinning, the daemon under test and /proc readings. */
 #include "bench.h"

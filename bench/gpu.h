@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tb-bench: CUDA through the project's driver table (client/cuda_driver.h),
  * plus the few driver calls that table does not carry, looked up here.
  * Only ever called in child processes: the parent never initialises CUDA,

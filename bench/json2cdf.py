@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Print the latency distributions of one tb-bench JSON section as gnuplot
 data blocks (one per row with a 'cdf', separated by two blank lines, each
 starting with its quoted name), or with 'count' just how many there are.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // Kernels for tb-bench's GPU scenarios, compiled to PTX by gen_kernels.sh and
 // loaded at run time with cuModuleLoadData (the project never links CUDA).
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tb-bench: tensorbroker against the baselines users would pick instead,
  * side by side in one run. See docs/benchmarks.md. */
 #include "bench.h"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Latency CDFs of tb-bench scenarios 1 and 4 from its JSON.
 #   gnuplot bench/plot.gp         redraws docs/bench-latency.png from bench/latest.json
 #   gnuplot -e "json='build/bench.json'; out='build/bench-latency.png'" bench/plot.gp

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A producer process that publishes one small host tensor on each of n
  * channels ("<prefix>/<i>") from one buffer, then idles until released. */
 #include "producer.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tb-bench: a static host producer shared by scenarios 2 and 3. */
 #ifndef TB_BENCH_PRODUCER_H
 #define TB_BENCH_PRODUCER_H

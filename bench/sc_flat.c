@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Scenario 8: flat costs (issue 21). An acquire's and a publish's round
  * trip should not grow with what else the daemon holds:
  *

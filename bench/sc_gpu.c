@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Scenarios 4 (GPU hand-off) and 5 (zero copy), and the CUDA helpers.
  *
  * Every CUDA user is a forked child that initialises the driver itself; the

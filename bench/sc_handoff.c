@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Scenario 7: scenario 4's hand-off protocol with host memory, on any
  * machine. It separates what the hand-off costs without a GPU (system calls,
  * process wake-ups, the daemon hop) from what CUDA adds.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Scenario 3: many idle sessions. One process holds N connected tb_clients
  * (Hello done, then nothing); we read the daemon's RSS and time an active
  * client's acquire + release with and without them. */

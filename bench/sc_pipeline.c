@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Scenario 6: a producer feeding two consumers, 1 MiB and 64 MiB frames.
  *
  * The producer cycles through a ring of 4 frame buffers: before it rewrites

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Scenario 1: control-plane round trip with host memory.
  *
  * tensorbroker: a consumer process times tb_acquire(LATEST) + tb_release()

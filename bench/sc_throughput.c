@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Scenario 2: acquire/release throughput.
  *
  * (a) P consumer processes cycle acquire(LATEST) + release on one channel

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The long forms of the chaos and load tests (docs/testing.md, "Chaos and
 # load, long"): the programs ctest runs for seconds (tests/chaos/chaos,
 # tests/chaos/load), run for as long as asked, their figures printed at the

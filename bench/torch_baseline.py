@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """torch.multiprocessing baseline for tb-bench scenario 4.
 
 Ping-pong hand-off of a CUDA tensor through a torch.multiprocessing queue,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Internal: the objects libtensorbroker's files share.
  *
  * Two objects carry a connection:

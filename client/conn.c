@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The connection: socket, Hello, request/reply matching by request_id,
  * notices, last-error text, and timeouts via poll(). */
 #include "client_internal.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA driver API, loaded at run time (see cuda_driver.h).
  *
  * libcuda.so.1 is opened once per process with dlopen. Each member of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Internal: the CUDA driver API, reached through dlopen("libcuda.so.1").
  *
  * libtensorbroker never links CUDA: it declares the few driver types it needs

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA half of the legacy-IPC transport (see cuda_ipc.h).
  *
  * Everything here talks only to the driver. Three habits hold throughout:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Internal: the CUDA half of the legacy-IPC transport, free of RPC.
  *
  * These functions only talk to the driver (cuda_driver.h); the client core

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA legacy-IPC paths of the client: which allocation a published
  * tensor lives in and its registration, the producer's pool of ready events,
  * the consumer's cache of opened events, its done events, and the stream

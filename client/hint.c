@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Channels named at connect (tb_connect_options.channels): the newest CUDA
  * buffer of each, as the HelloReply brought it, kept until the client's
  * first acquire on that channel opens it while the daemon answers that

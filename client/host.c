@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Producer host buffers: a sealed memfd, mapped read-write here and
  * registered with the daemon (which keeps a dup, so the bytes outlive us). */
 #include "client_internal.h"

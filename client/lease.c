@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Leases: tb_acquire builds a DLManagedTensorVersioned over a cached
  * mapping; its deleter (or tb_release) ends the lease with a one-way
  * Release that needs no call lock. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Introspection: tb_list_channels, tb_list_sessions, tb_daemon_status. */
 #include "client_internal.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Consumer mapping cache: one mapping per daemon buffer (id + generation),
  * shared by every lease on that buffer, so a buffer is mapped (or its CUDA
  * IPC handle opened) once. Entries are refcounted by leases under

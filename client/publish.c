@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Publishing: tb_publish (zero copy from a broker buffer or CUDA memory),
  * tb_publish_copy, and the producer's side of buffer reuse, tb_wait_free,
  * with the table of VersionFree notices it consults first. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tbctl: look at a running tensorbrokerd. A client of the public library
  * only.
  *

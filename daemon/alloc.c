@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Allocation wrappers with a failure-injection hook for the tests. */
 #include "alloc.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Every allocation of the daemon's state goes through here, so that tests
  * can fail the Nth one (curl's torture mode) and check that nothing changed.
  * The protobuf-c allocator and uthash use the same functions. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Limits and their defaults. */
 #include "config.h"
 

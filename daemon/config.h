@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The daemon's limits and settings, with their defaults (docs/protocol.md's
  * limits table). */
 #ifndef TBD_CONFIG_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Request dispatch: session state checks (Hello first, descriptors only
  * where expected), validation of every field, and the replies. State
  * changes themselves are in registry.c. */

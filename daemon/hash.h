@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* uthash configured for the daemon: allocations go through tbd_malloc and an
  * allocation failure while adding leaves the table as it was and sets
  * tbd_hash_oom instead of exiting. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Intrusive binary min-heap (heap.h). */
 #include "heap.h"
 

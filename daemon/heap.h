@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* An intrusive binary min-heap: the registry keeps its parked waits in two
  * (by deadline, for the loop's timer; by version, for NEXT acquires after
  * a version not published yet). A node lives inside its object and knows

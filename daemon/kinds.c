@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The daemon's table of memory kinds. */
 #include "kinds.h"
 

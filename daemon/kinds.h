@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Memory kinds as the daemon sees them: one row per kind (DESIGN.md
  * section 8, "Memory kinds are transports"). What outlives the process
  * that published it is decided here and nowhere else. */

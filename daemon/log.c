@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Log lines go to stderr. Under systemd ($JOURNAL_STREAM set) each line
  * starts with its syslog priority ("<4>"), which journald turns into the
  * entry's priority; otherwise "tensorbrokerd: warn: ...". */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Daemon logging to stderr, journald-friendly. */
 #ifndef TBD_LOG_H
 #define TBD_LOG_H

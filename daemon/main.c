@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tensorbrokerd: options, the listening socket, signals, the loop. */
 #include <errno.h>
 #include <getopt.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Limits per session, per uid and in total (docs/limits.md): the per-uid
  * counts, the checks that name the limit reached, the descriptor budget,
  * operator sessions, and freeing closed channels when a table is full. */

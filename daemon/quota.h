@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Internal to the registry: what each uid holds, and the checks that bound
  * every resource per session, per uid and in total (docs/limits.md). The
  * objects carry the counts' owners: a session its uid's entry, a buffer and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The broker's state and its transitions: lease accounting, version and
  * buffer lifetimes, notices, parked waits, session teardown. */
 #include "registry_impl.h"

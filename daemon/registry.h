@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The broker's state: sessions, channels, versions, buffers, events, leases,
  * subscriptions and parked waits. Sans-I/O: it never touches a socket. It
  * talks back through an emit callback (one ServerMessage, plus descriptors,

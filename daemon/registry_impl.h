@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Internal to the registry (registry.c) and its request handlers
  * (handlers.c): the objects and the state transitions. */
 #ifndef TBD_REGISTRY_IMPL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Sockets and the loop. The daemon reads every session socket itself
  * (uv_poll_t + recvmsg) because libuv pipes cannot carry arbitrary
  * descriptors, and never blocks on a client: sends use MSG_DONTWAIT, what

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The daemon's sockets: the listening socket, one uv_poll_t per session,
  * datagram I/O with descriptors, per-session bounded out-queues, and the
  * timer that expires parked waits. All registry output arrives here. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Sessions: one per connection. Opening records the peer's credentials;
  * closing, for whatever reason, gives back everything the session held and
  * tells the sessions affected (docs/protocol.md, "Session"). */

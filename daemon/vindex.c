@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A channel's versions by number (vindex.h). */
 #include "vindex.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A channel's live versions by number, for lookups without a walk: a
  * sorted deque of pointers, the oldest at a[first] and the newest at
  * a[end - 1]. A publish appends; the history's trim takes from the front.

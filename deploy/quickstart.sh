@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # tensorbroker quickstart: on a fresh Debian 12 machine, install what is
 # missing, build, start a private daemon, run one producer and two
 # consumers exchanging frames in host memory (checksums verified), show the

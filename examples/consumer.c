@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Example consumer: acquires every version of a channel it can see, checks
  * each frame's checksum against the one the producer sent as metadata, and
  * reports counts and publish-to-acquire latency.

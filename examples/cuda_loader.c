@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The examples' CUDA driver loader: dlopen("libcuda.so.1") and dlsym of
  * the versioned names (see cuda_loader.h). */
 #include "cuda_loader.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The few CUDA driver functions the examples use, loaded at run time with
  * dlopen("libcuda.so.1"), so the examples build without the CUDA toolkit
  * and run (host memory) on machines without a GPU. This is application

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Build-time check of cuda_loader.h against the real cuda.h, compiled only
  * where the CUDA toolkit's headers are installed (examples/CMakeLists.txt).
  * A mismatch is a compile error; nothing here runs.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What the example producer and consumer agree on: the metadata each
  * version carries, the test pattern and the checksum. */
 #ifndef TB_EXAMPLE_FRAME_H

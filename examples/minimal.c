@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The smallest complete exchange: publish a tensor, acquire it, read it. */
 #include <stdio.h>
 #include <tensorbroker/tensorbroker.h>

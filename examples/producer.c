@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Example producer: publishes frames (a float32 HxW tensor) on a channel,
  * zero copy, from a ring of broker buffers.
  *

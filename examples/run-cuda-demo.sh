@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The examples' CUDA pipeline as a test: a private tensorbrokerd, one
 # `producer --cuda` and two `consumer --cuda`, every frame's checksum
 # verified by each consumer after copying it back from the GPU.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Protobuf-c messages to and from bytes. Knows nothing about sockets. */
 #include "tb_proto.h"
 

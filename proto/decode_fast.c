@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Hand-written decoders for the messages of the acquire/release hot path:
  * in the library ServerMessage{reply: Reply{request_id, status, message,
  * acquire: AcquireReply}} and ServerMessage{notice: Notice{new_version:

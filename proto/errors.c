@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tb_strerror / tb_err_name, generated from the one list in errors.h. */
 #include <tensorbroker/tensorbroker.h>
 

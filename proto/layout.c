@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tensor layout validation: dtypes, extents, and the check that a layout
  * lies inside its buffer. Every product and sum over client-supplied
  * integers goes through the overflow-checking builtins. */

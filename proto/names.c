@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Channel name rules: path-like, printable, bounded. */
 #include "tb_proto.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Internal: what the daemon and the client library share about the wire.
  *
  * - tb__codec_*: protobuf-c messages to and from bytes, with hard limits

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* uthash with a cheaper hash for 8-byte keys, shared by the daemon and the
  * library. Their 8-byte keys are ids the daemon hands out in sequence
  * (sessions, leases, buffers, events), which nobody chooses, so a

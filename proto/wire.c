@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One datagram plus descriptors over a SOCK_SEQPACKET socket. SEQPACKET keeps
  * message boundaries and delivers the descriptors with the datagram they
  * were sent with, so no framing layer is needed. */

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Build tensorbroker._native with setuptools alone: no CMake, no prior build.
 
     pip install --no-build-isolation ./python       (from the source tree)

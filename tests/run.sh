@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The whole test suite, as CI runs it (README: `tests/run.sh`).
 #  1. installs missing Debian packages (as root, or through sudo);
 #  2. builds with -Werror into build-ci and runs ctest;

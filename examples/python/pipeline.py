@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A tensorbroker pipeline in Python: one producer, two consumers, each its
 own process, frames passed without copies.
 

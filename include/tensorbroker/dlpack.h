@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* DLPack for tensorbroker: the <dlpack/dlpack.h> the compiler finds, plus
  * what tensorbroker needs from DLPack 1.x when that header is older.
  *

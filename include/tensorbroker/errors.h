@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tensorbroker error codes.
  *
  * Every public call returns 0 or one of these negative codes. The list is the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libtensorbroker: zero-copy exchange of DLPack tensors between processes on
  * one node, brokered by tensorbrokerd.
  *

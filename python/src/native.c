@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tensorbroker._native: the CPython extension under the tensorbroker package.
  *
  * It is a thin layer over the public client API (tensorbroker.h) and nothing

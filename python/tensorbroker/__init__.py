@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """tensorbroker: exchange DLPack tensors between processes without copying.
 
     import numpy as np, tensorbroker as tb

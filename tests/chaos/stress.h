@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared by the chaos and load tests (tests/chaos): a seeded generator,
  * knobs read from the environment, and what the daemon holds, read
  * through its status and from /proc. */

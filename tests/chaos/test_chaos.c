@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Chaos: producers and consumers SIGKILLed at random while thousands of
  * checksummed frames go through the daemon; afterwards the daemon holds
  * nothing beyond its baseline.

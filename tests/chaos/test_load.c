@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Load: 1,000 clients doing mixed operations for a bounded time, then all
  * leave (cleanly, abruptly, SIGKILLed); the daemon's memory returns to its
  * baseline.

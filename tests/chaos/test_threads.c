@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Deleters on other threads, for ThreadSanitizer (tests/run.sh part 4):
  * one thread acquires on a client without pause while another ends those
  * leases (the tensor's deleter, or tb_release) as they arrive, and a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A CUDA_IPC BufferRegister with made-up handle bytes, for tests without a
  * GPU: the daemon stores and forwards CUDA handles, it never opens them.
  * Include after tb_proto.h. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Integration-test harness; see harness.h. */
 #include "harness.h"
 

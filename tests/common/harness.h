@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Integration-test harness: start the real tensorbrokerd on a socket in a
  * fresh temporary directory, stop or kill it, and fork child processes that
  * act as producers or consumers and report back over pipes.

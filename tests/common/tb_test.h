@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Assertion helpers shared by the cmocka tests. Include after <cmocka.h>'s
  * prerequisites (stdarg.h, stddef.h, stdint.h, setjmp.h). They print the
  * error's name and text, so a failure says what went wrong. */

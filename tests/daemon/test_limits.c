@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Every limit at and past its value, per session, per uid and in total
  * (docs/limits.md), at the registry: requests go in decoded, replies come
  * out through the emit callback. Also root's exemption, operator sessions,

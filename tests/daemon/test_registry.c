@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Registry and handler tests: lease accounting, version and buffer
  * lifetimes, notices, waits, limits, protocol errors and allocation
  * failures. No sockets, no sleeps: requests go in as decoded messages,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The real tensorbrokerd on a socket in a fresh temporary directory, driven
  * with raw datagrams (no client library): start-up rules, protocol errors,
  * a client that never reads, a memfd handed to a consumer, shutdown.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Check that every relative link in README.md and docs/*.md resolves.
 
   check_links.py [REPO_ROOT]        (default: two levels above this file)

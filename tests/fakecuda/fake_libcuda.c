@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A fake CUDA driver, libcuda.so.1, for CPU tests (see fake_libcuda.h for
  * what it models, its log and its hooks).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The fake CUDA driver for CPU tests: its test hooks and its call log.
  *
  * tests/fakecuda builds libcuda.so.1 (target tb_fakecuda) into

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The fake CUDA driver (tests/fakecuda), proved through libtensorbroker.
  *
  * The test runs with the fake's folder as LD_LIBRARY_PATH, so the library's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared by the fuzz targets (tests/fuzz): the libFuzzer entry point, a
  * reader that turns fuzz input into values, and a field-by-field comparison
  * of protobuf-c messages driven by their descriptors.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers shared by the fuzz targets; see fuzz.h. */
 #include "fuzz.h"
 

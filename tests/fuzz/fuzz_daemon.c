@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: the daemon's request handling, in-process. A registry
  * (daemon/registry.h, sans-I/O) with up to four sessions is driven as the
  * server drives it (daemon/server.c, conn_read): each datagram decoded with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: layout validation (proto/layout.c), against a reference
  * computed in 128-bit arithmetic.
  *

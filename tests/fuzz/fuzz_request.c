@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: the daemon's request decoders. For any bytes:
  *  - the hand-written fast decoder (proto/decode_fast.c) takes only what
  *    protobuf-c takes, and decodes it to the same message, field by field;

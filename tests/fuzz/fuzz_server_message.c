@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: the client library's server-message decoders, as
  * fuzz_request.c checks the daemon's: the fast decoder (with and without
  * the arena's keep of decoded sub-messages, tb_proto.h) takes only what

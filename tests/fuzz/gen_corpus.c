@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Writes the seed corpora of the fuzz targets: gen_corpus DIR makes
  * DIR/request, DIR/server_message, DIR/layout and DIR/daemon and fills
  * them with a few dozen small inputs each, named by what they hold. The

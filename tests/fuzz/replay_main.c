@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The replay program of a fuzz target: runs LLVMFuzzerTestOneInput on each
  * file named on the command line, and on every file in each directory
  * named (sorted by name, not recursive). ctest uses it to run the seed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The field numbers of the hand-written codec against the generated
  * descriptors. proto/decode_fast.c and proto/codec.c read and write
  * protobuf fields by number, without protobuf-c's tables; a number that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Build-time check: client/cuda_driver.h declares by hand the few driver
  * types, constants and function signatures libtensorbroker uses (it must
  * build without the CUDA toolkit). Where cuda.h is installed, this file

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "gpu_common.h"
 
 #include <errno.h>

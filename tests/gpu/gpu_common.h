@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers for the GPU tests: CUDA in child processes only, kernels from
  * kernels_ptx.h launched through the library's driver table, and thin
  * wrappers over the public API that fail the child with a clear message.

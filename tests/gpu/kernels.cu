@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // Kernels for tensorbroker's GPU tests. They are compiled to PTX by
 // gen-ptx.sh and committed as kernels_ptx.h, so the tests build without
 // nvcc and load them with cuModuleLoadData through the driver table.

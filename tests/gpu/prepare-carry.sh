@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Prepare a build folder to be carried to the GPU machine (Ubuntu 24.04 with
 # CUDA, but without libuv, protobuf-c, cmocka or cJSON and without network).
 #

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Run the test suite on the GPU machine, from a build folder prepared here
 # by tests/gpu/prepare-carry.sh and carried along with the source tree.
 #

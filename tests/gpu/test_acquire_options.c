@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CPU-side checks of the acquire options added for cross-GPU exchange
  * (device, flags), against the real daemon with a host tensor; runs on any
  * machine:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: tb_acquire_options.release with CUDA tensors. The lease that rides
  * with the next acquire hands the producer a done event recorded on
  * release_stream, like tb_release(t, stream) does.

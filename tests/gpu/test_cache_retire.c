@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: the consumer's handle cache and buffer retirement, counted at the
  * driver (tb__cuda_counters).
  *  - producer: two publishes from one allocation A (different offsets) make

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: tb_client_connect prepares the consumer's done event when the
  * connecting thread has a CUDA context current, so that the client's first
  * CUDA acquire is one request to the daemon, not two (docs/cuda.md, "Ready

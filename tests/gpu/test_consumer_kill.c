@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: a consumer SIGKILLed while its kernel reads a version.
  * Consumers K (to be killed) and O (other) lease version 1. O releases.
  * The producer publishes version 2, so version 1 leaves the history; it is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: what stream=NULL does under each connection contract.
  *
  * For each contract a producer (contract SPEC) rewrites a buffer holding

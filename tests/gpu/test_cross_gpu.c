@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: cross-GPU exchange on one node (producer and consumer on different
  * GPUs). Needs 2 GPUs; exits 77 ("skipped: needs 2 GPUs") with fewer.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CPU-side tests of the CUDA layer: how each contract resolves a stream
  * argument, and what the library says when CUDA is missing. Runs on any
  * machine (on a GPU machine the "missing" checks take the other branch). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: data equality across processes, two consumers on their own streams,
  * and devices named by UUID.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: acquire inside CUDA graph capture.
  *
  * The consumer captures, on a blocking stream in GLOBAL mode:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: a lease ends on the streams the consumer declared (docs/cuda.md,
  * "When a lease ends"), in the corners a single tb_release(t, s) never
  * meets. Each case: the producer publishes version 1 from buffer A (all

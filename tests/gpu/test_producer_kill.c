@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: a producer SIGKILLed while a consumer holds its version. The
  * consumer must get ChannelClosed, its tensor must stay readable until it
  * releases it (CUDA keeps the mapping; measured, though CUDA calls it

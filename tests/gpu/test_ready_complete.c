@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: versions whose work had finished at publish ("ready_complete") cost
  * the consumer no event open and no stream wait, and the shortcut is never
  * taken when work is still in flight. Counted at the driver

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: a producer frees allocations it published.
  *  1. It gets a new one of the same size at the same address (the driver
  *     reuses the range). The library must register the new allocation as a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: a ring of three buffers, streamed the way producers stream frames,
  * and a slow consumer that ends each lease with the plain deleter (issue
  * 20).

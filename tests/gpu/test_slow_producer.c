@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU: a consumer reads correct data only because its stream waits for the
  * producer's event, and the test shows it can tell.
  *

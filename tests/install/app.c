@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A user's program, built against the installed tree in every way
  * tests/install/consumers.sh links it: the header and the library it runs
  * with agree on the version (and both are VERSION's, given as argv[1]), and

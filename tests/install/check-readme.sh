@@ -1,7 +1,9 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # docs_readme_minimal: the C program README.md shows under "## A C example"
-# (its first ```c block) is examples/minimal.c, byte for byte, so the README
-# shows what the build compiles and install_consumers runs.
+# (its first ```c block) is examples/minimal.c, byte for byte but for the
+# file's SPDX licence line, so the README shows what the build compiles and
+# install_consumers runs.
 # usage: check-readme.sh SOURCE_DIR
 set -eu
 src=$1
@@ -17,9 +19,11 @@ if [ ! -s "$tmp/readme.c" ]; then
   echo "FAIL: no \`\`\`c block under '## A C example' in README.md"
   exit 1
 fi
-if ! diff -u "$tmp/readme.c" "$src/examples/minimal.c" >"$tmp/diff"; then
+grep -v '^/\* SPDX-License-Identifier: .* \*/$' "$src/examples/minimal.c" >"$tmp/minimal.c"
+if ! diff -u "$tmp/readme.c" "$tmp/minimal.c" >"$tmp/diff"; then
   echo "FAIL: README.md's C example differs from examples/minimal.c:"
-  sed "s|$tmp/readme.c|README.md (## A C example)|" "$tmp/diff"
+  sed -e "s|$tmp/readme.c|README.md (## A C example)|" \
+      -e "s|$tmp/minimal.c|examples/minimal.c|" "$tmp/diff"
   exit 1
 fi
 echo "OK: README.md's C example is examples/minimal.c ($(wc -l <"$tmp/readme.c") lines)"

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # install_symbols: libtensorbroker.so exports exactly the public API.
 #   every dynamic symbol it defines starts with tb_ (not tb__), and is a
 #   function declared TB_EXPORT in include/tensorbroker/*.h;

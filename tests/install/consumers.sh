@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # install_consumers: what a user gets from `cmake --install BUILD --prefix P`.
 # The tree is installed, then moved, so nothing in it may remember where it
 # was installed. From the moved tree, with nothing else set (only the tree's

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # install_dlpack: the installed headers coexist with the DLPack header a
 # user has. dlpack_user.c (what it asserts is written there) is built
 # against the installed tree with -std=c11 -Wall -Wextra -Werror -pedantic,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A user's file that has its own idea of DLPack, for tests/install/dlpack.sh.
  * Built with
  *   TB_USER_FIRST 1: the user's DLPack header (TB_USER_DLPACK) is included

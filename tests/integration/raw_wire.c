@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Raw protocol helpers for the integration tests (raw_wire.h). */
 #include "tb_test.h"
 

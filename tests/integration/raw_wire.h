@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Integration tests that speak the wire directly, with proto/'s codec: a
  * CUDA producer or consumer without a GPU (the daemon never opens CUDA
  * handles; tests/common/fake_cuda.h makes them up), or a client that

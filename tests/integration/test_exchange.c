@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Exchange through the real daemon between real processes: bytes, layout
  * and metadata arrive intact; one producer feeds eight consumers; history
  * depth; acquire-next waits; timeouts. */

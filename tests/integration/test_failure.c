@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Processes die: a consumer holding leases, a producer, the daemon itself.
  * Everyone else must be told and keep working; nothing may hang. */
 #include "tb_test.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* On which stream each CUDA done event is recorded, for every way a lease
  * can end (docs/cuda.md, "When a lease ends"), checked on a CPU with the
  * fake CUDA driver (tests/fakecuda), whose call log names every stream and

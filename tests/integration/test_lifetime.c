@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Lifetimes of buffers, leases and tensors across destroy, disconnect and
  * threads. */
 #include "tb_test.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The limits as clients meet them (docs/limits.md), with the real daemon:
  * the descriptor budget and its reserve (a new client and tbctl are told
  * TB_ELIMIT, an operator gets in), a channel table filled by a producer

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Read-only means read-only (issue 21): a consumer of a producer's host
  * buffer, speaking the wire itself so that no library stands in its way,
  * receives the memfd and tries every route to write it; the kernel refuses

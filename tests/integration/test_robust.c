@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Bad and slow clients speaking the wire directly: the daemon answers
  * protocol errors by closing that connection and keeps serving everyone
  * else. After each abuse a normal client makes a full round trip. */

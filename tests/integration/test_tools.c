@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The command lines: tensorbrokerd's options and socket handling, and
  * tbctl's status/channels/sessions (text and --json). */
 #include "tb_test.h"

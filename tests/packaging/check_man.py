@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Keep the man pages in step with the programs' --help.
 
     check_man.py PAGE.scd PROGRAM [PAGE.scd PROGRAM]...

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # packaging_deb: build the Debian packages, install them, use them, purge them.
 #
 #   deb_test.sh SOURCE_ROOT

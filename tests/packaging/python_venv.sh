@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # packaging_python_venv: the Python package as a user installs it.
 #
 #   python_venv.sh SOURCE_ROOT        (TB_DAEMON: the tensorbrokerd to talk to;

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU: where the Python binding's CUDA leases record their done event, with
 the fake CUDA driver (tests/fakecuda) standing in for libcuda.so.1.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Producer for gpu_test_graph_capture.py, in its own process (the CUDA IPC
 event must cross a process boundary). Commands on stdin, JSON lines:
     {"op": "go", "value": K, "spin_ms": MS}

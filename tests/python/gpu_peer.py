@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU consumer for the gpu_test_*.py files, in its own process.
 
     gpu_peer.py SOCKET LIB CHANNEL EXPECTED_SUM

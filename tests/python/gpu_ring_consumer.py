@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Ring-buffer consumer for gpu_test_ring.py and gpu_test_restart.py, in its
 own process: a slow consumer written the way users write them, one variant
 per library. Each frame it takes the version after the last one it read

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Ring-buffer producer for gpu_test_ring.py and gpu_test_restart.py, in its
 own process: what a torch user writes to stream frames through tensorbroker.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers for gpu_test_ring.py and gpu_test_restart.py: their producer and
 consumer processes (gpu_ring_producer.py, gpu_ring_consumer.py) speak JSON
 lines on stdout and take words on stdin. A thread reads each child's

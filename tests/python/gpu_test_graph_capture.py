@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU: the case that made PyTorch change its DLPack default. A consumer
 calls torch.from_dlpack(lease) inside torch.cuda.graph(g) on a side stream
 while the producer's kernel (in another process) is still running. With the

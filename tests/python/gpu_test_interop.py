@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU: CUDA tensors across processes between torch, CuPy and JAX, zero copy
 (the lead runs these on the H200; they skip elsewhere)."""
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU: a consumer killed while a kernel reads a CUDA lease. Its lease dies
 with its session, the producer's wait_free() completes, and the channel
 keeps working for other consumers."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU: a ring producer SIGKILLed mid-stream and a new producer process
 started on the same channel (issue 20, second half).
 

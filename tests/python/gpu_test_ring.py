@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU: ring-buffer pipelines written the way users write them (issue 20).
 
 A torch producer process streams FRAMES frames through a ring of three CUDA

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A consumer in its own process, driven by tbtest.Peer: one JSON command per
 stdin line, one JSON answer per stdout line."""
 import json

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Run test_* functions without pytest.
 
     run_tests.py                 every tests/python/test_*.py

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers shared by the Python tests: start a private tensorbrokerd, run a
 peer process. No sleeps: the daemon says READY on a pipe, peers talk over
 their stdin/stdout."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """tensorbroker Python binding: NumPy round trips across processes, the
 DLPack protocol on leases, lifetimes, errors. Each test starts its own
 daemon. Runs under run_tests.py (no pytest needed) or pytest."""

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Codec: every request, reply and notice survives encode → decode; bytes
  * that are not a message are refused with TB_EPROTO; encoding never writes
  * past its buffer. */

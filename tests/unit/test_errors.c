@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Error codes, their names and texts, and the stream contract names. */
 #include "tb_test.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Layout validation: dtypes, extents with overflow checks, and the check of
  * a wire layout against its buffer. */
 #include "tb_test.h"

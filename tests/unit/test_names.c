@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Channel names: path-like, printable, bounded. */
 #include "tb_test.h"
 

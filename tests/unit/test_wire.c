@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Datagrams with descriptors over a SOCK_SEQPACKET socketpair. */
 #include "tb_test.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A user's own DLPack 1.x header, for tests/install/dlpack.sh: the names,
  * values and layouts of dmlc/dlpack's include/dlpack/dlpack.h v1.1, with its
  * include guard and version macros, cut down to what a C program touches.
