@@ -95,12 +95,18 @@ int tb__layout_extent(int32_t ndim, const int64_t *shape,
     if (shape[i] < 0)
       return fail(why, whylen, TB_ELAYOUT, "shape[%d] = %lld is negative",
                   (int)i, (long long)shape[i]);
-    if (__builtin_mul_overflow(numel, shape[i], &numel))
-      return fail(why, whylen, TB_ELAYOUT, "element count overflows");
+    if (shape[i] == 0)
+      numel = 0;
   }
+  /* A zero extent anywhere means no elements, whatever the others would
+   * multiply to (even past INT64_MAX): nothing is read. */
   if (numel == 0) {
     *lo = *hi = byte_offset;
     return 0;
+  }
+  for (int32_t i = 0; i < ndim; i++) {
+    if (__builtin_mul_overflow(numel, shape[i], &numel))
+      return fail(why, whylen, TB_ELAYOUT, "element count overflows");
   }
 
   /* Packed sub-byte elements have no byte address of their own: accept only

@@ -138,9 +138,14 @@ static void test_extent_zero_and_negative_shapes(void **state) {
   int64_t zst[2] = {INT64_MAX, INT64_MAX}; /* irrelevant: nothing touched */
   int64_t neg[2] = {3, -1};
   int64_t negmin[1] = {INT64_MIN};
+  /* extents whose product overflows before a zero one: still no elements */
+  int64_t zlate[3] = {INT64_MAX, 4, 0};
+  int64_t zneg[3] = {INT64_MAX, 0, -1}; /* but a negative one is refused */
 
   extent_ok(2, z, NULL, 32, 0, 64, 64, 64);
   extent_ok(2, z, zst, 32, 0, 64, 64, 64);
+  extent_ok(3, zlate, NULL, 32, 0, 8, 8, 8);
+  extent_bad(3, zneg, NULL, 32, 0, 0);
   extent_bad(2, neg, NULL, 32, 0, 0);
   extent_bad(1, negmin, NULL, 32, 0, 0);
   /* negative ndim, ndim over the hard ceiling, shape missing */
