@@ -34,9 +34,12 @@ void tbd_session_protocol_error(struct tbd_registry *r, struct tbd_session *s,
                                 uint64_t request_id, const char *why) {
   r->stats.bad_messages++;
   r->stats.sessions_dropped++;
-  tbd_warn("session %llu (pid %d uid %u '%s'): protocol error: %s",
-           (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, s->name,
-           why);
+  tbd_log_with(TBD_LOG_WARN,
+               &(struct tbd_log_fields){(long long)s->id, (long long)s->pid,
+                                        (long long)s->uid, NULL},
+               "session %llu (pid %d uid %u '%s'): protocol error: %s",
+               (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid,
+               s->name, why);
   tbd__reply_status(r, s, request_id, TB_EPROTO, "protocol error: %s", why);
 }
 
@@ -141,9 +144,12 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   s->prefetch = h->prefetch;
   s->says_goodbye = h->says_goodbye;
   s->hello = true; /* counted by tbd__session_admit */
-  tbd_info("session %llu open: pid %d uid %u gid %u name '%s' contract %s",
-           (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid,
-           (unsigned)s->gid, s->name, tb_contract_name(s->contract));
+  tbd_log_with(tbd_session_log_level(s),
+               &(struct tbd_log_fields){(long long)s->id, (long long)s->pid,
+                                        (long long)s->uid, NULL},
+               "session %llu open: pid %d uid %u gid %u name '%s' contract %s",
+               (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid,
+               (unsigned)s->gid, s->name, tb_contract_name(s->contract));
   rep.request_id = id;
   rep.body_case = TENSORBROKER__V1__REPLY__BODY_HELLO;
   rep.hello = &hr;

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Daemon logging to stderr, journald-friendly. */
+/* Daemon logging: to the journal with structured fields when stderr is
+ * connected to journald, else plain lines on stderr. */
 #ifndef TBD_LOG_H
 #define TBD_LOG_H
 
@@ -17,6 +18,18 @@ void tbd_log_set_level(enum tbd_log_level level);
 int tbd_log_enabled(enum tbd_log_level level);
 void tbd_log(enum tbd_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* What an entry is about, for the journal's fields TB_SESSION=,
+ * TB_PEER_PID=, TB_PEER_UID= and TB_CHANNEL= (journalctl TB_SESSION=12);
+ * the text says it too, for plain lines. -1 or NULL: not about one. */
+struct tbd_log_fields {
+  long long session;
+  long long pid;
+  long long uid;
+  const char *channel;
+};
+void tbd_log_with(enum tbd_log_level level, const struct tbd_log_fields *f,
+                  const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #define tbd_error(...) tbd_log(TBD_LOG_ERROR, __VA_ARGS__)
 #define tbd_warn(...) tbd_log(TBD_LOG_WARN, __VA_ARGS__)

@@ -19,6 +19,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "sd.h"
 #include "server.h"
 
 #define SYSTEM_SOCKET "/run/tensorbroker/tensorbroker.sock"
@@ -37,6 +38,7 @@ enum {
 struct options {
   char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
   int socket_is_system_default;
+  int activated;              /* the socket came from systemd */
   unsigned mode;
   enum tbd_log_level level;
   int ready_fd;
@@ -332,6 +334,23 @@ out_close:
   return -1;
 }
 
+/* The socket systemd passed: its path, for the logs and Status (--socket
+ * and --socket-mode do not apply: the .socket unit decides). */
+static void activated_path(int fd, struct options *o) {
+  struct sockaddr_un sa;
+  socklen_t len = sizeof(sa);
+
+  o->activated = 1;
+  memset(&sa, 0, sizeof(sa));
+  if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 &&
+      len > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0] != '\0')
+    snprintf(o->socket, sizeof(o->socket), "%.*s",
+             (int)(len - offsetof(struct sockaddr_un, sun_path)),
+             sa.sun_path);
+  else
+    snprintf(o->socket, sizeof(o->socket), "(socket passed by systemd)");
+}
+
 /* Raise the soft RLIMIT_NOFILE to the hard limit, or to --max-fds when
  * that is set (and lower), so that the daemon's descriptor budget is what
  * the operator allowed, not the login default (often 1024). */
@@ -407,10 +426,67 @@ static int check_send_buffer(uint32_t len) {
   return rc;
 }
 
+/* With a service manager listening ($NOTIFY_SOCKET), the STATUS= line is
+ * looked at this often and sent when it changed. */
+#define STATUS_INTERVAL_MS 1000
+
 struct daemon {
   struct tbd_server srv;
   uv_signal_t sigterm, sigint;
+  uv_timer_t watchdog;   /* WATCHDOG=1 at half of $WATCHDOG_USEC */
+  uv_timer_t status;     /* STATUS= when sessions or channels change */
+  int have_watchdog, have_status;
+  char last_status[128];
 };
+
+static void status_line(struct daemon *d, char *buf, size_t len) {
+  struct tbd_counts c;
+
+  tbd_registry_counts(d->srv.reg, &c);
+  snprintf(buf, len, "%u sessions, %u channels", c.sessions, c.channels);
+}
+
+static void on_status_timer(uv_timer_t *t) {
+  struct daemon *d = t->data;
+  char line[sizeof(d->last_status)];
+
+  status_line(d, line, sizeof(line));
+  if (strcmp(line, d->last_status) == 0)
+    return;
+  memcpy(d->last_status, line, sizeof(line));
+  tbd_sd_status(line);
+}
+
+/* Answered from the loop, so that a loop stuck in a handler stops the
+ * pings and the service manager restarts the daemon. */
+static void on_watchdog_timer(uv_timer_t *t) {
+  (void)t;
+  tbd_sd_watchdog_ping();
+}
+
+static void notify_start(struct daemon *d, uv_loop_t *loop) {
+  uint64_t usec = tbd_sd_watchdog_usec();
+
+  if (usec != 0) {
+    uint64_t ms = usec / 2000 > 0 ? usec / 2000 : 1;
+
+    uv_timer_init(loop, &d->watchdog);
+    d->watchdog.data = d;
+    uv_timer_start(&d->watchdog, on_watchdog_timer, ms, ms);
+    d->have_watchdog = 1;
+    tbd_info("watchdog: %llu ms, answered every %llu ms",
+             (unsigned long long)(usec / 1000), (unsigned long long)ms);
+  }
+  if (getenv("NOTIFY_SOCKET") != NULL) {
+    uv_timer_init(loop, &d->status);
+    d->status.data = d;
+    uv_timer_start(&d->status, on_status_timer, STATUS_INTERVAL_MS,
+                   STATUS_INTERVAL_MS);
+    d->have_status = 1;
+  }
+  status_line(d, d->last_status, sizeof(d->last_status));
+  tbd_sd_ready(d->last_status);
+}
 
 static void on_signal(uv_signal_t *h, int signum) {
   struct daemon *d = h->data;
@@ -418,9 +494,14 @@ static void on_signal(uv_signal_t *h, int signum) {
 
   snprintf(reason, sizeof(reason), "daemon received %s",
            signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  tbd_sd_stopping();
   tbd_server_shutdown(&d->srv, reason);
   uv_close((uv_handle_t *)&d->sigterm, NULL);
   uv_close((uv_handle_t *)&d->sigint, NULL);
+  if (d->have_watchdog)
+    uv_close((uv_handle_t *)&d->watchdog, NULL);
+  if (d->have_status)
+    uv_close((uv_handle_t *)&d->status, NULL);
 }
 
 static void signal_ready(int fd) {
@@ -452,20 +533,27 @@ int main(int argc, char **argv) {
     return 1;
   raise_nofile(o.lim.max_fds);
 
-  fd = listen_on(&o);
+  if (tbd_sd_listen_fd(&fd) < 0)
+    return 1;
+  if (fd >= 0)
+    activated_path(fd, &o);
+  else
+    fd = listen_on(&o);
   if (fd < 0)
     return 1;
   rc = uv_loop_init(&loop);
   if (rc < 0) {
     tbd_error("uv_loop_init: %s", uv_strerror(rc));
-    unlink(o.socket);
+    if (!o.activated)
+      unlink(o.socket);
     close(fd);
     return 1;
   }
   rc = tbd_server_init(&d.srv, &loop, &o.lim, fd, o.socket);
   if (rc < 0) {
     tbd_error("cannot start: %s", tb_strerror(rc));
-    unlink(o.socket);
+    if (!o.activated)
+      unlink(o.socket);
     close(fd);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
@@ -476,9 +564,16 @@ int main(int argc, char **argv) {
   d.sigterm.data = d.sigint.data = &d;
   uv_signal_start(&d.sigterm, on_signal, SIGTERM);
   uv_signal_start(&d.sigint, on_signal, SIGINT);
+  /* systemd made the socket and removes it; a new daemon it starts on the
+   * same socket must find it there */
+  d.srv.keep_socket_file = o.activated;
 
-  tbd_info("tensorbrokerd %s listening on %s (mode %04o, pid %d)",
-           TB_VERSION_STRING, o.socket, o.mode, (int)getpid());
+  if (o.activated)
+    tbd_info("tensorbrokerd %s listening on %s (passed by systemd, pid %d)",
+             TB_VERSION_STRING, o.socket, (int)getpid());
+  else
+    tbd_info("tensorbrokerd %s listening on %s (mode %04o, pid %d)",
+             TB_VERSION_STRING, o.socket, o.mode, (int)getpid());
   if (o.lim.busy_poll_us == 0)
     tbd_info("busy polling off");
   else if (o.lim.busy_poll_auto)
@@ -488,6 +583,8 @@ int main(int argc, char **argv) {
   else
     tbd_info("busy polling: %u us after each request", o.lim.busy_poll_us);
   signal_ready(o.ready_fd);
+  d.have_watchdog = d.have_status = 0;
+  notify_start(&d, &loop);
 
   uv_run(&loop, UV_RUN_DEFAULT);
   tbd_server_free(&d.srv);

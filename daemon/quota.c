@@ -358,11 +358,12 @@ bool tbd__channel_reclaim(struct tbd_registry *r, const struct tbd_uid *u,
       continue;
     if (for_buffer ? !holds_retired_buffer(ch, u) : u != NULL && ch->u != u)
       continue;
-    tbd_info("freeing closed channel '%s' (latest version %llu, %u kept) to "
-             "make room for %s; it starts again at version 1 if published "
-             "again",
-             ch->name, (unsigned long long)ch->latest, ch->nversions,
-             for_buffer ? "a buffer" : "a channel");
+    tbd_log_with(TBD_LOG_INFO, &(struct tbd_log_fields){-1, -1, -1, ch->name},
+                 "freeing closed channel '%s' (latest version %llu, %u kept) "
+                 "to make room for %s; it starts again at version 1 if "
+                 "published again",
+                 ch->name, (unsigned long long)ch->latest, ch->nversions,
+                 for_buffer ? "a buffer" : "a channel");
     tbd__channel_drop(r, ch);
     return true;
   }

@@ -15,6 +15,7 @@
 #include <sys/types.h>
 
 #include "config.h"
+#include "log.h"
 #include "tb_proto.h"
 
 struct tbd_registry;
@@ -76,6 +77,10 @@ pid_t tbd_session_pid(const struct tbd_session *s);
 uid_t tbd_session_uid(const struct tbd_session *s);
 /* Whether the session said Hello successfully. */
 int tbd_session_hello(const struct tbd_session *s);
+/* The level its open and close are logged at: info, but debug for
+ * connections that never said Hello (probes) and for tbctl's short calls,
+ * which would otherwise fill the log of a daemon someone watches. */
+enum tbd_log_level tbd_session_log_level(const struct tbd_session *s);
 /* The peer hung up (end of stream, or the socket failed), as opposed to
  * the daemon dropping the session (shutdown, a protocol error, a full
  * queue). */

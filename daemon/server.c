@@ -322,13 +322,15 @@ static void reap(struct tbd_server *srv) {
 
     srv->doomed = c->dnext;
     conn_flush(c); /* best effort: an EPROTO reply, DaemonClosing */
-    /* connections that never said Hello (probes) only at debug level */
-    tbd_log(tbd_session_hello(s) ? TBD_LOG_INFO : TBD_LOG_DEBUG,
-            "session %llu %s: pid %d uid %u name '%s'",
-            (unsigned long long)tbd_session_id(s),
-            tbd_session_abrupt(s) ? "ended without closing" : "closed",
-            (int)tbd_session_pid(s), (unsigned)tbd_session_uid(s),
-            tbd_session_name(s));
+    tbd_log_with(tbd_session_log_level(s),
+                 &(struct tbd_log_fields){(long long)tbd_session_id(s),
+                                          (long long)tbd_session_pid(s),
+                                          (long long)tbd_session_uid(s), NULL},
+                 "session %llu %s: pid %d uid %u name '%s'",
+                 (unsigned long long)tbd_session_id(s),
+                 tbd_session_abrupt(s) ? "ended without closing" : "closed",
+                 (int)tbd_session_pid(s), (unsigned)tbd_session_uid(s),
+                 tbd_session_name(s));
     tbd_session_close(srv->reg, s);
     if (c->next != NULL)
       c->next->prev = c->prev;
@@ -817,7 +819,8 @@ void tbd_server_shutdown(struct tbd_server *srv, const char *reason) {
   uv_close((uv_handle_t *)&srv->spin, NULL);
   uv_poll_stop(&srv->listen_poll);
   uv_close((uv_handle_t *)&srv->listen_poll, on_listen_closed);
-  if (srv->socket_path != NULL && unlink(srv->socket_path) < 0 &&
+  if (srv->socket_path != NULL && !srv->keep_socket_file &&
+      unlink(srv->socket_path) < 0 &&
       errno != ENOENT)
     tbd_warn("unlink %s: %s", srv->socket_path, strerror(errno));
 }

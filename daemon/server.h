@@ -39,6 +39,7 @@ struct tbd_server {
   uint64_t outq_total;       /* bytes queued for all sessions */
   uint64_t trim_bytes;       /* queued bytes freed since the last trim */
   int stopping;
+  int keep_socket_file;      /* not ours (systemd's): never unlinked */
 };
 
 /* Start serving listen_fd (listening, non-blocking) on loop. The server

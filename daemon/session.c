@@ -5,6 +5,7 @@
 #include "registry_impl.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include <tensorbroker/errors.h>
 
@@ -47,6 +48,11 @@ const char *tbd_session_name(const struct tbd_session *s) { return s->name; }
 pid_t tbd_session_pid(const struct tbd_session *s) { return s->pid; }
 uid_t tbd_session_uid(const struct tbd_session *s) { return s->uid; }
 int tbd_session_hello(const struct tbd_session *s) { return s->hello; }
+enum tbd_log_level tbd_session_log_level(const struct tbd_session *s) {
+  if (!s->hello || strcmp(s->name, "tbctl") == 0)
+    return TBD_LOG_DEBUG;
+  return TBD_LOG_INFO;
+}
 void tbd_session_hung_up(struct tbd_session *s) { s->hung_up = true; }
 int tbd_session_abrupt(const struct tbd_session *s) {
   return s->hung_up && s->says_goodbye && !s->said_goodbye;
@@ -83,12 +89,15 @@ static const char *close_reason(const struct tbd_session *s,
   }
   if (pending == NULL)
     return "publisher ended without closing its session";
-  tbd_warn("session %llu (pid %d '%s') ended without closing: channel '%s' "
-           "has %u leased version(s) published with GPU work in flight, "
-           "the newest %llu; streams waiting on their ready events never "
-           "complete if that work died with the process",
-           (unsigned long long)s->id, (int)s->pid, s->name, ch->name, n,
-           (unsigned long long)pending->number);
+  tbd_log_with(TBD_LOG_WARN,
+               &(struct tbd_log_fields){(long long)s->id, (long long)s->pid,
+                                        (long long)s->uid, ch->name},
+               "session %llu (pid %d '%s') ended without closing: channel "
+               "'%s' has %u leased version(s) published with GPU work in "
+               "flight, the newest %llu; streams waiting on their ready "
+               "events never complete if that work died with the process",
+               (unsigned long long)s->id, (int)s->pid, s->name, ch->name, n,
+               (unsigned long long)pending->number);
   snprintf(buf, len, "publisher ended without closing its session; GPU "
                      "work of version %llu may never finish",
            (unsigned long long)pending->number);
