@@ -20,6 +20,8 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
 
 #include <tensorbroker/tensorbroker.h>
 /* A library never exits: when uthash cannot allocate while adding, the
@@ -162,6 +164,16 @@ struct tb_client {
 
   char last_error[TB__LAST_ERROR_MAX];
   size_t last_error_len; /* full length, may exceed the buffer */
+
+  /* The socket connected to, and its file's identity then: when the daemon
+   * goes away, a socket file with another identity at the same path means
+   * it restarted (conn.c, describe_loss()). sock_path is "" when the
+   * socket could not be stat()ed. */
+  char sock_path[108];
+  dev_t sock_dev;
+  ino_t sock_ino;      /* reused at once by ext4: the change time too */
+  struct timespec sock_ctime;
+  char lost_why[256]; /* why the connection died, "" while it lives */
 };
 
 /* ---- request/reply (conn.c); all with c->call_lock held ---- */

@@ -4,6 +4,7 @@
 #include "client_internal.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -49,6 +51,37 @@ size_t tb_client_last_error(tb_client *c, char *buf, size_t len) {
   }
   pthread_mutex_unlock(&c->call_lock);
   return n;
+}
+
+/* The calling thread's last tb_client_connect() failure: there is no client
+ * to hold it. Thread-local, so that threads connecting at once each read
+ * their own. */
+static _Thread_local char connect_err[TB__LAST_ERROR_MAX];
+static _Thread_local size_t connect_err_len;
+
+static int connect_fail(int err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int connect_fail(int err, const char *fmt, ...) {
+  va_list ap;
+  int n;
+
+  va_start(ap, fmt);
+  n = vsnprintf(connect_err, sizeof(connect_err), fmt, ap);
+  va_end(ap);
+  connect_err_len = n < 0 ? 0 : (size_t)n;
+  return err;
+}
+
+size_t tb_connect_error(char *buf, size_t len) {
+  if (buf != NULL && len > 0) {
+    size_t k = strnlen(connect_err, sizeof(connect_err));
+    if (k >= len)
+      k = len - 1;
+    memcpy(buf, connect_err, k);
+    buf[k] = '\0';
+  }
+  return connect_err_len;
 }
 
 /* ---- options and defaults ---- */
@@ -258,12 +291,50 @@ static void close_fds(int *fds, int n) {
     close(fds[i]);
 }
 
-static int mark_dead(struct tb_client *c, const char *why) {
+/* Why the connection died, said once and kept for every later call: the
+ * daemon closed it (what the socket path holds now tells a daemon that
+ * stopped from one that restarted), or why (a protocol error). */
+static void describe_loss(struct tb_client *c, const char *why, int closed) {
+  struct stat st;
+  const char *p = c->sock_path;
+
+  if (!closed) {
+    snprintf(c->lost_why, sizeof(c->lost_why), "%s", why);
+    return;
+  }
+  if (p[0] == '\0')
+    snprintf(c->lost_why, sizeof(c->lost_why),
+             "the daemon closed the connection");
+  else if (stat(p, &st) < 0)
+    snprintf(c->lost_why, sizeof(c->lost_why),
+             "the daemon closed the connection and %s is gone (the daemon "
+             "stopped)", p);
+  else if (st.st_dev != c->sock_dev || st.st_ino != c->sock_ino ||
+           st.st_ctim.tv_sec != c->sock_ctime.tv_sec ||
+           st.st_ctim.tv_nsec != c->sock_ctime.tv_nsec)
+    snprintf(c->lost_why, sizeof(c->lost_why),
+             "the daemon closed the connection and restarted (%s is a new "
+             "daemon's socket): reconnect with a new client", p);
+  else
+    snprintf(c->lost_why, sizeof(c->lost_why),
+             "the daemon closed the connection (it stopped or was killed)");
+}
+
+static int lost_earlier(struct tb_client *c) {
+  if (c->lost_why[0] == '\0')
+    describe_loss(c, "", 1); /* a deleter saw it die first */
+  return tb__set_error(c, TB_EDISCONNECTED,
+                       "connection to the daemon lost earlier: %s",
+                       c->lost_why);
+}
+
+static int mark_dead(struct tb_client *c, const char *why, int closed) {
   pthread_mutex_lock(&c->conn->lock);
   __atomic_store_n(&c->conn->dead, 1, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&c->conn->lock);
+  describe_loss(c, why, closed);
   return tb__set_error(c, TB_EDISCONNECTED, "connection to the daemon lost: %s",
-                       why);
+                       c->lost_why);
 }
 
 /* Decode the datagram in c->rbuf into a free arena (or with malloc when
@@ -403,8 +474,7 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
   int rc, got = 0, flags;
 
   if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
-    return tb__set_error(c, TB_EDISCONNECTED,
-                         "connection to the daemon lost earlier");
+    return lost_earlier(c);
   /* the default window only while the process may use enough CPUs; a
    * window the caller chose always */
   if (c->spin_ns != 0 &&
@@ -440,15 +510,17 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
   }
 received:
   if (n == 0)
-    return mark_dead(c, "the daemon closed the connection");
+    return mark_dead(c, "", 1);
   if (n == -EMSGSIZE)
-    return mark_dead(c, "oversized message from the daemon");
+    return mark_dead(c, "oversized message from the daemon", 0);
+  if (n == -ECONNRESET)
+    return mark_dead(c, "", 1);
   if (n < 0)
-    return mark_dead(c, strerror((int)-n));
+    return mark_dead(c, strerror((int)-n), 0);
   rc = msg_decode(c, (size_t)n, &m);
   if (rc < 0) {
     close_fds(fds, got);
-    return mark_dead(c, "undecodable message from the daemon");
+    return mark_dead(c, "undecodable message from the daemon", 0);
   }
   if (got < 0) {
     /* the daemon attached a descriptor (a buffer's memfd) this process
@@ -502,8 +574,7 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
   int rc;
 
   if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
-    return tb__set_error(c, TB_EDISCONNECTED,
-                         "connection to the daemon lost earlier");
+    return lost_earlier(c);
   *id = c->next_request_id++;
   if (c->next_request_id == 0)
     c->next_request_id = 1;
@@ -518,7 +589,7 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
                          (unsigned)c->max_message);
   rc = tb__wire_send(c->conn->fd, c->sbuf, (size_t)n, send_fds, n_send_fds, 0);
   if (rc == -EPIPE || rc == -ECONNRESET || rc == -ENOTCONN)
-    return mark_dead(c, strerror(-rc));
+    return mark_dead(c, "", 1);
   if (rc == -EMSGSIZE)
     return tb__set_error(c, TB_ELIMIT,
                          "request of %ld bytes does not fit the socket's "
@@ -614,25 +685,90 @@ static int name_ok(const char *s) {
   return 1;
 }
 
+/* Why connect(2) to path failed, in words that point at the fix. */
+static int connect_refused(const char *path, int err) {
+  struct stat st;
+
+  switch (err) {
+  case ENOENT:
+    return connect_fail(TB_ECONNECT,
+                        "cannot connect to %s: no such file (is tensorbrokerd "
+                        "running? The path comes from $TENSORBROKER_SOCKET, "
+                        "else $XDG_RUNTIME_DIR/tensorbroker.sock, else "
+                        "/run/tensorbroker/tensorbroker.sock)",
+                        path);
+  case ECONNREFUSED:
+    return connect_fail(TB_ECONNECT,
+                        "cannot connect to %s: connection refused (a stale "
+                        "socket: the daemon is not running)",
+                        path);
+  case EACCES:
+  case EPERM:
+    if (stat(path, &st) == 0) {
+      char buf[1024], gname[64];
+      struct group g, *gp = NULL;
+      if (getgrgid_r(st.st_gid, &g, buf, sizeof(buf), &gp) == 0 && gp)
+        snprintf(gname, sizeof(gname), "%s", gp->gr_name);
+      else
+        snprintf(gname, sizeof(gname), "%u", (unsigned)st.st_gid);
+      return connect_fail(TB_ECONNECT,
+                          "cannot connect to %s: permission denied (the "
+                          "socket is mode %04o, group %s: is this user in "
+                          "it?)",
+                          path, (unsigned)(st.st_mode & 07777), gname);
+    }
+    return connect_fail(TB_ECONNECT,
+                        "cannot connect to %s: permission denied (a directory "
+                        "on the path is closed to this user)",
+                        path);
+  default:
+    return connect_fail(TB_ECONNECT, "cannot connect to %s: %s", path,
+                        strerror(err));
+  }
+}
+
 static int open_socket(const char *path, int *out) {
   struct sockaddr_un sa;
   size_t len = strlen(path);
-  int fd;
+  int fd, err;
 
   if (len == 0 || len >= sizeof(sa.sun_path))
-    return TB_EINVAL;
+    return connect_fail(TB_EINVAL, "socket path '%s' is empty or longer "
+                                   "than %zu bytes", path,
+                        sizeof(sa.sun_path) - 1);
   memset(&sa, 0, sizeof(sa));
   sa.sun_family = AF_UNIX;
   memcpy(sa.sun_path, path, len + 1);
   fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0)
-    return TB_ESYS;
+    return connect_fail(TB_ESYS, "cannot connect to %s: socket: %s", path,
+                        strerror(errno));
   if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    err = errno;
     close(fd);
-    return TB_ECONNECT;
+    return connect_refused(path, err);
   }
   *out = fd;
   return 0;
+}
+
+/* What a failed Hello tells the caller: the daemon's own reason. */
+static int hello_failed(struct tb_client *c, const char *path, int rc) {
+  switch (rc) {
+  case TB_EDISCONNECTED:
+    return connect_fail(TB_ECONNECT,
+                        "cannot connect to %s: the daemon closed the "
+                        "connection before answering the Hello",
+                        path);
+  case TB_ETIMEDOUT:
+    return connect_fail(rc, "cannot connect to %s: the daemon did not answer "
+                            "the Hello within %d ms",
+                        path, c->timeout_ms);
+  default:
+    return connect_fail(rc, "cannot connect to %s: the daemon refused the "
+                            "session: %s",
+                        path, c->last_error[0] ? c->last_error : tb_strerror(rc));
+  }
 }
 
 /* The Hello in two halves, so that connect can send the done event's
@@ -725,7 +861,8 @@ static int hello_reply(struct tb_client *c, uint64_t id) {
   return 0;
 }
 
-int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
+static int client_connect(const struct tb_connect_options *opts,
+                          tb_client **out) {
   struct tb_connect_options o;
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
   const char *name;
@@ -842,10 +979,20 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
     tb__cuda_connect_end(c, rc == 0);
   }
   if (rc < 0) {
-    if (rc == TB_EDISCONNECTED)
-      rc = TB_ECONNECT; /* closed before saying hello: nobody to talk to */
+    /* closed before saying hello (TB_EDISCONNECTED): TB_ECONNECT */
+    rc = hello_failed(c, path, rc);
     tb_client_disconnect(c);
     return rc;
+  }
+  {
+    /* without it, a lost connection is only "closed", never "restarted" */
+    struct stat st;
+    if (stat(path, &st) == 0) {
+      memcpy(c->sock_path, path, sizeof(c->sock_path));
+      c->sock_dev = st.st_dev;
+      c->sock_ino = st.st_ino;
+      c->sock_ctime = st.st_ctim;
+    }
   }
   *out = c;
   return 0;
@@ -862,6 +1009,18 @@ out_free_client:
   free(c);
 out_close:
   close(fd);
+  return rc;
+}
+
+int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
+  int rc;
+
+  connect_err[0] = '\0';
+  connect_err_len = 0;
+  rc = client_connect(opts, out);
+  if (rc < 0 && connect_err_len == 0)
+    connect_fail(rc, "cannot connect: %s (%s)", tb_strerror(rc),
+                 tb_err_name(rc));
   return rc;
 }
 

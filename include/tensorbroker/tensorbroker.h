@@ -155,9 +155,33 @@ TB_EXPORT int tb_default_socket_path(char *buf, size_t len);
 /* Connect to the daemon and open a session. opts may be NULL for defaults.
  * On success *out owns the connection; free it with tb_client_disconnect().
  * Fails with TB_ECONNECT when no daemon listens, TB_EVERSION when it speaks
- * another protocol, TB_ETIMEDOUT when it does not answer. */
+ * another protocol, TB_ELIMIT when it refuses the session (one of its
+ * limits, e.g. --max-sessions, is reached), TB_ETIMEDOUT when it does not
+ * answer. On failure nothing is allocated, and tb_connect_error() tells why.
+ *
+ * Reconnecting: when the daemon goes away (it stopped, was killed or
+ * restarted), every call on the client fails with TB_EDISCONNECTED and
+ * tb_client_last_error() says so ("the daemon closed the connection", and
+ * "restarted" when a new daemon's socket is now at the same path). The
+ * session is over and cannot be resumed: call tb_client_disconnect() and
+ * tb_client_connect() again, then subscribe again, re-create buffers and
+ * publish again. Tensors acquired through the old client stay mapped and
+ * readable until their deleters run, but nothing protects their versions
+ * any more: the producer that wrote them may write that memory again. */
 TB_EXPORT int tb_client_connect(const struct tb_connect_options *opts,
                                 tb_client **out);
+
+/* Why the calling thread's last tb_client_connect() failed: the socket path
+ * and the reason, e.g. "cannot connect to /run/tensorbroker/tensorbroker.sock:
+ * no such file (is tensorbrokerd running? ...)", "... connection refused (a
+ * stale socket: the daemon is not running)", "... permission denied (the
+ * socket is mode 0660, group tensorbroker: is this user in it?)", or the
+ * daemon's own reason for refusing the session. Copies it into buf (may be
+ * NULL when len is 0), NUL-terminated and truncated to len, and returns the
+ * length of the full text; an empty string after a successful connect or
+ * before any. The text is thread-local: each thread reads its own last
+ * connect, and other calls never change it. Any thread. */
+TB_EXPORT size_t tb_connect_error(char *buf, size_t len);
 
 /* Close the session. The daemon then ends every lease, buffer registration
  * and subscription the session held. Tensors acquired through this client
