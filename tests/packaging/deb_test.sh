@@ -118,6 +118,14 @@ getent group tensorbroker >/dev/null || fail "no group tensorbroker"
 for m in man1/tbctl.1 man7/tensorbroker.7 man8/tensorbrokerd.8; do
   [ -f "/usr/share/man/$m.gz" ] || fail "/usr/share/man/$m.gz not installed"
 done
+for u in tensorbroker.service tensorbroker.socket; do
+  [ -f "/lib/systemd/system/$u" ] || fail "/lib/systemd/system/$u not installed"
+done
+grep -qx 'ExecStart=/usr/bin/tensorbrokerd' /lib/systemd/system/tensorbroker.service ||
+  fail "tensorbroker.service does not start /usr/bin/tensorbrokerd"
+# dh_installsystemd's postinst enables the socket (no systemd needed)
+[ -L /etc/systemd/system/sockets.target.wants/tensorbroker.socket ] ||
+  fail "tensorbroker.socket not enabled by the package"
 /usr/bin/tensorbrokerd --version | grep -qF "tensorbrokerd $want" ||
   fail "tensorbrokerd --version does not say $want"
 
