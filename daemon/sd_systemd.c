@@ -11,6 +11,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+/* CODE_FILE= and CODE_LINE= would all name this file: left out */
+#define SD_JOURNAL_SUPPRESS_LOCATION
 #include <systemd/sd-daemon.h>
 #include <systemd/sd-journal.h>
 

@@ -9,18 +9,26 @@
               libsystemd (TB_WITH_SYSTEMD=1) the entries go to the journal
               through sd_journal_sendv, nothing to stderr; without, lines
               carry their syslog priority ("<6>") and no timestamp
+  fields      with libsystemd, as root where a mount namespace may be made
+              (else skipped): in a private mount namespace with a tmpfs on
+              /run, the test binds /run/systemd/journal/socket and reads
+              the entries: PRIORITY=, SYSLOG_IDENTIFIER=tensorbrokerd, and
+              for tbctl's session TB_SESSION=, TB_PEER_PID=, TB_PEER_UID=
   not stderr  $JOURNAL_STREAM naming another file (a service's child with
               stderr redirected): plain lines again
 
 usage: daemon_logs.py DAEMON TBCTL (TB_WITH_SYSTEMD=1: built with libsystemd)"""
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 
 DAEMON, TBCTL = sys.argv[1], sys.argv[2]
+IN_NAMESPACE = len(sys.argv) > 3 and sys.argv[3] == "--in-namespace"
 PLAIN = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z tensorbrokerd: "
                    r"(error|warn|info|debug): ")
 failures = []
@@ -64,7 +72,63 @@ def run_daemon(tmp, tag, level, journal=None):
     return lines
 
 
+def journal_fields(tmp):
+    """Run in a mount namespace of its own (see --in-namespace): a journal
+    socket of the test's, the entries the daemon sends to it."""
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/run"]).returncode:
+        print("SKIP fields: cannot mount a tmpfs on /run here")
+        return 77
+    os.makedirs("/run/systemd/journal")
+    js = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    js.bind("/run/systemd/journal/socket")
+    lines = run_daemon(tmp, "fields", "debug", journal="stderr")
+    check(lines == [], "fields: nothing on stderr")
+    js.setblocking(False)
+    entries = []
+    while True:
+        try:
+            data = js.recv(65536)
+        except BlockingIOError:
+            break
+        entries.append(dict(l.split("=", 1) for l in
+                            data.decode().split("\n") if "=" in l))
+    for e in entries:
+        print("entry: %r" % e)
+    check(len(entries) > 0 and all(
+        e.get("SYSLOG_IDENTIFIER") == "tensorbrokerd" and "PRIORITY" in e
+        for e in entries), "fields: every entry has its identifier, priority")
+    opened = [e for e in entries
+              if re.match(r"session \d+ open: .*'tbctl'", e.get("MESSAGE", ""))]
+    check(len(opened) == 1 and opened[0].get("PRIORITY") == "7" and
+          opened[0].get("TB_SESSION", "").isdigit() and
+          opened[0].get("TB_PEER_PID", "").isdigit() and
+          opened[0].get("TB_PEER_UID") == str(os.getuid()),
+          "fields: tbctl's session open at debug (7) with TB_SESSION, "
+          "TB_PEER_PID, TB_PEER_UID")
+    check(any(e.get("MESSAGE", "").startswith("shutting down") and
+              e.get("PRIORITY") == "6" for e in entries),
+          "fields: 'shutting down' at info (6)")
+    return 1 if failures else 0
+
+
+if IN_NAMESPACE:
+    with tempfile.TemporaryDirectory(prefix="tb-logs-ns-") as tmp:
+        sys.exit(journal_fields(tmp))
+
 with tempfile.TemporaryDirectory(prefix="tb-logs-") as tmp:
+    if os.environ.get("TB_WITH_SYSTEMD") != "1":
+        print("skip fields: the daemon is built without libsystemd")
+    elif os.geteuid() != 0 or shutil.which("unshare") is None:
+        print("skip fields: needs root and unshare (a mount namespace)")
+    else:
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private",
+                            sys.executable, os.path.abspath(__file__),
+                            DAEMON, TBCTL, "--in-namespace"], timeout=120)
+        if r.returncode == 77:
+            print("skip fields: no mount namespace here")
+        else:
+            check(r.returncode == 0, "fields: the journal entries (above)")
+
     lines = run_daemon(tmp, "info", "info")
     check(len(lines) > 0 and all(PLAIN.match(l) for l in lines),
           "info: every line has a timestamp and a level")
