@@ -249,8 +249,9 @@ int main(int argc, char **argv) {
   o.timeout_ms = 5000;
   rc = tb_client_connect(&o, &c);
   if (rc < 0) {
-    fprintf(stderr, "tbctl: cannot talk to tensorbrokerd at %s: %s (%s)\n",
-            socket_path, tb_strerror(rc), tb_err_name(rc));
+    char why[512];
+    tb_connect_error(why, sizeof(why));
+    fprintf(stderr, "tbctl: %s (%s)\n", why, tb_err_name(rc));
     return 1;
   }
   if (strcmp(cmd, "status") == 0)

@@ -334,10 +334,33 @@ static void test_list_pages(void **state) {
   tbt_daemon_cleanup(&d);
 }
 
+/* tbctl's stderr (and stdout) for `tbctl status` on d's socket. */
+static int run_tbctl_stderr(const struct tbt_daemon *d) {
+  const char *argv[] = {"/bin/sh", "-c", "exec \"$0\" status 2>&1",
+                        getenv("TB_TBCTL"), NULL};
+  if (argv[3] == NULL)
+    fail_msg("TB_TBCTL not set");
+  setenv("TENSORBROKER_SOCKET", d->sock, 1);
+  return tbt_run(argv, g_out, sizeof(g_out));
+}
+
+/* tbctl without a daemon: it names the socket and why it cannot connect. */
 static void test_tbctl_no_daemon(void **state) {
   struct tbt_daemon *d = *state;
   tbt_daemon_kill(d);
   assert_int_not_equal(run_tbctl(d, "status", NULL), 0);
+  /* the killed daemon's socket file is left: nobody listens on it */
+  assert_int_not_equal(run_tbctl_stderr(d), 0);
+  if (strstr(g_out, d->sock) == NULL ||
+      strstr(g_out, "connection refused (a stale socket") == NULL)
+    fail_msg("tbctl's stderr does not name the socket and the reason: %s",
+             g_out);
+  assert_int_equal(unlink(d->sock), 0);
+  assert_int_not_equal(run_tbctl_stderr(d), 0);
+  if (strstr(g_out, d->sock) == NULL ||
+      strstr(g_out, "no such file (is tensorbrokerd running?") == NULL)
+    fail_msg("tbctl's stderr does not name the socket and the reason: %s",
+             g_out);
 }
 
 int main(void) {
