@@ -143,8 +143,15 @@ static void walk_elements(const Tensorbroker__V1__Layout *l, uint64_t lo,
   if (eb % 8 != 0 &&
       !(l->flags & TB_DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED))
     return; /* packed: no byte address per element */
-  for (size_t i = 0; i < n; i++)
-    numel *= l->shape[i];
+  /* stop at a zero extent or past the walk's cap: the product of the
+   * other extents may not fit even 128 bits (a zero extent after huge
+   * ones is a valid empty tensor) */
+  for (size_t i = 0; i < n && numel != 0; i++) {
+    if (l->shape[i] == 0)
+      numel = 0;
+    else if (numel <= 4096)
+      numel *= l->shape[i];
+  }
   if (numel == 0 || numel > 4096)
     return;
   ebytes = (i128)((eb + 7) / 8);
