@@ -120,6 +120,9 @@ with tempfile.TemporaryDirectory(prefix="tb-logs-") as tmp:
         print("skip fields: the daemon is built without libsystemd")
     elif os.geteuid() != 0 or shutil.which("unshare") is None:
         print("skip fields: needs root and unshare (a mount namespace)")
+    elif subprocess.run(["unshare", "--mount", "true"],
+                        stderr=subprocess.DEVNULL).returncode != 0:
+        print("skip fields: no mount namespace may be made here")
     else:
         r = subprocess.run(["unshare", "--mount", "--propagation", "private",
                             sys.executable, os.path.abspath(__file__),
