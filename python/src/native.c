@@ -853,7 +853,10 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   Py_END_ALLOW_THREADS
   Py_XDECREF(chseq);
   if (rc < 0) {
-    raise_tb(rc, NULL);
+    /* the socket path and why; read on the thread that connected */
+    char why[512];
+    tb_connect_error(why, sizeof(why));
+    raise_tb(rc, why);
     return -1;
   }
   self->c = c;

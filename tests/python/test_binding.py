@@ -253,6 +253,25 @@ def test_errors():
         expect_error(lambda: tb.Client(socket=sock, stream_contract="sometimes"), "TB_EINVAL")
 
 
+def test_connect_errors_name_the_socket_and_why():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "nobody.sock")
+        e = expect_error(lambda: tb.Client(socket=path), "TB_ECONNECT")
+        assert path in e.message and "no such file (is tensorbrokerd running?" in e.message, e.message
+        assert path in str(e), str(e)
+    # a Hello the daemon refuses: its reason names the limit
+    with daemon("--max-sessions", "1", "--operator-sessions", "0") as sock, \
+            tb.Client(socket=sock):
+        e = expect_error(lambda: tb.Client(socket=sock), "TB_ELIMIT")
+        assert sock in e.message and "--max-sessions" in e.message, e.message
+    # the daemon gone: the old client is told it closed the connection
+    with daemon() as sock:
+        c = tb.Client(socket=sock)
+    e = expect_error(c.status, "TB_EDISCONNECTED")
+    assert "the daemon closed the connection" in e.message, e.message
+    c.close()
+
+
 def test_second_publisher_is_refused():
     with daemon() as sock, tb.Client(socket=sock) as a, tb.Client(socket=sock) as b:
         a.publish("pb/x", np.zeros(2))
