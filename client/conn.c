@@ -764,6 +764,9 @@ static int hello_failed(struct tb_client *c, const char *path, int rc) {
     return connect_fail(rc, "cannot connect to %s: the daemon did not answer "
                             "the Hello within %d ms",
                         path, c->timeout_ms);
+  case TB_EVERSION:
+    return connect_fail(rc, "cannot connect to %s: another protocol: %s", path,
+                        c->last_error);
   default:
     return connect_fail(rc, "cannot connect to %s: the daemon refused the "
                             "session: %s",

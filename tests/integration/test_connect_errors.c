@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "tb_proto.h"
 
 static char g_why[512];
 
@@ -176,6 +177,64 @@ static void test_hello_refused(void **state) {
   tbt_daemon_cleanup(&d);
 }
 
+/* A daemon that speaks another protocol: a thread answers the Hello with
+ * protocol_version TB_PROTOCOL_VERSION + 1, then closes. */
+static void *other_protocol_daemon(void *arg) {
+  int lfd = *(int *)arg, fd, fds[TB__MAX_FDS], nfds = 0;
+  uint8_t buf[4096];
+  tb__request *r = NULL;
+  long n;
+
+  fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd < 0)
+    return NULL;
+  n = tb__wire_recv(fd, buf, sizeof(buf), fds, &nfds, 0);
+  if (n > 0 && tb__request_decode(buf, (size_t)n, &r) == 0) {
+    Tensorbroker__V1__HelloReply hr = TENSORBROKER__V1__HELLO_REPLY__INIT;
+    Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+    tb__server_message m = TENSORBROKER__V1__SERVER_MESSAGE__INIT;
+    hr.protocol_version = TB_PROTOCOL_VERSION + 1;
+    rep.request_id = r->request_id;
+    rep.body_case = TENSORBROKER__V1__REPLY__BODY_HELLO;
+    rep.hello = &hr;
+    m.body_case = TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY;
+    m.reply = &rep;
+    n = tb__server_message_encode(&m, buf, sizeof(buf));
+    if (n > 0)
+      (void)tb__wire_send(fd, buf, (size_t)n, NULL, 0, 0);
+    tb__request_free(r);
+  }
+  close(fd);
+  return NULL;
+}
+
+static void test_other_protocol(void **state) {
+  char dir[64], sock[108];
+  struct sockaddr_un a;
+  tb_client *c = NULL;
+  pthread_t t;
+  int lfd;
+  (void)state;
+
+  temp_dir(dir, sizeof(dir));
+  snprintf(sock, sizeof(sock), "%s/other.sock", dir);
+  lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  assert_true(lfd >= 0);
+  memset(&a, 0, sizeof(a));
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof(a.sun_path), "%s", sock);
+  assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+  assert_int_equal(listen(lfd, 4), 0);
+  assert_int_equal(pthread_create(&t, NULL, other_protocol_daemon, &lfd), 0);
+  assert_tb_err(connect_at(sock, &c), TB_EVERSION);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  expect_connect_error(sock, "another protocol: daemon speaks protocol 2, "
+                             "we speak 1");
+  close(lfd);
+  unlink(sock);
+  rmdir(dir);
+}
+
 /* The daemon killed and a new one started on the same path: the old client
  * is told the daemon closed the connection and restarted; a new client
  * works. */
@@ -242,6 +301,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_permission_denied, tbt_setup,
                                       tbt_teardown),
       cmocka_unit_test(test_hello_refused),
+      cmocka_unit_test(test_other_protocol),
       cmocka_unit_test_setup_teardown(test_daemon_restarted, tbt_setup,
                                       tbt_teardown),
       cmocka_unit_test_setup_teardown(test_daemon_stopped, tbt_setup,
