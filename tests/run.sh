@@ -21,7 +21,7 @@ packages=(libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev
           libdlpack-dev uthash-dev libcjson-dev python3-numpy python3-dev
           cmake gcc pkg-config
           clang libclang-rt-14-dev # libFuzzer (Debian 12's clang is 14)
-          scdoc python3-venv python3-setuptools python3-wheel
+          scdoc python3-venv python3-setuptools python3-wheel python3-yaml
           build-essential debhelper dh-python lintian adduser
           # the daemon's systemd support; systemd-socket-activate and
           # systemd-analyze for its tests
