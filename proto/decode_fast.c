@@ -10,9 +10,10 @@
  *
  * It takes only what it understands completely: each known field at most
  * once and with its proto3 wire type, repeated int64 fields packed, strings
- * of printable ASCII, varints of at most 10 bytes, no unknown fields, and a
- * Reply whose body is an AcquireReply. For anything else it answers "not
- * mine" and protobuf-c decodes the message, or refuses it. So they never
+ * of printable ASCII, varints of at most 10 bytes (keys and lengths at most
+ * 5), no unknown fields, and a Reply whose body is an AcquireReply. For
+ * anything else it answers "not mine" and protobuf-c decodes the message,
+ * or refuses it. So they never
  * accept what protobuf-c would refuse, and what they accept they decode to
  * the values protobuf-c gives (tests/unit/test_codec.c compares the two on
  * generated and on corrupted messages). */
@@ -30,12 +31,17 @@ struct rd {
 /* < 0: not mine (malformed, or a form left to protobuf-c) */
 #define NOT_MINE (-1)
 
-static int rd_varint(struct rd *r, uint64_t *v) {
+/* A varint of at most max_bytes bytes: 10 for a value, 5 for a key or a
+ * length prefix, as protobuf-c reads them (parse_tag_and_wiretype and
+ * scan_length_prefix refuse a sixth byte). */
+static int rd_varint_max(struct rd *r, uint64_t *v, size_t max_bytes) {
   const uint8_t *p = r->p;
+  const uint8_t *end = (size_t)(r->end - p) > max_bytes ? p + max_bytes
+                                                        : r->end;
   uint64_t x = 0;
   unsigned shift = 0;
 
-  while (p < r->end) {
+  while (p < end) {
     uint8_t b = *p++;
     x |= (uint64_t)(b & 0x7f) << shift;
     if (b < 0x80) {
@@ -52,13 +58,17 @@ static int rd_varint(struct rd *r, uint64_t *v) {
   return NOT_MINE;
 }
 
+static int rd_varint(struct rd *r, uint64_t *v) {
+  return rd_varint_max(r, v, 10);
+}
+
 /* The next key; 0 at the end of r. */
 static int rd_key(struct rd *r, uint32_t *field, int *wire) {
   uint64_t k;
 
   if (r->p == r->end)
     return 0;
-  if (rd_varint(r, &k) < 0 || k > UINT32_MAX || (k >> 3) == 0)
+  if (rd_varint_max(r, &k, 5) < 0 || k > UINT32_MAX || (k >> 3) == 0)
     return NOT_MINE;
   *field = (uint32_t)(k >> 3);
   *wire = (int)(k & 7);
@@ -68,7 +78,7 @@ static int rd_key(struct rd *r, uint32_t *field, int *wire) {
 static int rd_len(struct rd *r, struct rd *sub) {
   uint64_t n;
 
-  if (rd_varint(r, &n) < 0 || n > (uint64_t)(r->end - r->p))
+  if (rd_varint_max(r, &n, 5) < 0 || n > (uint64_t)(r->end - r->p))
     return NOT_MINE;
   sub->p = r->p;
   sub->end = r->p + n;

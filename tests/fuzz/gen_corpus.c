@@ -268,7 +268,12 @@ static void requests(void) {
                                       0xff, 0xff, 0xff, 0xff, 0x01};
     static const uint8_t cut[] = {0x08, 0x01, 0x82, 0x01, 0x09, 0x0a, 0x05, 0x61};
     static const uint8_t nobody[] = {0x08, 0x2a};
+    /* field 17's length written in nine bytes: protobuf-c reads at most
+     * five (found by fuzz_request, the fast decoder took it) */
+    static const uint8_t longlen[] = {0x8a, 0x01, 0x80, 0x80, 0x80, 0x80,
+                                      0x80, 0x80, 0x80, 0x80, 0x00};
     save("request", "x_unknown_field", unknown, sizeof(unknown));
+    save("request", "x_long_length", longlen, sizeof(longlen));
     save("request", "x_field_twice", twice, sizeof(twice));
     save("request", "x_unpacked_shape", unpacked, sizeof(unpacked));
     save("request", "x_long_varint", longvar, sizeof(longvar));
@@ -473,7 +478,11 @@ static void server_messages(void) {
     static const uint8_t unknown[] = {0x0a, 0x06, 0x72, 0x02, 0x08, 0x01,
                                       0x98, 0x06};
     static const uint8_t empty_notice[] = {0x12, 0x00};
+    /* reply{acquire{}} with the acquire's length written in six bytes */
+    static const uint8_t longlen[] = {0x0a, 0x07, 0x72, 0x80, 0x80,
+                                      0x80, 0x80, 0x80, 0x00};
     save("server_message", "x_unknown_field", unknown, sizeof(unknown));
+    save("server_message", "x_long_length", longlen, sizeof(longlen));
     save("server_message", "x_empty_notice", empty_notice,
          sizeof(empty_notice));
   }
