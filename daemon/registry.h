@@ -33,6 +33,7 @@ struct tbd_stats {
   uint64_t requests;
   uint64_t bad_messages;
   uint64_t sessions_dropped;
+  uint64_t denials; /* requests refused by access control */
 };
 
 /* Sizes of everything the registry holds (tests and Status). */
