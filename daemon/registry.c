@@ -70,6 +70,11 @@ void tbd_registry_set_socket_path(struct tbd_registry *r, const char *path) {
   r->socket_path = path;
 }
 
+void tbd_registry_set_limits(struct tbd_registry *r,
+                             const struct tbd_limits *limits) {
+  r->lim = *limits;
+}
+
 struct tbd_stats *tbd_registry_stats(struct tbd_registry *r) {
   return &r->stats;
 }
