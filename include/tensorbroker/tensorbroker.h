@@ -628,8 +628,7 @@ TB_EXPORT int tb_list_channels_sized(tb_client *c, size_t struct_size,
  * tb_list_channels_sized() through the macro below. */
 TB_EXPORT int tb_list_channels(tb_client *c, struct tb_channel_info **out,
                                size_t *count);
-#define tb_list_channels(c, out, count)                                     \
-  tb_list_channels_sized((c), sizeof(struct tb_channel_info), (out), (count))
+#define tb_list_channels(c, o, n) tb_list_channels_sized(c, sizeof(**(o)), o, n)
 TB_EXPORT int tb_list_sessions(tb_client *c, struct tb_session_info **out,
                                size_t *count);
 TB_EXPORT int tb_daemon_status(tb_client *c, struct tb_status *out);

@@ -549,6 +549,11 @@ static void test_pages(void **state) {
     assert_int_equal(ci[i].waiting, strcmp(ci[i].name, "pages/x") != 0);
   }
   tb_free(ci);
+  /* the 0.1.0 symbol, as programs built then call it: no waiting names */
+  assert_tb_ok((tb_list_channels)(c, &ci, &n));
+  assert_int_equal(n, 1);
+  assert_string_equal(ci[0].name, "pages/x");
+  tb_free(ci);
 
   /* a later, larger struct: entries that far apart, the rest zero */
   {
