@@ -126,6 +126,7 @@ struct tbd_lease {
   uint64_t id;
   struct tbd_session *s;
   struct tbd_version *v;
+  uint64_t since;            /* clock ms at the grant */
   UT_hash_handle hh;         /* registry->leases, by id */
   struct tbd_lease *snext, *sprev, *vnext, *vprev;
 };
@@ -178,6 +179,7 @@ struct tbd_wait {
   int mode;
   uint64_t version;
   uint64_t deadline;         /* UINT64_MAX: none */
+  uint64_t since;            /* clock ms when it was parked */
   uint64_t seq;              /* arrival order */
   struct tbd_heap_node by_deadline; /* registry->deadlines, unless none */
   struct tbd_heap_node by_version;  /* q->later, or not in a heap */
@@ -363,5 +365,23 @@ int tbd__unsubscribe(struct tbd_registry *r, struct tbd_session *s,
 int tbd__wait_free(struct tbd_registry *r, struct tbd_session *s,
                    uint64_t request_id, const char *channel, uint64_t version,
                    int64_t timeout_ms);
+
+/* ---- the operator's view (operator.c) ---- */
+
+/* Lists come in pages that fit one datagram (the room left for entries),
+ * sorted, after a cursor; the reply says when entries were left out. */
+#define TBD_LIST_ROOM(r) ((size_t)(r)->lim.max_message - 512)
+
+/* The acquires parked on name (0 when none). */
+uint32_t tbd__waiters(struct tbd_registry *r, const char *name);
+/* Answer ListLeases, ListWaits and DropChannel (always with a reply);
+ * return the status sent. */
+int tbd__list_leases(struct tbd_registry *r, struct tbd_session *s,
+                     uint64_t request_id,
+                     const Tensorbroker__V1__ListLeases *q);
+int tbd__list_waits(struct tbd_registry *r, struct tbd_session *s,
+                    uint64_t request_id, const Tensorbroker__V1__ListWaits *q);
+int tbd__drop_channel(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t request_id, const char *name);
 
 #endif /* TBD_REGISTRY_IMPL_H */
