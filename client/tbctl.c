@@ -2,7 +2,7 @@
 /* tbctl: look at a running tensorbrokerd. A client of the public library
  * only.
  *
- *   tbctl [--socket PATH] [--json] status|channels|sessions
+ *   tbctl [--socket PATH] [--json] status|channels|sessions|metrics
  *
  * Exit codes: 0 ok, 1 the daemon is unreachable or answered an error,
  * 2 usage. */
@@ -26,6 +26,8 @@ static void usage(FILE *f) {
           "  sessions   connected sessions: pid, uid, name, stream contract,\n"
           "             leases, buffers, calls that relied on the implicit\n"
           "             stream default\n"
+          "  metrics    the daemon's metrics in the Prometheus text format\n"
+          "             (--json does not apply)\n"
           "\n"
           "Options:\n"
           "  -s, --socket PATH  daemon socket (default $TENSORBROKER_SOCKET,\n"
@@ -190,6 +192,21 @@ static int cmd_sessions(tb_client *c, int json) {
   return 0;
 }
 
+/* The exposition as the daemon wrote it: it is the format. */
+static int cmd_metrics(tb_client *c) {
+  char *text = NULL;
+  size_t len = 0;
+  int rc = tb_daemon_metrics(c, &text, &len);
+
+  if (rc < 0)
+    return fail(c, "metrics", rc);
+  rc = fwrite(text, 1, len, stdout) == len && fflush(stdout) == 0 ? 0 : 1;
+  tb_free(text);
+  if (rc != 0)
+    fprintf(stderr, "tbctl: metrics: cannot write the output\n");
+  return rc;
+}
+
 int main(int argc, char **argv) {
   static const struct option longopts[] = {
       {"socket", required_argument, NULL, 's'},
@@ -230,7 +247,7 @@ int main(int argc, char **argv) {
   }
   cmd = argv[optind];
   if (strcmp(cmd, "status") != 0 && strcmp(cmd, "channels") != 0 &&
-      strcmp(cmd, "sessions") != 0) {
+      strcmp(cmd, "sessions") != 0 && strcmp(cmd, "metrics") != 0) {
     fprintf(stderr, "tbctl: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;
@@ -258,6 +275,8 @@ int main(int argc, char **argv) {
     rc = cmd_status(c, json);
   else if (strcmp(cmd, "channels") == 0)
     rc = cmd_channels(c, json);
+  else if (strcmp(cmd, "metrics") == 0)
+    rc = cmd_metrics(c);
   else
     rc = cmd_sessions(c, json);
   tb_client_disconnect(c);

@@ -19,6 +19,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "metrics_http.h"
 #include "sd.h"
 #include "server.h"
 
@@ -33,6 +34,7 @@ enum {
   OPT_LOG_LEVEL,
   OPT_READY_FD,
   OPT_EXEMPT_ROOT,
+  OPT_METRICS_LISTEN,
 };
 
 struct options {
@@ -43,6 +45,7 @@ struct options {
   enum tbd_log_level level;
   int ready_fd;
   int done_events_set; /* --max-done-events given */
+  struct tbd_http_addr metrics; /* --metrics-listen; kind 0: none */
   struct tbd_limits lim;
 };
 
@@ -63,7 +66,12 @@ static void usage(FILE *f) {
           "listening,\n"
           "                         then close it (default: none)\n"
           "      --exempt-root      per-uid limits do not apply to uid 0 "
-          "(default: they do)\n");
+          "(default: they do)\n"
+          "      --metrics-listen ADDR  serve the metrics over HTTP at ADDR:\n"
+          "                         unix:PATH (mode of --socket-mode), "
+          "tcp:127.0.0.1:PORT\n"
+          "                         or tcp:[::1]:PORT, loopback only "
+          "(default: off)\n");
   for (unsigned i = 0; i < tbd_limit_count; i++) {
     const struct tbd_limit_desc *d = &tbd_limit_table[i];
     char flag[48];
@@ -110,7 +118,7 @@ static int default_socket(struct options *o) {
 
 /* Returns -1 to continue, else the exit status. */
 static int parse_options(int argc, char **argv, struct options *o) {
-  struct option longopts[8 + 64];
+  struct option longopts[16 + 64];
   unsigned n = 0;
   int c, have_socket = 0;
 
@@ -123,6 +131,8 @@ static int parse_options(int argc, char **argv, struct options *o) {
       (struct option){"ready-fd", required_argument, NULL, OPT_READY_FD};
   longopts[n++] =
       (struct option){"exempt-root", no_argument, NULL, OPT_EXEMPT_ROOT};
+  longopts[n++] = (struct option){"metrics-listen", required_argument, NULL,
+                                  OPT_METRICS_LISTEN};
   longopts[n++] = (struct option){"help", no_argument, NULL, 'h'};
   longopts[n++] = (struct option){"version", no_argument, NULL, 'V'};
   for (unsigned i = 0; i < tbd_limit_count; i++)
@@ -131,7 +141,7 @@ static int parse_options(int argc, char **argv, struct options *o) {
                                     OPT_LIMIT_BASE + (int)i};
   longopts[n] = (struct option){NULL, 0, NULL, 0};
 
-  if (tbd_limit_count + 8 > sizeof(longopts) / sizeof(longopts[0])) {
+  if (tbd_limit_count + 16 > sizeof(longopts) / sizeof(longopts[0])) {
     fprintf(stderr, "tensorbrokerd: too many options for the table\n");
     return 1;
   }
@@ -180,6 +190,14 @@ static int parse_options(int argc, char **argv, struct options *o) {
     case OPT_EXEMPT_ROOT:
       o->lim.exempt_root = 1;
       break;
+    case OPT_METRICS_LISTEN: {
+      char why[256];
+      if (tbd_http_addr_parse(optarg, &o->metrics, why, sizeof(why)) < 0) {
+        fprintf(stderr, "tensorbrokerd: --metrics-listen: %s\n", why);
+        return 2;
+      }
+      break;
+    }
     case 'h':
       usage(stdout);
       return 0;
@@ -432,6 +450,7 @@ static int check_send_buffer(uint32_t len) {
 
 struct daemon {
   struct tbd_server srv;
+  struct tbd_http metrics; /* --metrics-listen */
   uv_signal_t sigterm, sigint;
   uv_timer_t watchdog;   /* WATCHDOG=1 at half of $WATCHDOG_USEC */
   uv_timer_t status;     /* STATUS= when sessions or channels change */
@@ -495,6 +514,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   snprintf(reason, sizeof(reason), "daemon received %s",
            signum == SIGTERM ? "SIGTERM" : "SIGINT");
   tbd_sd_stopping();
+  tbd_http_stop(&d->metrics);
   tbd_server_shutdown(&d->srv, reason);
   uv_close((uv_handle_t *)&d->sigterm, NULL);
   uv_close((uv_handle_t *)&d->sigint, NULL);
@@ -556,6 +576,15 @@ int main(int argc, char **argv) {
       unlink(o.socket);
     close(fd);
     uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+    return 1;
+  }
+  memset(&d.metrics, 0, sizeof(d.metrics));
+  if (o.metrics.kind != 0 &&
+      tbd_http_start(&d.metrics, &loop, d.srv.reg, &o.metrics, o.mode) < 0) {
+    tbd_server_shutdown(&d.srv, "cannot serve the metrics");
+    uv_run(&loop, UV_RUN_DEFAULT);
+    tbd_server_free(&d.srv);
     uv_loop_close(&loop);
     return 1;
   }

@@ -566,6 +566,17 @@ TB_EXPORT int tb_list_sessions(tb_client *c, struct tb_session_info **out,
                                size_t *count);
 TB_EXPORT int tb_daemon_status(tb_client *c, struct tb_status *out);
 
+/* The daemon's metrics in the Prometheus text exposition format 0.0.4
+ * (the metrics are listed in docs/deploy.md, "Metrics"): *text is a
+ * NUL-terminated copy allocated by the library, freed with tb_free(), and
+ * *len (when len is not NULL) its length. The daemon sends the text in
+ * pages of one snapshot; this call gathers them, so the text is whole and
+ * consistent. On failure *text and *len are not written: TB_ENOTSUP from
+ * a daemon that predates metrics (nothing is sent, the session goes on),
+ * TB_ENOMEM, or the errors of any call. Any thread (calls on one client
+ * are serialised). */
+TB_EXPORT int tb_daemon_metrics(tb_client *c, char **text, size_t *len);
+
 /* Free memory returned by the library. NULL is accepted. */
 TB_EXPORT void tb_free(void *p);
 
