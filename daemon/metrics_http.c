@@ -468,7 +468,7 @@ static int listen_unix(struct tbd_http *h, unsigned mode) {
   if (rc < 0)
     close(fd); /* not the handle's */
   else
-    rc = uv_listen(&h->listener.s, TBD_HTTP_CONNS_MAX, on_connection);
+    rc = uv_listen(&h->listener.s, 64, on_connection);
   if (rc < 0) {
     tbd_error("--metrics-listen unix:%s: %s", path, uv_strerror(rc));
     return -1;
@@ -495,7 +495,7 @@ static int listen_tcp(struct tbd_http *h) {
   h->listening = 1;
   rc = uv_tcp_bind(&h->listener.tcp, sa, 0);
   if (rc == 0)
-    rc = uv_listen(&h->listener.s, TBD_HTTP_CONNS_MAX, on_connection);
+    rc = uv_listen(&h->listener.s, 64, on_connection);
   if (rc == 0)
     rc = uv_tcp_getsockname(&h->listener.tcp, (struct sockaddr *)&got, &len);
   if (rc < 0) {
