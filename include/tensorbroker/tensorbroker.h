@@ -650,6 +650,16 @@ TB_EXPORT int tb_list_waits(tb_client *c, size_t struct_size,
  * names the leases), TB_EPERM unless the caller's uid published it last
  * or is root or the daemon's; TB_ENOTSUP from an older daemon. */
 TB_EXPORT int tb_channel_drop(tb_client *c, const char *channel);
+/* The daemon's metrics in the Prometheus text exposition format 0.0.4
+ * (the metrics are listed in docs/deploy.md, "Metrics"): *text is a
+ * NUL-terminated copy allocated by the library, freed with tb_free(), and
+ * *len (when len is not NULL) its length. The daemon sends the text in
+ * pages of one snapshot; this call gathers them, so the text is whole and
+ * consistent. On failure *text and *len are not written: TB_ENOTSUP from
+ * a daemon that predates metrics (nothing is sent, the session goes on),
+ * TB_ENOMEM, or the errors of any call. Any thread (calls on one client
+ * are serialised). */
+TB_EXPORT int tb_daemon_metrics(tb_client *c, char **text, size_t *len);
 
 /* Free memory returned by the library. NULL is accepted. */
 TB_EXPORT void tb_free(void *p);
