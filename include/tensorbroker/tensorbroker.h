@@ -88,6 +88,16 @@ TB_EXPORT const char *tb_contract_name(int contract);
  * returns 0, or TB_EINVAL. */
 TB_EXPORT int tb_contract_parse(const char *name, int *out);
 
+/* ---- memory kinds ------------------------------------------------------- */
+
+/* What memory a buffer is (tb_lease_info.memory_kind and the lists); the
+ * values are the protocol's MemoryKind. */
+enum tb_memory_kind {
+  TB_MEMORY_NONE = 0,
+  TB_MEMORY_HOST = 1,     /* a sealed memfd every process maps */
+  TB_MEMORY_CUDA_IPC = 2, /* legacy CUDA IPC: dies with its producer */
+};
+
 /* ---- connections ------------------------------------------------------- */
 
 typedef struct tb_client tb_client;
@@ -478,7 +488,7 @@ struct tb_lease_info {
   size_t metadata_len;
   const char *channel;  /* valid as long as the tensor */
   uint64_t buffer_id;
-  int memory_kind;      /* 1 host memfd, 2 CUDA IPC */
+  int memory_kind;      /* enum tb_memory_kind */
   uint32_t producer_pid;
 };
 
@@ -574,7 +584,7 @@ struct tb_lease_entry {
   char channel[TB_NAME_MAX + 1];
   uint64_t version;
   uint64_t bytes;            /* the size of the version's buffer */
-  int memory_kind;           /* 1 host memfd, 2 CUDA IPC */
+  int memory_kind;           /* enum tb_memory_kind */
   uint64_t age_ms;           /* since the lease was granted */
   uint64_t buffer_id;
   int ready_event;           /* the version has a ready event */
