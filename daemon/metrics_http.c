@@ -159,7 +159,6 @@ static void on_conn_handle_closed(uv_handle_t *handle) {
     c->prev->next = c->next;
   else
     h->conns = c->next;
-  h->nconns--;
   tbd_free(c->body);
   free(c);
 }
@@ -168,6 +167,10 @@ static void conn_close(struct tbd_http_conn *c) {
   if (c->closing)
     return;
   c->closing = true;
+  /* not open any more for the cap: its handles close in a later turn of
+   * the loop, after the peer may already have seen its end and connected
+   * again */
+  c->h->nconns--;
   uv_timer_stop(&c->timer);
   uv_close(&c->u.h, on_conn_handle_closed);
   uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
