@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "acl.h"
 #include "hash.h"
 #include "quota.h"
 #include "heap.h"
@@ -34,6 +35,8 @@ struct tbd_buffer {
   int kind;                  /* TENSORBROKER__V1__MEMORY_KIND__* */
   uint64_t size;
   int fd;                    /* HOST_MEMFD: the daemon's own descriptor */
+  int rofd;                  /* consumers-may-write HOST_MEMFD: a read-only
+                                one for consumers not granted write, or -1 */
   int32_t dev_type, dev_id;
   uint8_t uuid[TB__UUID_SIZE];
   size_t uuid_len;
@@ -44,6 +47,9 @@ struct tbd_buffer {
   uint8_t *info;             /* its BufferInfo packed with fd_attached false
                                 (built at the first acquire), or NULL */
   size_t info_len;
+  uint8_t *info_ro;          /* the same with writable false, for consumers
+                                not granted write (writable buffers only) */
+  size_t info_ro_len;
   uint32_t nversions;        /* live versions that refer to it */
   UT_hash_handle hh;         /* registry->buffers, by id */
   struct tbd_buffer *snext, *sprev; /* owner->buffers */
@@ -99,6 +105,7 @@ struct tbd_died {
 struct tbd_channel {
   char *name;
   UT_hash_handle hh;         /* registry->channels, by name */
+  uid_t owner;               /* the uid that first published it (acl.h) */
   struct tbd_session *publisher; /* NULL: closed */
   bool closed;
   struct tbd_uid *u;         /* counted against its (last) publisher's uid */
@@ -152,6 +159,8 @@ struct tbd_subgroup {
 struct tbd_sent {
   uint64_t buffer_id;
   bool fd_current;
+  bool write;                /* the descriptor last attached was the
+                                read-write one (write granted) */
   UT_hash_handle hh;
 };
 
@@ -193,6 +202,9 @@ struct tbd_session {
   pid_t pid;
   uid_t uid;
   gid_t gid;
+  gid_t *groups;              /* supplementary, from SO_PEERGROUPS */
+  size_t ngroups;
+  bool denied;                /* a denial of it was logged at warn */
   char name[64];
   bool hello;
   bool muted;
@@ -265,7 +277,28 @@ struct tbd_registry {
   uid_t operator_uid[2];
   uint32_t fds_held, fd_capacity, fd_all, fd_nofile, fd_reserve;
   uint64_t next_session_id, next_buffer_id, next_event_id, next_lease_id;
+  struct tbd_acl *acl;       /* access rules (access.c), never NULL */
 };
+
+/* ---- access control (access.c) ---- */
+
+/* Whether s may do act on channel name (ch: it, or NULL when it was never
+ * published). 0, or TB_EPERM with msg ("uid 1001 may not acquire
+ * \"cam/front\": rule [access \"cam/\"] acquire = group:video", verb
+ * saying what was asked), counted in stats.denials and logged: at warn the
+ * session's first time, then at debug. */
+int tbd__access(struct tbd_registry *r, struct tbd_session *s,
+                enum tbd_acl_action act, const char *verb, const char *name,
+                const struct tbd_channel *ch, char *msg, size_t len);
+/* The same without counting or logging: for filters (lists, notices,
+ * Hello's latest versions) that leave out what s may not see. */
+bool tbd__access_quiet(struct tbd_registry *r, struct tbd_session *s,
+                       enum tbd_acl_action act, const char *name,
+                       const struct tbd_channel *ch);
+/* Whether s is an operator (root, the daemon's uid, `operators`). */
+bool tbd__access_operator(struct tbd_registry *r, struct tbd_session *s);
+/* Whether s may see sessions of other uids in ListSessions. */
+bool tbd__access_all_sessions(struct tbd_registry *r, struct tbd_session *s);
 
 /* ---- helpers shared by registry.c and handlers.c ---- */
 
@@ -321,7 +354,8 @@ struct tbd_new_version {
  * (not for host memory, a buffer sent before, or out of memory: the
  * acquire brings it then, as without prefetch). out must outlive the
  * message's packing. */
-bool tbd__new_version_fill(struct tbd_session *s, struct tbd_version *v,
+bool tbd__new_version_fill(struct tbd_registry *r, struct tbd_session *s,
+                           struct tbd_version *v,
                            struct tbd_new_version *out);
 /* The channel's newest version that may be granted (its memory did not
  * die with its producer), or NULL. */
