@@ -17,6 +17,7 @@
 
 #include <tensorbroker/tensorbroker.h>
 
+#include "acl.h"
 #include "config.h"
 #include "log.h"
 #include "sd.h"
@@ -430,8 +431,69 @@ static int check_send_buffer(uint32_t len) {
  * looked at this often and sent when it changed. */
 #define STATUS_INTERVAL_MS 1000
 
+/* TEMPORARY, until the configuration file (inih) lands: access rules from
+ * the file $TBD_ACCESS_FILE names, in the configuration file's syntax
+ * ([access] and [access "PREFIX"] sections of key = value lines), read at
+ * start and at SIGHUP. Dropped when the loader calls tbd_acl_set itself. */
+static int access_file_load(const char *path, struct tbd_acl **out) {
+  FILE *f = fopen(path, "re");
+  struct tbd_acl *a = NULL;
+  char line[1024], prefix[300], err[400];
+  bool in_access = false, have_prefix = false;
+  int lineno = 0;
+
+  if (f == NULL) {
+    tbd_error("%s: %s", path, strerror(errno));
+    return -1;
+  }
+  if (tbd_acl_new(&a) < 0)
+    goto out_fail;
+  while (fgets(line, sizeof(line), f) != NULL) {
+    char *p = line, *eq, *end;
+    lineno++;
+    line[strcspn(line, "\r\n")] = '\0';
+    while (*p == ' ' || *p == '\t')
+      p++;
+    if (*p == '\0' || *p == '#' || *p == ';')
+      continue;
+    if (*p == '[') {
+      in_access = strncmp(p, "[access]", 8) == 0;
+      have_prefix = false;
+      if (strncmp(p, "[access \"", 9) == 0 &&
+          (end = strchr(p + 9, '"')) != NULL) {
+        snprintf(prefix, sizeof(prefix), "%.*s", (int)(end - p - 9), p + 9);
+        in_access = have_prefix = true;
+      }
+      continue;
+    }
+    eq = strchr(p, '=');
+    if (!in_access || eq == NULL)
+      continue;
+    end = eq;
+    while (end > p && (end[-1] == ' ' || end[-1] == '\t'))
+      end--;
+    *end = '\0';
+    for (eq++; *eq == ' ' || *eq == '\t'; eq++)
+      ;
+    if (tbd_acl_set(a, have_prefix ? prefix : NULL, p, eq, err,
+                    sizeof(err)) < 0) {
+      tbd_error("%s:%d: %s", path, lineno, err);
+      goto out_fail;
+    }
+  }
+  fclose(f);
+  *out = a;
+  return 0;
+
+out_fail:
+  tbd_acl_free(a);
+  fclose(f);
+  return -1;
+}
+
 struct daemon {
   struct tbd_server srv;
+  uv_signal_t sighup; /* TEMPORARY: re-reads $TBD_ACCESS_FILE */
   uv_signal_t sigterm, sigint;
   uv_timer_t watchdog;   /* WATCHDOG=1 at half of $WATCHDOG_USEC */
   uv_timer_t status;     /* STATUS= when sessions or channels change */
@@ -498,10 +560,29 @@ static void on_signal(uv_signal_t *h, int signum) {
   tbd_server_shutdown(&d->srv, reason);
   uv_close((uv_handle_t *)&d->sigterm, NULL);
   uv_close((uv_handle_t *)&d->sigint, NULL);
+  uv_close((uv_handle_t *)&d->sighup, NULL);
   if (d->have_watchdog)
     uv_close((uv_handle_t *)&d->watchdog, NULL);
   if (d->have_status)
     uv_close((uv_handle_t *)&d->status, NULL);
+}
+
+/* TEMPORARY (access_file_load): new rules replace the old only when the
+ * whole file is valid. */
+static void on_sighup(uv_signal_t *h, int signum) {
+  struct daemon *d = h->data;
+  const char *path = getenv("TBD_ACCESS_FILE");
+  struct tbd_acl *a;
+
+  (void)signum;
+  if (path == NULL || *path == '\0')
+    return;
+  if (access_file_load(path, &a) < 0) {
+    tbd_error("SIGHUP: %s not applied; the access rules stay as they were",
+              path);
+    return;
+  }
+  tbd_registry_set_acl(d->srv.reg, a);
 }
 
 static void signal_ready(int fd) {
@@ -559,9 +640,25 @@ int main(int argc, char **argv) {
     uv_loop_close(&loop);
     return 1;
   }
+  {
+    const char *path = getenv("TBD_ACCESS_FILE"); /* TEMPORARY */
+    struct tbd_acl *a;
+    if (path != NULL && *path != '\0') {
+      if (access_file_load(path, &a) < 0) {
+        tbd_server_shutdown(&d.srv, "bad access rules");
+        uv_run(&loop, UV_RUN_DEFAULT);
+        tbd_server_free(&d.srv);
+        uv_loop_close(&loop);
+        return 1;
+      }
+      tbd_registry_set_acl(d.srv.reg, a);
+    }
+  }
   uv_signal_init(&loop, &d.sigterm);
   uv_signal_init(&loop, &d.sigint);
-  d.sigterm.data = d.sigint.data = &d;
+  uv_signal_init(&loop, &d.sighup);
+  d.sigterm.data = d.sigint.data = d.sighup.data = &d;
+  uv_signal_start(&d.sighup, on_sighup, SIGHUP);
   uv_signal_start(&d.sigterm, on_signal, SIGTERM);
   uv_signal_start(&d.sigint, on_signal, SIGINT);
   /* systemd made the socket and removes it; a new daemon it starts on the

@@ -21,9 +21,9 @@ from collections import deque
 import math
 
 from . import _native
-from ._native import Error, TimeoutError, Lease  # noqa: F401  (re-exported)
+from ._native import Error, TimeoutError, PermissionError, Lease  # noqa: F401  (re-exported)
 
-__all__ = ["Client", "Lease", "Error", "TimeoutError", "cuda_available",
+__all__ = ["Client", "Lease", "Error", "TimeoutError", "PermissionError", "cuda_available",
            "default_socket_path", "DEVICE_CPU", "DEVICE_CUDA", "DEVICE_CUDA_HOST"]
 __version__ = _native.library_version
 
