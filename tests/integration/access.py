@@ -209,6 +209,15 @@ def test_foreign_uid_refused(t):
         denied(bob("subscribe acl/w"), 'may not subscribe to "acl/w"')
         denied(bob("wait_free acl/w 1"), 'may not wait on "acl/w"')
         expect(bob("list"), "0")  # not even the names
+        if t.tbctl:  # as an operator would look
+            out = subprocess.run(as_user(*t.ids["tbacl-bob"]) +
+                                 [t.tbctl, "--socket", d.sock, "channels"],
+                                 capture_output=True, text=True, timeout=TIMEOUT)
+            assert out.returncode == 0 and "acl/w" not in out.stdout, out
+            out = subprocess.run(as_user(*t.ids["tbacl-alice"]) +
+                                 [t.tbctl, "--socket", d.sock, "channels"],
+                                 capture_output=True, text=True, timeout=TIMEOUT)
+            assert "acl/w" in out.stdout and "own/x" in out.stdout, out
         expect(bob("sessions"), "0 %d" % b)
         bbuf = bob.value("register ro", "buffer")
         denied(bob("publish acl/w " + bbuf),
@@ -346,6 +355,7 @@ def main():
     t.ids = ensure_users()
     t.python = os.environ.get("TB_PYTHON")
     t.pythonpath = os.environ.get("TB_PYTHONPATH")
+    t.tbctl = os.environ.get("TB_TBCTL")
     failed = 0
     tests = [test_foreign_uid_refused, test_group_grants_and_write, test_sighup,
              test_python_user]
