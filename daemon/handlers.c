@@ -237,29 +237,6 @@ static int readonly_description(int fd) {
   return ro;
 }
 
-/* Consumers not granted write of a buffer that consumers may write get a
- * read-only description, but no seal stops them re-opening it read-write
- * through /proc/self/fd (the producer must keep writing, and those granted
- * write need writable mappings): the inode's mode must. memfds are made
- * 0777 (0666 with MFD_NOEXEC_SEAL); owner-only, a consumer of another uid
- * gets EACCES. The library makes such memfds 0600 itself; this covers a
- * producer that speaks the wire. A daemon that is neither root nor the
- * producer's uid cannot change the mode, and says so once. */
-static void memfd_restrict_mode(int fd, const struct stat *st) {
-  static bool warned;
-
-  if ((st->st_mode & 077) == 0 || fchmod(fd, st->st_mode & 0700) == 0)
-    return;
-  if (!warned) {
-    warned = true;
-    tbd_warn("cannot make a consumers-may-write memfd owner-only (fchmod: "
-             "%s): consumers of other uids not granted write could re-open "
-             "it read-write through /proc (the library makes its memfds "
-             "0600; this producer did not)",
-             strerror(errno));
-  }
-}
-
 static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
                               uint64_t id,
                               const Tensorbroker__V1__BufferRegister *m,
@@ -355,7 +332,7 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
      * granted write */
     if (b->writable) {
       b->rofd = readonly_description(fds[0]);
-      memfd_restrict_mode(fds[0], &st);
+      tbd__memfd_restrict(fds[0], false);
     }
     b->fd = b->writable ? -1 : readonly_description(fds[0]);
     if (b->fd < 0) {

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <tensorbroker/tensorbroker.h>
@@ -1154,6 +1155,21 @@ static int buffer_info_pack(struct tbd_buffer *b, bool write) {
 }
 
 
+void tbd__memfd_restrict(int fd, bool warn) {
+  static bool warned;
+  struct stat st;
+
+  if (fstat(fd, &st) < 0 || (st.st_mode & 077) == 0 ||
+      fchmod(fd, st.st_mode & 0700) == 0 || !warn || warned)
+    return;
+  warned = true;
+  tbd_warn("a consumers-may-write memfd is mode %04o and the daemon cannot "
+           "make it owner-only (fchmod: %s): consumers of other uids not "
+           "granted write can re-open it read-write through /proc (the "
+           "library makes its memfds 0600; this producer did not)",
+           (unsigned)(st.st_mode & 07777), strerror(errno));
+}
+
 /* A lease's memory, kept for the next grant (up to a few dozen). */
 #define SPARE_LEASES_MAX 64
 
@@ -1243,6 +1259,8 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   fd = b->writable && !write ? b->rofd : b->fd;
   attach = b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD &&
            !sent->fd_current && fd >= 0;
+  if (attach && fd == b->rofd)
+    tbd__memfd_restrict(b->fd, true);
   sent->write = write;
   if (b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD)
     sent->fd_current = true;

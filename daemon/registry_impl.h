@@ -361,6 +361,18 @@ bool tbd__new_version_fill(struct tbd_registry *r, struct tbd_session *s,
  * die with its producer), or NULL. */
 struct tbd_version *tbd__channel_newest(struct tbd_channel *ch);
 
+/* Consumers not granted write of a buffer that consumers may write get a
+ * read-only description, but no seal stops them re-opening it read-write
+ * through /proc/self/fd (the producer must keep writing, and those granted
+ * write need writable mappings): the inode's mode must. memfds are made
+ * 0777 (0666 with MFD_NOEXEC_SEAL); owner-only, a consumer of another uid
+ * gets EACCES. The library makes such memfds 0600 once registered (the
+ * daemon must re-open it read-only first); this makes fd so for a producer
+ * that speaks the wire, where the daemon may (root, or the producer's uid),
+ * and with warn says once when it may not (called as a read-only
+ * description goes out: by then the library has done it). */
+void tbd__memfd_restrict(int fd, bool warn);
+
 /* Buffers and events. */
 int tbd__buffer_add(struct tbd_registry *r, struct tbd_session *s,
                     struct tbd_buffer *b);

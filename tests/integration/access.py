@@ -82,16 +82,18 @@ class Daemon:
     """tensorbrokerd as root with rules from a file; its log lines are read
     by a thread, and a test waits for a line instead of sleeping."""
 
-    def __init__(self, binary, rules):
+    def __init__(self, binary, rules, user=None):
         self.dir = tempfile.mkdtemp(prefix="tbacl-")
         os.chmod(self.dir, 0o755)  # other uids reach the socket
+        if user is not None:  # it makes its socket there
+            os.chown(self.dir, *user)
         self.sock = os.path.join(self.dir, "tb.sock")
         self.rules = os.path.join(self.dir, "rules.conf")
         self.write_rules(rules)
         env = dict(os.environ, TBD_ACCESS_FILE=self.rules)
         r, w = os.pipe()
         self.proc = subprocess.Popen(
-            [binary, "--socket", self.sock, "--socket-mode", "0666",
+            (as_user(*user) if user else []) + [binary, "--socket", self.sock, "--socket-mode", "0666",
              "--ready-fd", str(w), "--log-level", "info"],
             pass_fds=(w,), env=env, stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True)
@@ -304,6 +306,54 @@ def test_sighup(t):
         d.stop()
 
 
+PY_PRODUCER = """
+import sys
+import tensorbroker as tb
+c = tb.Client(sys.argv[1])
+a = c.empty((4096,), "B", consumers_may_write=True)
+if hasattr(a, "fill"):  # NumPy
+    a.fill(ord("P"))
+else:  # a memoryview
+    a[:] = b"P" * 4096
+print(c.publish("acl/w", a), flush=True)
+for line in sys.stdin:
+    print(chr(int(a[0])), flush=True)
+"""
+
+
+def test_nonroot_daemon_library_producer(t):
+    """The daemon as an unprivileged user (as the systemd unit runs it), a
+    producer through the library: the daemon's read-only description still
+    goes to bob, and the memfd the library made 0600 stops his re-open."""
+    if not t.python or not t.pythonpath:
+        print("  (skipped: no Python binding built)")
+        return
+    daemon_user = (t.ids["tbacl-carol"][0], t.ids["tbacl-carol"][1])
+    d = Daemon(t.daemon, RULES.replace("user:tbacl-carol", "none"),
+               user=daemon_user)
+    try:
+        prod = subprocess.Popen(
+            as_user(*t.ids["tbacl-alice"]) + [t.python, "-c", PY_PRODUCER, d.sock],
+            env=dict(os.environ, PYTHONPATH=t.pythonpath), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+        r, _, _ = select.select([prod.stdout], [], [], TIMEOUT)
+        assert r and prod.stdout.readline().strip() == "1", "producer failed"
+        bob = Peer(t.peer, d, t.ids["tbacl-bob"], groups=(t.ids["video"],))
+        out = bob("acquire acl/w")
+        assert out.startswith("0 ") and "writable=0 fd=1" in out, out
+        expect(bob("attack"), "pwrite=EBADF mmap_rw=EACCES mprotect=EACCES "
+               "ftruncate=EINVAL reopen_rw=EACCES wrote=0")
+        prod.stdin.write("byte\n")
+        prod.stdin.flush()
+        expect(prod.stdout.readline().strip(), "P")
+        expect(d.count("cannot make it owner-only"), 0)
+        bob.close()
+        prod.stdin.close()
+        assert prod.wait(timeout=TIMEOUT) == 0
+    finally:
+        d.stop()
+
+
 PY_CLIENT = """
 import sys
 import tensorbroker as tb
@@ -358,7 +408,7 @@ def main():
     t.tbctl = os.environ.get("TB_TBCTL")
     failed = 0
     tests = [test_foreign_uid_refused, test_group_grants_and_write, test_sighup,
-             test_python_user]
+             test_python_user, test_nonroot_daemon_library_producer]
     for fn in tests:
         try:
             fn(t)
