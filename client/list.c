@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Introspection: tb_list_channels, tb_list_sessions, tb_daemon_status. */
+/* Introspection: tb_list_channels, tb_list_sessions, tb_daemon_status, and
+ * the operator's view: tb_list_leases, tb_list_waits, tb_channel_drop. */
 #include "client_internal.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -65,23 +67,42 @@ static int list_done(int rc, void **a, size_t sz, void **out, size_t *count,
   return 0;
 }
 
+/* Entry n of an array of entries stride bytes apart, set to the first
+ * stride bytes of x (size bytes; zero past them). */
+static void entry_put(void *a, size_t stride, size_t n, const void *x,
+                      size_t size) {
+  char *e = (char *)a + n * stride;
+
+  memset(e, 0, stride);
+  memcpy(e, x, size < stride ? size : stride);
+}
+
+/* A struct_size the list functions accept: at least min (the struct's
+ * first version), aligned as the struct. */
+static int stride_ok(size_t struct_size, size_t min, size_t align) {
+  return struct_size >= min && struct_size % align == 0;
+}
+
+/* The first version of struct tb_channel_info, as 0.1.0 had it. */
+#define CHANNEL_INFO_V0 offsetof(struct tb_channel_info, waiters)
+
 /* The daemon answers in pages that fit one datagram; ask for the next page
- * after the last entry until it says there is no more. */
-int tb_list_channels(tb_client *c, struct tb_channel_info **out,
-                     size_t *count) {
+ * after the last entry until it says there is no more. waiting: also the
+ * names only acquires wait on (ListChannels.waiting). */
+static int list_channels(tb_client *c, size_t stride, int waiting,
+                         struct tb_channel_info **out, size_t *count) {
   Tensorbroker__V1__ListChannels lc = TENSORBROKER__V1__LIST_CHANNELS__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  struct tb_channel_info *a = NULL;
-  char after[sizeof(a->name)] = "";
+  void *a = NULL;
+  char after[TB_NAME_MAX + 1] = "";
   size_t n = 0, cap = 0;
   int rc = 0, more = 1;
 
-  if (c == NULL || out == NULL || count == NULL)
-    return TB_EINVAL;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_CHANNELS;
   r.list_channels = &lc;
+  lc.waiting = waiting != 0;
   while (rc == 0 && more) {
     const Tensorbroker__V1__ListChannelsReply *lr;
     tb__server_message *m = NULL;
@@ -94,20 +115,23 @@ int tb_list_channels(tb_client *c, struct tb_channel_info **out,
     lr = m->reply->list_channels;
     got = lr ? lr->n_channels : 0;
     more = lr && lr->more;
-    rc = page_room(c, got, more, (void **)&a, &cap, n, sizeof(*a));
+    rc = page_room(c, got, more, &a, &cap, n, stride);
     for (size_t i = 0; rc == 0 && i < got; i++) {
       const Tensorbroker__V1__ChannelInfo *ci = lr->channels[i];
-      struct tb_channel_info *x = &a[n++];
-      memset(x, 0, sizeof(*x));
-      copy_str(x->name, sizeof(x->name), ci->name);
-      x->latest_version = ci->latest_version;
-      x->history_depth = ci->history_depth;
-      x->publisher_session = ci->publisher_session;
-      x->versions_held = ci->versions_held;
-      x->leases = ci->leases;
-      x->subscribers = ci->subscribers;
-      x->closed = ci->closed != 0;
-      x->publishes = ci->publishes;
+      struct tb_channel_info x;
+      memset(&x, 0, sizeof(x));
+      copy_str(x.name, sizeof(x.name), ci->name);
+      x.latest_version = ci->latest_version;
+      x.history_depth = ci->history_depth;
+      x.publisher_session = ci->publisher_session;
+      x.versions_held = ci->versions_held;
+      x.leases = ci->leases;
+      x.subscribers = ci->subscribers;
+      x.closed = ci->closed != 0;
+      x.publishes = ci->publishes;
+      x.waiters = ci->waiters;
+      x.waiting = ci->waiting != 0;
+      entry_put(a, stride, n++, &x, sizeof(x));
     }
     if (rc == 0 && got > 0) {
       /* the cursor is the full name, not the copy (names are < 256 bytes,
@@ -120,9 +144,27 @@ int tb_list_channels(tb_client *c, struct tb_channel_info **out,
     }
     tb__msg_free(c, m);
   }
-  rc = list_done(rc, (void **)&a, sizeof(*a), (void **)out, count, n);
+  rc = list_done(rc, &a, stride, (void **)out, count, n);
   pthread_mutex_unlock(&c->call_lock);
   return rc;
+}
+
+int tb_list_channels_sized(tb_client *c, size_t struct_size,
+                           struct tb_channel_info **out, size_t *count) {
+  if (c == NULL || out == NULL || count == NULL ||
+      !stride_ok(struct_size, CHANNEL_INFO_V0, sizeof(uint64_t)))
+    return TB_EINVAL;
+  return list_channels(c, struct_size, 1, out, count);
+}
+
+/* The 0.1.0 symbol (the header's macro of the same name calls the sized
+ * one): its callers index the array with 0.1.0's struct. */
+#undef tb_list_channels
+int tb_list_channels(tb_client *c, struct tb_channel_info **out,
+                     size_t *count) {
+  if (c == NULL || out == NULL || count == NULL)
+    return TB_EINVAL;
+  return list_channels(c, CHANNEL_INFO_V0, 0, out, count);
 }
 
 int tb_list_sessions(tb_client *c, struct tb_session_info **out,
@@ -215,6 +257,177 @@ int tb_daemon_status(tb_client *c, struct tb_status *out) {
   out->sessions_dropped = sr->sessions_dropped;
   copy_str(out->socket_path, sizeof(out->socket_path), sr->socket_path);
 out_free:
+  tb__msg_free(c, m);
+out_unlock:
+  pthread_mutex_unlock(&c->call_lock);
+  return rc;
+}
+
+/* ---- the operator's view ---- */
+
+/* TB_ENOTSUP, with why, unless the daemon said it has the operator's
+ * view. */
+static int need_operator_view(struct tb_client *c, const char *what) {
+  if (c->features & TENSORBROKER__V1__FEATURE__FEATURE_OPERATOR_VIEW)
+    return 0;
+  return tb__set_error(c, TB_ENOTSUP,
+                       "the daemon cannot %s: it is older than the "
+                       "operator's view (no FEATURE_OPERATOR_VIEW)",
+                       what);
+}
+
+static void lease_from_pb(const Tensorbroker__V1__LeaseInfo *li,
+                          struct tb_lease_entry *x) {
+  memset(x, 0, sizeof(*x));
+  x->lease_id = li->lease_id;
+  x->session_id = li->session_id;
+  x->pid = li->pid;
+  x->uid = li->uid;
+  copy_str(x->session_name, sizeof(x->session_name), li->session_name);
+  copy_str(x->channel, sizeof(x->channel), li->channel);
+  x->version = li->version;
+  x->bytes = li->bytes;
+  x->memory_kind = (int)li->kind;
+  x->age_ms = li->age_ms;
+  x->buffer_id = li->buffer_id;
+  x->ready_event = li->ready_event != 0;
+  x->done_events = li->done_events;
+  x->died = li->died != 0;
+}
+
+int tb_list_leases(tb_client *c, size_t struct_size,
+                   struct tb_lease_entry **out, size_t *count) {
+  Tensorbroker__V1__ListLeases ll = TENSORBROKER__V1__LIST_LEASES__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  void *a = NULL;
+  size_t n = 0, cap = 0;
+  int rc, more = 1;
+
+  if (c == NULL || out == NULL || count == NULL ||
+      !stride_ok(struct_size, sizeof(struct tb_lease_entry), sizeof(uint64_t)))
+    return TB_EINVAL;
+  pthread_mutex_lock(&c->call_lock);
+  tb__clear_error(c);
+  rc = need_operator_view(c, "list leases");
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_LEASES;
+  r.list_leases = &ll;
+  while (rc == 0 && more) {
+    const Tensorbroker__V1__ListLeasesReply *lr;
+    tb__server_message *m = NULL;
+    size_t got;
+
+    rc = ask(c, &r, TENSORBROKER__V1__REPLY__BODY_LIST_LEASES, &m);
+    if (rc < 0)
+      break;
+    lr = m->reply->list_leases;
+    got = lr ? lr->n_leases : 0;
+    more = lr && lr->more;
+    rc = page_room(c, got, more, &a, &cap, n, struct_size);
+    for (size_t i = 0; rc == 0 && i < got; i++) {
+      struct tb_lease_entry x;
+      lease_from_pb(lr->leases[i], &x);
+      entry_put(a, struct_size, n++, &x, sizeof(x));
+    }
+    if (rc == 0 && got > 0) {
+      uint64_t last = lr->leases[got - 1]->lease_id;
+      if (last <= ll.after_lease_id)
+        rc = tb__set_error(c, TB_EPROTO, "list page out of order");
+      ll.after_lease_id = last;
+    }
+    tb__msg_free(c, m);
+  }
+  rc = list_done(rc, &a, struct_size, (void **)out, count, n);
+  pthread_mutex_unlock(&c->call_lock);
+  return rc;
+}
+
+static void wait_from_pb(const Tensorbroker__V1__WaitInfo *wi,
+                         struct tb_wait_entry *x) {
+  memset(x, 0, sizeof(*x));
+  x->session_id = wi->session_id;
+  x->pid = wi->pid;
+  x->uid = wi->uid;
+  copy_str(x->session_name, sizeof(x->session_name), wi->session_name);
+  x->what = (int)wi->what;
+  copy_str(x->channel, sizeof(x->channel), wi->channel);
+  x->version = wi->version;
+  x->age_ms = wi->age_ms;
+  x->timeout_ms = wi->timeout_ms;
+  x->leases = wi->leases;
+  x->in_history = wi->in_history != 0;
+}
+
+int tb_list_waits(tb_client *c, size_t struct_size,
+                  struct tb_wait_entry **out, size_t *count) {
+  Tensorbroker__V1__ListWaits lw = TENSORBROKER__V1__LIST_WAITS__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  void *a = NULL;
+  size_t n = 0, cap = 0;
+  int rc, more = 1;
+
+  if (c == NULL || out == NULL || count == NULL ||
+      !stride_ok(struct_size, sizeof(struct tb_wait_entry), sizeof(uint64_t)))
+    return TB_EINVAL;
+  pthread_mutex_lock(&c->call_lock);
+  tb__clear_error(c);
+  rc = need_operator_view(c, "list waits");
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_WAITS;
+  r.list_waits = &lw;
+  while (rc == 0 && more) {
+    const Tensorbroker__V1__ListWaitsReply *lr;
+    tb__server_message *m = NULL;
+    size_t got;
+
+    rc = ask(c, &r, TENSORBROKER__V1__REPLY__BODY_LIST_WAITS, &m);
+    if (rc < 0)
+      break;
+    lr = m->reply->list_waits;
+    got = lr ? lr->n_waits : 0;
+    more = lr && lr->more;
+    rc = page_room(c, got, more, &a, &cap, n, struct_size);
+    for (size_t i = 0; rc == 0 && i < got; i++) {
+      struct tb_wait_entry x;
+      wait_from_pb(lr->waits[i], &x);
+      entry_put(a, struct_size, n++, &x, sizeof(x));
+    }
+    if (rc == 0 && got > 0) {
+      uint64_t last = lr->waits[got - 1]->session_id;
+      if (last <= lw.after_session_id)
+        rc = tb__set_error(c, TB_EPROTO, "list page out of order");
+      lw.after_session_id = last;
+    }
+    tb__msg_free(c, m);
+  }
+  rc = list_done(rc, &a, struct_size, (void **)out, count, n);
+  pthread_mutex_unlock(&c->call_lock);
+  return rc;
+}
+
+int tb_channel_drop(tb_client *c, const char *channel) {
+  Tensorbroker__V1__DropChannel dc = TENSORBROKER__V1__DROP_CHANNEL__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  if (c == NULL)
+    return TB_EINVAL;
+  pthread_mutex_lock(&c->call_lock);
+  tb__clear_error(c);
+  if (tb__name_check(channel, TB_NAME_MAX) < 0) {
+    rc = tb__set_error(c, TB_ENAME, "invalid channel name");
+    goto out_unlock;
+  }
+  rc = need_operator_view(c, "drop channels");
+  if (rc < 0)
+    goto out_unlock;
+  dc.channel = (char *)channel;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_DROP_CHANNEL;
+  r.drop_channel = &dc;
+  rc = tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds);
+  if (rc < 0)
+    goto out_unlock;
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
   tb__msg_free(c, m);
 out_unlock:
   pthread_mutex_unlock(&c->call_lock);

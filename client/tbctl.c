@@ -2,7 +2,8 @@
 /* tbctl: look at a running tensorbrokerd. A client of the public library
  * only.
  *
- *   tbctl [--socket PATH] [--json] status|channels|sessions
+ *   tbctl [--socket PATH] [--json] status|channels|sessions|leases|waits
+ *   tbctl [--socket PATH] [--json] drop CHANNEL
  *
  * Exit codes: 0 ok, 1 the daemon is unreachable or answered an error,
  * 2 usage. */
@@ -17,15 +18,25 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "Usage: tbctl [--socket PATH] [--json] COMMAND\n"
+          "Usage: tbctl [--socket PATH] [--json] COMMAND [CHANNEL]\n"
           "Show the state of a running tensorbrokerd.\n"
           "\n"
           "Commands:\n"
           "  status     daemon version, pid, uptime and counters\n"
-          "  channels   channels with their latest version, leases, subscribers\n"
+          "  channels   channels with their latest version, leases, subscribers,\n"
+          "             waiting acquires; names that only acquires wait on\n"
+          "             are listed as 'waiting'\n"
           "  sessions   connected sessions: pid, uid, name, stream contract,\n"
           "             leases, buffers, calls that relied on the implicit\n"
           "             stream default\n"
+          "  leases     every lease: who holds which version of which channel,\n"
+          "             since when, how many bytes\n"
+          "  waits      every parked request: who waits on what (an acquire,\n"
+          "             or a producer's wait for a version to be freed), since\n"
+          "             when, with what timeout left\n"
+          "  drop       drop CHANNEL: free a closed channel and its versions\n"
+          "             now (refused while it is open or leased; its\n"
+          "             publisher's uid, root or the daemon's uid only)\n"
           "\n"
           "Options:\n"
           "  -s, --socket PATH  daemon socket (default $TENSORBROKER_SOCKET,\n"
@@ -66,6 +77,58 @@ static int fail(tb_client *c, const char *what, int rc) {
   return 1;
 }
 
+/* A duration for people: "850ms", "12.4s", "3m07s", "2h05m", "3d04h". */
+static void fmt_duration(char *buf, size_t len, uint64_t ms) {
+  uint64_t s = ms / 1000;
+
+  if (ms < 1000)
+    snprintf(buf, len, "%" PRIu64 "ms", ms);
+  else if (s < 60)
+    snprintf(buf, len, "%.1fs", (double)ms / 1000.0);
+  else if (s < 3600)
+    snprintf(buf, len, "%" PRIu64 "m%02" PRIu64 "s", s / 60, s % 60);
+  else if (s < 86400)
+    snprintf(buf, len, "%" PRIu64 "h%02" PRIu64 "m", s / 3600,
+             s / 60 % 60);
+  else
+    snprintf(buf, len, "%" PRIu64 "d%02" PRIu64 "h", s / 86400,
+             s / 3600 % 24);
+}
+
+/* A size for people: "512 B", "4.0 KiB", "1.5 GiB". */
+static void fmt_bytes(char *buf, size_t len, uint64_t n) {
+  static const char *const unit[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = (double)n;
+  int u = -1;
+
+  if (n < 1024) {
+    snprintf(buf, len, "%" PRIu64 " B", n);
+    return;
+  }
+  while (v >= 1024.0 && u < 3) {
+    v /= 1024.0;
+    u++;
+  }
+  snprintf(buf, len, "%.1f %s", v, unit[u]);
+}
+
+static const char *kind_name(int kind) {
+  switch (kind) {
+  case 1:
+    return "host";
+  case 2:
+    return "cuda-ipc";
+  default:
+    return "?";
+  }
+}
+
+/* The width of a text column: its heading's, or its longest entry's. */
+static int col_width(int w, const char *s) {
+  int n = (int)strlen(s);
+  return n > w ? n : w;
+}
+
 static int cmd_status(tb_client *c, int json) {
   struct tb_status st;
   int rc = tb_daemon_status(c, &st);
@@ -102,10 +165,16 @@ static int cmd_status(tb_client *c, int json) {
   return 0;
 }
 
+static const char *channel_state(const struct tb_channel_info *ch) {
+  if (ch->waiting)
+    return "waiting";
+  return ch->closed ? "closed" : "open";
+}
+
 static int cmd_channels(tb_client *c, int json) {
   struct tb_channel_info *ch = NULL;
   size_t n = 0;
-  int rc = tb_list_channels(c, &ch, &n);
+  int rc = tb_list_channels(c, &ch, &n), w = 7;
 
   if (rc < 0)
     return fail(c, "channels", rc);
@@ -124,20 +193,25 @@ static int cmd_channels(tb_client *c, int json) {
       cJSON_AddNumberToObject(j, "subscribers", ch[i].subscribers);
       cJSON_AddBoolToObject(j, "closed", ch[i].closed);
       cJSON_AddNumberToObject(j, "publishes", (double)ch[i].publishes);
+      cJSON_AddNumberToObject(j, "waiters", ch[i].waiters);
+      cJSON_AddBoolToObject(j, "waiting", ch[i].waiting);
+      cJSON_AddStringToObject(j, "state", channel_state(&ch[i]));
       cJSON_AddItemToArray(a, j);
     }
     tb_free(ch);
     return print_json(a);
   }
-  printf("%-32s %8s %5s %9s %5s %6s %5s %6s %9s\n", "CHANNEL", "LATEST",
-         "DEPTH", "PUBLISHER", "HELD", "LEASES", "SUBS", "STATE",
-         "PUBLISHES");
   for (size_t i = 0; i < n; i++)
-    printf("%-32s %8" PRIu64 " %5" PRIu32 " %9" PRIu64 " %5" PRIu32
-           " %6" PRIu32 " %5" PRIu32 " %6s %9" PRIu64 "\n",
-           ch[i].name, ch[i].latest_version, ch[i].history_depth,
+    w = col_width(w, ch[i].name);
+  printf("%-*s %8s %5s %9s %5s %6s %5s %7s %7s %9s\n", w, "CHANNEL",
+         "LATEST", "DEPTH", "PUBLISHER", "HELD", "LEASES", "SUBS", "WAITERS",
+         "STATE", "PUBLISHES");
+  for (size_t i = 0; i < n; i++)
+    printf("%-*s %8" PRIu64 " %5" PRIu32 " %9" PRIu64 " %5" PRIu32
+           " %6" PRIu32 " %5" PRIu32 " %7" PRIu32 " %7s %9" PRIu64 "\n",
+           w, ch[i].name, ch[i].latest_version, ch[i].history_depth,
            ch[i].publisher_session, ch[i].versions_held, ch[i].leases,
-           ch[i].subscribers, ch[i].closed ? "closed" : "open",
+           ch[i].subscribers, ch[i].waiters, channel_state(&ch[i]),
            ch[i].publishes);
   tb_free(ch);
   return 0;
@@ -190,6 +264,174 @@ static int cmd_sessions(tb_client *c, int json) {
   return 0;
 }
 
+static int cmd_leases(tb_client *c, int json) {
+  struct tb_lease_entry *l = NULL;
+  size_t n = 0;
+  int rc = tb_list_leases(c, sizeof(*l), &l, &n), wn = 4, wc = 7;
+
+  if (rc < 0)
+    return fail(c, "leases", rc);
+  if (json) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) {
+      cJSON *j = cJSON_CreateObject();
+      cJSON_AddNumberToObject(j, "lease_id", (double)l[i].lease_id);
+      cJSON_AddNumberToObject(j, "session_id", (double)l[i].session_id);
+      cJSON_AddNumberToObject(j, "pid", l[i].pid);
+      cJSON_AddNumberToObject(j, "uid", l[i].uid);
+      cJSON_AddStringToObject(j, "session_name", l[i].session_name);
+      cJSON_AddStringToObject(j, "channel", l[i].channel);
+      cJSON_AddNumberToObject(j, "version", (double)l[i].version);
+      cJSON_AddNumberToObject(j, "bytes", (double)l[i].bytes);
+      cJSON_AddStringToObject(j, "memory_kind", kind_name(l[i].memory_kind));
+      cJSON_AddNumberToObject(j, "age_ms", (double)l[i].age_ms);
+      cJSON_AddNumberToObject(j, "buffer_id", (double)l[i].buffer_id);
+      cJSON_AddBoolToObject(j, "ready_event", l[i].ready_event);
+      cJSON_AddNumberToObject(j, "done_events", l[i].done_events);
+      cJSON_AddBoolToObject(j, "died", l[i].died);
+      cJSON_AddItemToArray(a, j);
+    }
+    tb_free(l);
+    return print_json(a);
+  }
+  for (size_t i = 0; i < n; i++) {
+    wn = col_width(wn, l[i].session_name);
+    wc = col_width(wc, l[i].channel);
+  }
+  printf("%7s %7s %8s %6s %-*s %-*s %8s %10s %-8s %8s %s\n", "LEASE",
+         "SESSION", "PID", "UID", wn, "NAME", wc, "CHANNEL", "VERSION",
+         "BYTES", "KIND", "AGE", "NOTES");
+  for (size_t i = 0; i < n; i++) {
+    char age[32], bytes[32], notes[96];
+    fmt_duration(age, sizeof(age), l[i].age_ms);
+    fmt_bytes(bytes, sizeof(bytes), l[i].bytes);
+    snprintf(notes, sizeof(notes), "%s%s%s",
+             l[i].ready_event ? "ready-event " : "",
+             l[i].done_events > 0 ? "done-events-pending " : "",
+             l[i].died ? "producer-died" : "");
+    printf("%7" PRIu64 " %7" PRIu64 " %8" PRIu32 " %6" PRIu32
+           " %-*s %-*s %8" PRIu64 " %10s %-8s %8s %s\n",
+           l[i].lease_id, l[i].session_id, l[i].pid, l[i].uid, wn,
+           l[i].session_name[0] ? l[i].session_name : "-", wc, l[i].channel,
+           l[i].version, bytes, kind_name(l[i].memory_kind), age,
+           notes[0] ? notes : "-");
+  }
+  tb_free(l);
+  return 0;
+}
+
+static const char *wait_what(int what) {
+  switch (what) {
+  case TB_WAIT_ACQUIRE_LATEST:
+    return "acquire-latest";
+  case TB_WAIT_ACQUIRE_NEXT:
+    return "acquire-next";
+  case TB_WAIT_ACQUIRE_EXACT:
+    return "acquire-exact";
+  case TB_WAIT_FREE:
+    return "wait-free";
+  default:
+    return "?";
+  }
+}
+
+static int cmd_waits(tb_client *c, int json) {
+  struct tb_wait_entry *w = NULL;
+  size_t n = 0;
+  int rc = tb_list_waits(c, sizeof(*w), &w, &n), wn = 4, wc = 7;
+
+  if (rc < 0)
+    return fail(c, "waits", rc);
+  if (json) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) {
+      cJSON *j = cJSON_CreateObject();
+      cJSON_AddNumberToObject(j, "session_id", (double)w[i].session_id);
+      cJSON_AddNumberToObject(j, "pid", w[i].pid);
+      cJSON_AddNumberToObject(j, "uid", w[i].uid);
+      cJSON_AddStringToObject(j, "session_name", w[i].session_name);
+      cJSON_AddStringToObject(j, "what", wait_what(w[i].what));
+      cJSON_AddStringToObject(j, "channel", w[i].channel);
+      cJSON_AddNumberToObject(j, "version", (double)w[i].version);
+      cJSON_AddNumberToObject(j, "age_ms", (double)w[i].age_ms);
+      cJSON_AddNumberToObject(j, "timeout_ms", (double)w[i].timeout_ms);
+      if (w[i].what == TB_WAIT_FREE) {
+        cJSON_AddNumberToObject(j, "leases", w[i].leases);
+        cJSON_AddBoolToObject(j, "in_history", w[i].in_history);
+      }
+      cJSON_AddItemToArray(a, j);
+    }
+    tb_free(w);
+    return print_json(a);
+  }
+  for (size_t i = 0; i < n; i++) {
+    wn = col_width(wn, w[i].session_name);
+    wc = col_width(wc, w[i].channel);
+  }
+  printf("%7s %8s %6s %-*s %-14s %-*s %8s %8s %8s %s\n", "SESSION", "PID",
+         "UID", wn, "NAME", "WAITS-FOR", wc, "CHANNEL", "VERSION", "AGE",
+         "TIMEOUT", "BLOCKED-BY");
+  for (size_t i = 0; i < n; i++) {
+    char age[32], tmo[32], blocked[64] = "-", ver[24] = "-";
+    fmt_duration(age, sizeof(age), w[i].age_ms);
+    if (w[i].timeout_ms < 0)
+      snprintf(tmo, sizeof(tmo), "forever");
+    else
+      fmt_duration(tmo, sizeof(tmo), (uint64_t)w[i].timeout_ms);
+    if (w[i].what != TB_WAIT_ACQUIRE_LATEST)
+      snprintf(ver, sizeof(ver), "%" PRIu64, w[i].version);
+    if (w[i].what == TB_WAIT_FREE)
+      snprintf(blocked, sizeof(blocked), "%" PRIu32 " lease%s%s",
+               w[i].leases, w[i].leases == 1 ? "" : "s",
+               w[i].in_history ? ", in history" : "");
+    printf("%7" PRIu64 " %8" PRIu32 " %6" PRIu32 " %-*s %-14s %-*s %8s %8s "
+           "%8s %s\n",
+           w[i].session_id, w[i].pid, w[i].uid, wn,
+           w[i].session_name[0] ? w[i].session_name : "-",
+           wait_what(w[i].what), wc, w[i].channel, ver, age, tmo, blocked);
+  }
+  tb_free(w);
+  return 0;
+}
+
+static int cmd_drop(tb_client *c, const char *channel, int json) {
+  int rc = tb_channel_drop(c, channel);
+
+  if (rc < 0)
+    return fail(c, "drop", rc);
+  if (json) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "channel", channel);
+    cJSON_AddBoolToObject(j, "dropped", 1);
+    return print_json(j);
+  }
+  printf("dropped channel '%s'\n", channel);
+  return 0;
+}
+
+static const char *const commands[] = {"status", "channels", "sessions",
+                                       "leases", "waits", "drop", NULL};
+
+/* The arguments the command takes after its name. */
+static int command_args(const char *cmd) {
+  return strcmp(cmd, "drop") == 0 ? 1 : 0;
+}
+
+static int run_command(tb_client *c, const char *cmd, char **args,
+                       int json) {
+  if (strcmp(cmd, "status") == 0)
+    return cmd_status(c, json);
+  if (strcmp(cmd, "channels") == 0)
+    return cmd_channels(c, json);
+  if (strcmp(cmd, "sessions") == 0)
+    return cmd_sessions(c, json);
+  if (strcmp(cmd, "leases") == 0)
+    return cmd_leases(c, json);
+  if (strcmp(cmd, "waits") == 0)
+    return cmd_waits(c, json);
+  return cmd_drop(c, args[0], json);
+}
+
 int main(int argc, char **argv) {
   static const struct option longopts[] = {
       {"socket", required_argument, NULL, 's'},
@@ -201,7 +443,7 @@ int main(int argc, char **argv) {
   const char *socket_path = NULL, *cmd;
   char path[108];
   tb_client *c = NULL;
-  int json = 0, opt, rc;
+  int json = 0, opt, rc, known;
 
   while ((opt = getopt_long(argc, argv, "s:jhV", longopts, NULL)) != -1) {
     switch (opt) {
@@ -222,16 +464,24 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "tbctl: %s\n",
-            optind >= argc ? "a command is required" : "one command only");
+  if (optind >= argc) {
+    fprintf(stderr, "tbctl: a command is required\n");
     usage(stderr);
     return 2;
   }
   cmd = argv[optind];
-  if (strcmp(cmd, "status") != 0 && strcmp(cmd, "channels") != 0 &&
-      strcmp(cmd, "sessions") != 0) {
+  for (known = 0; commands[known] != NULL; known++)
+    if (strcmp(cmd, commands[known]) == 0)
+      break;
+  if (commands[known] == NULL) {
     fprintf(stderr, "tbctl: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+  }
+  if (argc - optind - 1 != command_args(cmd)) {
+    fprintf(stderr, "tbctl: %s\n",
+            command_args(cmd) == 1 ? "drop needs one CHANNEL"
+                                   : "one command only");
     usage(stderr);
     return 2;
   }
@@ -254,12 +504,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "tbctl: %s (%s)\n", why, tb_err_name(rc));
     return 1;
   }
-  if (strcmp(cmd, "status") == 0)
-    rc = cmd_status(c, json);
-  else if (strcmp(cmd, "channels") == 0)
-    rc = cmd_channels(c, json);
-  else
-    rc = cmd_sessions(c, json);
+  rc = run_command(c, cmd, argv + optind + 1, json);
   tb_client_disconnect(c);
   return rc;
 }

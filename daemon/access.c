@@ -100,3 +100,33 @@ bool tbd__access_operator(struct tbd_registry *r, struct tbd_session *s) {
 bool tbd__access_all_sessions(struct tbd_registry *r, struct tbd_session *s) {
   return tbd_acl_open(r->acl) || tbd__access_operator(r, s);
 }
+
+/* Whether a session of uid waits (an acquire) on q. */
+static bool uid_waits_on(const struct tbd_waitq *q, uid_t uid) {
+  const struct tbd_wait *w;
+
+  for (w = q->ready; w != NULL; w = w->next)
+    if (w->s->uid == uid)
+      return true;
+  for (uint32_t i = 0; i < q->later.n; i++) {
+    w = (const struct tbd_wait *)(const void *)((const char *)q->later.a[i] -
+                                                offsetof(struct tbd_wait,
+                                                         by_version));
+    if (w->s->uid == uid)
+      return true;
+  }
+  return false;
+}
+
+bool tbd__access_waiting(struct tbd_registry *r, struct tbd_session *s,
+                         const struct tbd_waitq *q) {
+  return tbd__access_all_sessions(r, s) || uid_waits_on(q, s->uid);
+}
+
+bool tbd__access_sees(struct tbd_registry *r, struct tbd_session *s,
+                      const struct tbd_session *holder,
+                      const struct tbd_channel *ch) {
+  if (holder->uid == s->uid || tbd__access_all_sessions(r, s))
+    return true;
+  return ch != NULL && tbd__access_quiet(r, s, TBD_ACL_LIST, ch->name, ch);
+}

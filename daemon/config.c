@@ -96,3 +96,17 @@ void tbd_limits_default(struct tbd_limits *l) {
     *tbd_limit_field(l, &tbd_limit_table[i]) = tbd_limit_table[i].def;
   l->busy_poll_auto = 1;
 }
+
+int tbd_limit_needs_restart(const struct tbd_limit_desc *d) {
+  switch (d->offset) {
+  case offsetof(struct tbd_limits, max_message):
+  case offsetof(struct tbd_limits, max_ndim):
+  case offsetof(struct tbd_limits, max_name):
+  case offsetof(struct tbd_limits, max_metadata):
+  case offsetof(struct tbd_limits, max_fds):
+  case offsetof(struct tbd_limits, fd_reserve):
+    return 1;
+  default:
+    return 0;
+  }
+}

@@ -78,5 +78,9 @@ extern const unsigned tbd_limit_count;
 
 void tbd_limits_default(struct tbd_limits *l);
 uint32_t *tbd_limit_field(struct tbd_limits *l, const struct tbd_limit_desc *d);
+/* Whether a change of d takes effect only at the next start, not at
+ * SIGHUP: what clients are told at Hello (max-message, max-ndim, max-name,
+ * max-metadata) and the descriptor budget (max-fds, fd-reserve). */
+int tbd_limit_needs_restart(const struct tbd_limit_desc *d);
 
 #endif /* TBD_CONFIG_H */

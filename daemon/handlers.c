@@ -163,7 +163,8 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   hr.max_ndim = r->lim.max_ndim;
   hr.max_metadata = r->lim.max_metadata;
   hr.features = TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE |
-                TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE;
+                TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE |
+                TENSORBROKER__V1__FEATURE__FEATURE_OPERATOR_VIEW;
   hr.max_name = r->lim.max_name;
   hello_latest(r, s, h, &hr, latest, ptrs);
   tbd__send_reply(r, s, &rep, NULL, 0);
@@ -626,13 +627,17 @@ static int on_subscribe(struct tbd_registry *r, struct tbd_session *s,
   return tbd__reply_status(r, s, id, 0, NULL);
 }
 
-/* Lists come in pages that fit one datagram (the room left for entries),
- * sorted, after a cursor; the reply says when entries were left out. */
-#define LIST_ROOM(r) ((size_t)(r)->lim.max_message - 512)
+#define LIST_ROOM(r) TBD_LIST_ROOM(r)
 
-static int channel_cmp(const void *a, const void *b) {
-  const struct tbd_channel *x = *(const struct tbd_channel *const *)a;
-  const struct tbd_channel *y = *(const struct tbd_channel *const *)b;
+/* A row of ListChannels: a channel, or (ch NULL) a name that only has
+ * parked acquires. */
+struct channel_row {
+  const char *name;
+  struct tbd_channel *ch;
+};
+
+static int channel_row_cmp(const void *a, const void *b) {
+  const struct channel_row *x = a, *y = b;
   return strcmp(x->name, y->name);
 }
 
@@ -642,6 +647,34 @@ static int session_cmp(const void *a, const void *b) {
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
+static void channel_info_fill(struct tbd_registry *r,
+                              const struct channel_row *row,
+                              Tensorbroker__V1__ChannelInfo *ci) {
+  struct tbd_channel *ch = row->ch;
+  struct tbd_subgroup *g;
+  struct tbd_sub *sub;
+  uint32_t nsub = 0;
+
+  tensorbroker__v1__channel_info__init(ci);
+  ci->name = (char *)row->name;
+  ci->waiters = tbd__waiters(r, row->name);
+  if (ch == NULL) {
+    ci->waiting = true;
+    return;
+  }
+  ci->latest_version = ch->latest;
+  ci->history_depth = ch->depth;
+  ci->publisher_session = ch->publisher ? ch->publisher->id : 0;
+  ci->versions_held = ch->nversions;
+  ci->leases = ch->nleases;
+  HASH_FIND_STR(r->subgroups, ch->name, g);
+  if (g != NULL)
+    DL_FOREACH2(g->members, sub, gnext) { nsub++; }
+  ci->subscribers = nsub;
+  ci->closed = ch->closed;
+  ci->publishes = ch->publishes;
+}
+
 static int on_list_channels(struct tbd_registry *r, struct tbd_session *s,
                             uint64_t id,
                             const Tensorbroker__V1__ListChannels *q) {
@@ -649,45 +682,39 @@ static int on_list_channels(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__ListChannelsReply lr =
       TENSORBROKER__V1__LIST_CHANNELS_REPLY__INIT;
   Tensorbroker__V1__ChannelInfo *infos, **ptrs;
-  struct tbd_channel *ch, **all;
+  struct tbd_channel *ch;
+  struct tbd_waitq *wq;
+  struct channel_row *all;
   const char *after = q != NULL && q->after != NULL ? q->after : "";
+  bool waiting = q != NULL && q->waiting;
+  size_t most = r->nchannels + (waiting ? HASH_COUNT(r->waitqs) : 0) + 1;
   size_t n = 0, nall = 0, used = 0;
 
-  infos = tbd_calloc(r->nchannels + 1, sizeof(*infos));
-  ptrs = tbd_calloc(r->nchannels + 1, sizeof(*ptrs));
-  all = tbd_calloc(r->nchannels + 1, sizeof(*all));
+  infos = tbd_calloc(most, sizeof(*infos));
+  ptrs = tbd_calloc(most, sizeof(*ptrs));
+  all = tbd_calloc(most, sizeof(*all));
   if (infos == NULL || ptrs == NULL || all == NULL) {
     tbd_free(infos);
     tbd_free(ptrs);
     tbd_free(all);
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   }
-  /* a channel s may not list is left out: s must not learn its name */
-  for (ch = r->channels; ch != NULL && nall < r->nchannels; ch = ch->hh.next)
+  /* a channel s may not list is left out: s must not learn its name; so
+   * is a name only waited for, unless a session of s's uid waits for it */
+  for (ch = r->channels; ch != NULL && nall < most; ch = ch->hh.next)
     if (strcmp(ch->name, after) > 0 &&
         tbd__access_quiet(r, s, TBD_ACL_LIST, ch->name, ch))
-      all[nall++] = ch;
-  qsort(all, nall, sizeof(*all), channel_cmp);
+      all[nall++] = (struct channel_row){ch->name, ch};
+  for (wq = waiting ? r->waitqs : NULL; wq != NULL && nall < most;
+       wq = wq->hh.next)
+    if (strcmp(wq->name, after) > 0 && tbd__channel_find(r, wq->name) == NULL &&
+        tbd__access_waiting(r, s, wq))
+      all[nall++] = (struct channel_row){wq->name, NULL};
+  qsort(all, nall, sizeof(*all), channel_row_cmp);
   for (size_t k = 0; k < nall; k++) {
     Tensorbroker__V1__ChannelInfo *ci = &infos[n];
-    struct tbd_subgroup *g;
-    struct tbd_sub *sub;
-    uint32_t nsub = 0;
 
-    ch = all[k];
-    tensorbroker__v1__channel_info__init(ci);
-    ci->name = ch->name;
-    ci->latest_version = ch->latest;
-    ci->history_depth = ch->depth;
-    ci->publisher_session = ch->publisher ? ch->publisher->id : 0;
-    ci->versions_held = ch->nversions;
-    ci->leases = ch->nleases;
-    HASH_FIND_STR(r->subgroups, ch->name, g);
-    if (g != NULL)
-      DL_FOREACH2(g->members, sub, gnext) { nsub++; }
-    ci->subscribers = nsub;
-    ci->closed = ch->closed;
-    ci->publishes = ch->publishes;
+    channel_info_fill(r, &all[k], ci);
     used += tensorbroker__v1__channel_info__get_packed_size(ci) + 8;
     if (used > LIST_ROOM(r)) {
       lr.more = true;
@@ -842,6 +869,14 @@ static int dispatch(struct tbd_registry *r, struct tbd_session *s,
     return on_list_sessions(r, s, id, q->list_sessions);
   case BODY(STATUS):
     return on_status(r, s, id);
+  case BODY(LIST_LEASES):
+    return tbd__list_leases(r, s, id, q->list_leases);
+  case BODY(LIST_WAITS):
+    return tbd__list_waits(r, s, id, q->list_waits);
+  case BODY(DROP_CHANNEL):
+    if (name_bad(r, s, id, q->drop_channel->channel))
+      return 0;
+    return tbd__drop_channel(r, s, id, q->drop_channel->channel);
   case BODY(FORGET):
     return on_forget(r, s, q->forget->buffer_id);
   case BODY(GOODBYE):

@@ -43,9 +43,11 @@ int tbd_log_parse_level(const char *s, enum tbd_log_level *out) {
 
 void tbd_log_set_level(enum tbd_log_level level) { cur_level = level; }
 
+enum tbd_log_level tbd_log_get_level(void) { return cur_level; }
+
 int tbd_log_enabled(enum tbd_log_level level) { return level <= cur_level; }
 
-static const char *level_name(enum tbd_log_level level) {
+const char *tbd_log_level_name(enum tbd_log_level level) {
   switch (level) {
   case TBD_LOG_ERROR:
     return "error";
@@ -96,7 +98,7 @@ static void vlog(enum tbd_log_level level, const struct tbd_log_fields *f,
   gmtime_r(&ts.tv_sec, &tm);
   fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ tensorbrokerd: %s: %s\n",
           tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-          tm.tm_sec, ts.tv_nsec / 1000000, level_name(level), msg);
+          tm.tm_sec, ts.tv_nsec / 1000000, tbd_log_level_name(level), msg);
 }
 
 void tbd_log(enum tbd_log_level level, const char *fmt, ...) {

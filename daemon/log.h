@@ -13,6 +13,10 @@ enum tbd_log_level {
 
 /* Parse "error", "warn", "info", "debug"; 0 or -1. */
 int tbd_log_parse_level(const char *s, enum tbd_log_level *out);
+/* "error", "warn", "info" or "debug". */
+const char *tbd_log_level_name(enum tbd_log_level level);
+/* The level set now. */
+enum tbd_log_level tbd_log_get_level(void);
 void tbd_log_set_level(enum tbd_log_level level);
 /* Whether messages of this level are written (to skip costly formatting). */
 int tbd_log_enabled(enum tbd_log_level level);

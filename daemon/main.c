@@ -1,8 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* tensorbrokerd: options, the listening socket, signals, the loop. */
 #include <errno.h>
-#include <getopt.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,236 +18,9 @@
 #include "acl.h"
 #include "config.h"
 #include "log.h"
+#include "options.h"
 #include "sd.h"
 #include "server.h"
-
-#define SYSTEM_SOCKET "/run/tensorbroker/tensorbroker.sock"
-#define OPT_LIMIT_BASE 1000
-
-enum {
-  OPT_SOCKET = 's',
-  OPT_HELP = 'h',
-  OPT_VERSION = 'V',
-  OPT_SOCKET_MODE = 256,
-  OPT_LOG_LEVEL,
-  OPT_READY_FD,
-  OPT_EXEMPT_ROOT,
-};
-
-struct options {
-  char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
-  int socket_is_system_default;
-  int activated;              /* the socket came from systemd */
-  unsigned mode;
-  enum tbd_log_level level;
-  int ready_fd;
-  int done_events_set; /* --max-done-events given */
-  struct tbd_limits lim;
-};
-
-static void usage(FILE *f) {
-  fprintf(f,
-          "Usage: tensorbrokerd [OPTION]...\n"
-          "Broker zero-copy DLPack tensor exchange between processes.\n\n"
-          "  -s, --socket PATH      listening socket (default "
-          "$TENSORBROKER_SOCKET,\n"
-          "                         else $XDG_RUNTIME_DIR/tensorbroker.sock, "
-          "else\n"
-          "                         " SYSTEM_SOCKET ")\n"
-          "      --socket-mode OCTAL  permissions of the socket (default "
-          "0660)\n"
-          "      --log-level LEVEL  error, warn, info or debug (default "
-          "info)\n"
-          "      --ready-fd N       write \"READY\\n\" to descriptor N once "
-          "listening,\n"
-          "                         then close it (default: none)\n"
-          "      --exempt-root      per-uid limits do not apply to uid 0 "
-          "(default: they do)\n");
-  for (unsigned i = 0; i < tbd_limit_count; i++) {
-    const struct tbd_limit_desc *d = &tbd_limit_table[i];
-    char flag[48];
-    snprintf(flag, sizeof(flag), "--%s N", d->flag);
-    fprintf(f, "      %-21s %s (default %u, %u..%u)\n", flag, d->help, d->def,
-            d->min, d->max);
-  }
-  fprintf(f, "  -h, --help             this text\n"
-             "  -V, --version          print the version\n\n"
-             "SIGTERM or SIGINT: tell clients, close everything, remove the "
-             "socket, exit 0.\n");
-}
-
-static int parse_u32(const char *s, int base, unsigned long min,
-                     unsigned long max, uint32_t *out) {
-  char *end;
-  unsigned long v;
-
-  if (s == NULL || *s == '\0' || *s == '-' || *s == '+')
-    return -1;
-  errno = 0;
-  v = strtoul(s, &end, base);
-  if (errno != 0 || *end != '\0' || v < min || v > max)
-    return -1;
-  *out = (uint32_t)v;
-  return 0;
-}
-
-static int default_socket(struct options *o) {
-  const char *env = getenv("TENSORBROKER_SOCKET");
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  int n;
-
-  if (env != NULL && *env != '\0')
-    n = snprintf(o->socket, sizeof(o->socket), "%s", env);
-  else if (xdg != NULL && *xdg != '\0')
-    n = snprintf(o->socket, sizeof(o->socket), "%s/tensorbroker.sock", xdg);
-  else {
-    n = snprintf(o->socket, sizeof(o->socket), "%s", SYSTEM_SOCKET);
-    o->socket_is_system_default = 1;
-  }
-  return n < 0 || (size_t)n >= sizeof(o->socket) ? -1 : 0;
-}
-
-/* Returns -1 to continue, else the exit status. */
-static int parse_options(int argc, char **argv, struct options *o) {
-  struct option longopts[8 + 64];
-  unsigned n = 0;
-  int c, have_socket = 0;
-
-  longopts[n++] = (struct option){"socket", required_argument, NULL, 's'};
-  longopts[n++] =
-      (struct option){"socket-mode", required_argument, NULL, OPT_SOCKET_MODE};
-  longopts[n++] =
-      (struct option){"log-level", required_argument, NULL, OPT_LOG_LEVEL};
-  longopts[n++] =
-      (struct option){"ready-fd", required_argument, NULL, OPT_READY_FD};
-  longopts[n++] =
-      (struct option){"exempt-root", no_argument, NULL, OPT_EXEMPT_ROOT};
-  longopts[n++] = (struct option){"help", no_argument, NULL, 'h'};
-  longopts[n++] = (struct option){"version", no_argument, NULL, 'V'};
-  for (unsigned i = 0; i < tbd_limit_count; i++)
-    longopts[n++] = (struct option){tbd_limit_table[i].flag,
-                                    required_argument, NULL,
-                                    OPT_LIMIT_BASE + (int)i};
-  longopts[n] = (struct option){NULL, 0, NULL, 0};
-
-  if (tbd_limit_count + 8 > sizeof(longopts) / sizeof(longopts[0])) {
-    fprintf(stderr, "tensorbrokerd: too many options for the table\n");
-    return 1;
-  }
-  memset(o, 0, sizeof(*o));
-  o->mode = 0660;
-  o->level = TBD_LOG_INFO;
-  o->ready_fd = -1;
-  tbd_limits_default(&o->lim);
-
-  while ((c = getopt_long(argc, argv, "s:hV", longopts, NULL)) != -1) {
-    uint32_t v;
-
-    switch (c) {
-    case 's':
-      if (strlen(optarg) == 0 || strlen(optarg) >= sizeof(o->socket)) {
-        fprintf(stderr, "tensorbrokerd: --socket: path must be 1..%zu "
-                        "bytes\n", sizeof(o->socket) - 1);
-        return 2;
-      }
-      snprintf(o->socket, sizeof(o->socket), "%s", optarg);
-      have_socket = 1;
-      break;
-    case OPT_SOCKET_MODE:
-      if (parse_u32(optarg, 8, 0, 0777, &v) < 0) {
-        fprintf(stderr, "tensorbrokerd: --socket-mode: '%s' is not an octal "
-                        "mode 0..0777\n", optarg);
-        return 2;
-      }
-      o->mode = v;
-      break;
-    case OPT_LOG_LEVEL:
-      if (tbd_log_parse_level(optarg, &o->level) < 0) {
-        fprintf(stderr, "tensorbrokerd: --log-level: '%s' is not one of "
-                        "error, warn, info, debug\n", optarg);
-        return 2;
-      }
-      break;
-    case OPT_READY_FD:
-      if (parse_u32(optarg, 10, 0, INT_MAX, &v) < 0) {
-        fprintf(stderr, "tensorbrokerd: --ready-fd: '%s' is not a "
-                        "descriptor number\n", optarg);
-        return 2;
-      }
-      o->ready_fd = (int)v;
-      break;
-    case OPT_EXEMPT_ROOT:
-      o->lim.exempt_root = 1;
-      break;
-    case 'h':
-      usage(stdout);
-      return 0;
-    case 'V':
-      printf("tensorbrokerd %s (protocol %d)\n", TB_VERSION_STRING,
-             TB_PROTOCOL_VERSION);
-      return 0;
-    default:
-      if (c >= OPT_LIMIT_BASE && c < OPT_LIMIT_BASE + (int)tbd_limit_count) {
-        const struct tbd_limit_desc *d = &tbd_limit_table[c - OPT_LIMIT_BASE];
-        int busy_poll = d->offset == offsetof(struct tbd_limits, busy_poll_us);
-        if (busy_poll && strcmp(optarg, "auto") == 0) {
-          o->lim.busy_poll_us = d->def;
-          o->lim.busy_poll_auto = 1;
-          break;
-        }
-        if (busy_poll)
-          o->lim.busy_poll_auto = 0;
-        if (parse_u32(optarg, 10, d->min, d->max, &v) < 0) {
-          fprintf(stderr, "tensorbrokerd: --%s: '%s' is not a number in "
-                          "%u..%u%s\n", d->flag, optarg, d->min, d->max,
-                  busy_poll ? " or 'auto'" : "");
-          return 2;
-        }
-        *tbd_limit_field(&o->lim, d) = v;
-        if (d->offset == offsetof(struct tbd_limits, max_done_events))
-          o->done_events_set = 1;
-        break;
-      }
-      fprintf(stderr, "Try 'tensorbrokerd --help'.\n");
-      return 2;
-    }
-  }
-  if (optind < argc) {
-    fprintf(stderr, "tensorbrokerd: unexpected argument '%s'\n", argv[optind]);
-    return 2;
-  }
-  if (o->lim.max_metadata + 4096 > o->lim.max_message) {
-    fprintf(stderr, "tensorbrokerd: --max-metadata %u leaves no room in "
-                    "--max-message %u (need 4096 bytes more)\n",
-            o->lim.max_metadata, o->lim.max_message);
-    return 2;
-  }
-  /* the default fits itself to a smaller --max-message; a number given
-   * must fit */
-  if (!o->done_events_set &&
-      (uint64_t)o->lim.max_done_events * TBD_DONE_EVENT_BYTES +
-              TBD_VERSION_FREE_BASE >
-          o->lim.max_message)
-    o->lim.max_done_events = (o->lim.max_message - TBD_VERSION_FREE_BASE) /
-                             TBD_DONE_EVENT_BYTES;
-  if ((uint64_t)o->lim.max_done_events * TBD_DONE_EVENT_BYTES +
-          TBD_VERSION_FREE_BASE >
-      o->lim.max_message) {
-    fprintf(stderr, "tensorbrokerd: --max-done-events %u needs %llu bytes "
-                    "in a message; --max-message is %u\n",
-            o->lim.max_done_events,
-            (unsigned long long)o->lim.max_done_events *
-                    TBD_DONE_EVENT_BYTES + TBD_VERSION_FREE_BASE,
-            o->lim.max_message);
-    return 2;
-  }
-  if (!have_socket && default_socket(o) < 0) {
-    fprintf(stderr, "tensorbrokerd: default socket path too long; use "
-                    "--socket\n");
-    return 2;
-  }
-  return -1;
-}
 
 /* Make the socket path ours: refuse if a daemon answers there or the path
  * is not a socket, remove a stale socket file. */
@@ -292,7 +63,7 @@ static int claim_path(const char *path) {
   return 0;
 }
 
-static int listen_on(const struct options *o) {
+static int listen_on(const struct tbd_options *o) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   mode_t old;
   int fd;
@@ -337,7 +108,7 @@ out_close:
 
 /* The socket systemd passed: its path, for the logs and Status (--socket
  * and --socket-mode do not apply: the .socket unit decides). */
-static void activated_path(int fd, struct options *o) {
+static void activated_path(int fd, struct tbd_options *o) {
   struct sockaddr_un sa;
   socklen_t len = sizeof(sa);
 
@@ -431,70 +202,14 @@ static int check_send_buffer(uint32_t len) {
  * looked at this often and sent when it changed. */
 #define STATUS_INTERVAL_MS 1000
 
-/* TEMPORARY, until the configuration file (inih) lands: access rules from
- * the file $TBD_ACCESS_FILE names, in the configuration file's syntax
- * ([access] and [access "PREFIX"] sections of key = value lines), read at
- * start and at SIGHUP. Dropped when the loader calls tbd_acl_set itself. */
-static int access_file_load(const char *path, struct tbd_acl **out) {
-  FILE *f = fopen(path, "re");
-  struct tbd_acl *a = NULL;
-  char line[1024], prefix[300], err[400];
-  bool in_access = false, have_prefix = false;
-  int lineno = 0;
-
-  if (f == NULL) {
-    tbd_error("%s: %s", path, strerror(errno));
-    return -1;
-  }
-  if (tbd_acl_new(&a) < 0)
-    goto out_fail;
-  while (fgets(line, sizeof(line), f) != NULL) {
-    char *p = line, *eq, *end;
-    lineno++;
-    line[strcspn(line, "\r\n")] = '\0';
-    while (*p == ' ' || *p == '\t')
-      p++;
-    if (*p == '\0' || *p == '#' || *p == ';')
-      continue;
-    if (*p == '[') {
-      in_access = strncmp(p, "[access]", 8) == 0;
-      have_prefix = false;
-      if (strncmp(p, "[access \"", 9) == 0 &&
-          (end = strchr(p + 9, '"')) != NULL) {
-        snprintf(prefix, sizeof(prefix), "%.*s", (int)(end - p - 9), p + 9);
-        in_access = have_prefix = true;
-      }
-      continue;
-    }
-    eq = strchr(p, '=');
-    if (!in_access || eq == NULL)
-      continue;
-    end = eq;
-    while (end > p && (end[-1] == ' ' || end[-1] == '\t'))
-      end--;
-    *end = '\0';
-    for (eq++; *eq == ' ' || *eq == '\t'; eq++)
-      ;
-    if (tbd_acl_set(a, have_prefix ? prefix : NULL, p, eq, err,
-                    sizeof(err)) < 0) {
-      tbd_error("%s:%d: %s", path, lineno, err);
-      goto out_fail;
-    }
-  }
-  fclose(f);
-  *out = a;
-  return 0;
-
-out_fail:
-  tbd_acl_free(a);
-  fclose(f);
-  return -1;
-}
-
 struct daemon {
   struct tbd_server srv;
-  uv_signal_t sighup; /* TEMPORARY: re-reads $TBD_ACCESS_FILE */
-  uv_signal_t sigterm, sigint;
+  struct tbd_options opt; /* in effect */
+  int argc;
+  char **argv;
+  uv_signal_t sigterm, sigint, sighup;
+  struct tbd_acl *acl; /* the access rules read at start, until the
+                          registry takes them */
   uv_timer_t watchdog;   /* WATCHDOG=1 at half of $WATCHDOG_USEC */
   uv_timer_t status;     /* STATUS= when sessions or channels change */
   int have_watchdog, have_status;
@@ -550,39 +265,105 @@ static void notify_start(struct daemon *d, uv_loop_t *loop) {
   tbd_sd_ready(d->last_status);
 }
 
-static void on_signal(uv_signal_t *h, int signum) {
-  struct daemon *d = h->data;
-  char reason[64];
+/* The access sections of the configuration file, key by key, into the
+ * rule set ud (acl.h): built whole before it replaces the running one. */
+static int access_hook(void *ud, const char *prefix, const char *key,
+                       const char *value, char *err, size_t errlen) {
+  return tbd_acl_set(ud, prefix, key, value, err, errlen);
+}
 
-  snprintf(reason, sizeof(reason), "daemon received %s",
-           signum == SIGTERM ? "SIGTERM" : "SIGINT");
-  tbd_sd_stopping();
-  tbd_server_shutdown(&d->srv, reason);
-  uv_close((uv_handle_t *)&d->sigterm, NULL);
-  uv_close((uv_handle_t *)&d->sigint, NULL);
-  uv_close((uv_handle_t *)&d->sighup, NULL);
+/* SIGHUP: build the settings again (defaults, the file, the command line);
+ * if all is well, apply what can change live, log what cannot, and keep
+ * every client. A file with an error changes nothing. */
+static void reload(struct daemon *d) {
+  struct tbd_options n;
+  struct tbd_acl *acl;
+  char err[1024];
+  int rc, later;
+
+  tbd_sd_reloading();
+  if (tbd_acl_new(&acl) < 0) {
+    tbd_error("reload: out of memory; the running configuration is kept");
+    tbd_sd_ready(d->last_status);
+    return;
+  }
+  rc = tbd_options_build(&n, d->argc, d->argv, 1, access_hook, acl, err,
+                         sizeof(err));
+  if (rc >= 0) {
+    tbd_error("reload: %s; the running configuration is kept", err);
+    tbd_acl_free(acl);
+    tbd_sd_ready(d->last_status);
+    return;
+  }
+  n.activated = d->opt.activated;
+  n.ready_fd = -1;
+  later = tbd_options_restart_only(&d->opt, &n);
+  /* what needs a restart stays as it runs */
+  memcpy(n.socket, d->opt.socket, sizeof(n.socket));
+  n.socket_is_system_default = d->opt.socket_is_system_default;
+  n.mode = d->opt.mode;
+  for (unsigned i = 0; i < tbd_limit_count; i++) {
+    const struct tbd_limit_desc *ld = &tbd_limit_table[i];
+
+    if (tbd_limit_needs_restart(ld))
+      *tbd_limit_field(&n.lim, ld) = *tbd_limit_field(&d->opt.lim, ld);
+  }
+  if ((uint64_t)n.lim.max_done_events * TBD_DONE_EVENT_BYTES +
+          TBD_VERSION_FREE_BASE > n.lim.max_message) {
+    tbd_warn("reload: max-done-events %u does not fit max-message %u; "
+             "keeping %u", n.lim.max_done_events, n.lim.max_message,
+             d->opt.lim.max_done_events);
+    n.lim.max_done_events = d->opt.lim.max_done_events;
+  }
+  tbd_log_set_level(n.level);
+  tbd_server_set_limits(&d->srv, &n.lim);
+  /* sessions stay; their next requests are judged by the new rules */
+  tbd_registry_set_acl(d->srv.reg, acl);
+  d->opt = n;
+  tbd_info("reload: %s; log level %s, limits applied%s",
+           n.config[0] != '\0' ? n.config : "no configuration file",
+           tbd_log_level_name(n.level),
+           later ? "; some changes wait for a restart (above)" : "");
+  tbd_sd_ready(d->last_status);
+}
+
+static void close_timers(struct daemon *d) {
   if (d->have_watchdog)
     uv_close((uv_handle_t *)&d->watchdog, NULL);
   if (d->have_status)
     uv_close((uv_handle_t *)&d->status, NULL);
+  d->have_watchdog = d->have_status = 0;
 }
 
-/* TEMPORARY (access_file_load): new rules replace the old only when the
- * whole file is valid. */
+/* The first SIGTERM or SIGINT stops the daemon in order; the handlers stay
+ * (unreferenced, so the loop can run out) and a second one while it stops
+ * ends the process at once, having removed the socket file. */
+static void on_signal(uv_signal_t *h, int signum) {
+  struct daemon *d = h->data;
+  const char *name = signum == SIGTERM ? "SIGTERM" : "SIGINT";
+  char reason[64];
+
+  if (d->srv.stopping) {
+    tbd_warn("%s again while stopping: exiting now", name);
+    if (!d->opt.activated)
+      unlink(d->opt.socket);
+    _exit(1);
+  }
+  snprintf(reason, sizeof(reason), "daemon received %s", name);
+  tbd_sd_stopping();
+  tbd_server_shutdown(&d->srv, reason);
+  uv_unref((uv_handle_t *)&d->sigterm);
+  uv_unref((uv_handle_t *)&d->sigint);
+  uv_close((uv_handle_t *)&d->sighup, NULL);
+  close_timers(d);
+}
+
 static void on_sighup(uv_signal_t *h, int signum) {
   struct daemon *d = h->data;
-  const char *path = getenv("TBD_ACCESS_FILE");
-  struct tbd_acl *a;
 
   (void)signum;
-  if (path == NULL || *path == '\0')
-    return;
-  if (access_file_load(path, &a) < 0) {
-    tbd_error("SIGHUP: %s not applied; the access rules stay as they were",
-              path);
-    return;
-  }
-  tbd_registry_set_acl(d->srv.reg, a);
+  if (!d->srv.stopping)
+    reload(d);
 }
 
 static void signal_ready(int fd) {
@@ -599,90 +380,119 @@ static void signal_ready(int fd) {
   close(fd);
 }
 
+/* --check-config and --print-config: report and exit. */
+static int check_only(const struct tbd_options *o) {
+  if (o->print_config)
+    tbd_options_print(o, stdout);
+  if (o->check_config)
+    printf("tensorbrokerd: configuration OK (%s)\n",
+           o->config[0] != '\0' ? o->config : "no configuration file");
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  struct options o;
-  struct daemon d;
+  static struct daemon d;
+  char err[1024];
   uv_loop_t loop;
   int rc, fd;
 
-  rc = parse_options(argc, argv, &o);
-  if (rc >= 0)
-    return rc;
-  tbd_log_set_level(o.level);
-  signal(SIGPIPE, SIG_IGN);
-  if (check_send_buffer(o.lim.max_message) < 0)
+  if (tbd_acl_new(&d.acl) < 0) {
+    fprintf(stderr, "tensorbrokerd: out of memory\n");
     return 1;
-  raise_nofile(o.lim.max_fds);
+  }
+  rc = tbd_options_build(&d.opt, argc, argv, 0, access_hook, d.acl, err,
+                         sizeof(err));
+  if (rc >= 0) {
+    if (err[0] != '\0')
+      fprintf(stderr, "tensorbrokerd: %s\n", err);
+    return rc;
+  }
+  if (d.opt.check_config || d.opt.print_config)
+    return check_only(&d.opt);
+  d.argc = argc;
+  d.argv = argv;
+  tbd_log_set_level(d.opt.level);
+  signal(SIGPIPE, SIG_IGN);
+  if (check_send_buffer(d.opt.lim.max_message) < 0)
+    return 1;
+  raise_nofile(d.opt.lim.max_fds);
 
   if (tbd_sd_listen_fd(&fd) < 0)
     return 1;
   if (fd >= 0)
-    activated_path(fd, &o);
+    activated_path(fd, &d.opt);
   else
-    fd = listen_on(&o);
+    fd = listen_on(&d.opt);
   if (fd < 0)
     return 1;
   rc = uv_loop_init(&loop);
   if (rc < 0) {
     tbd_error("uv_loop_init: %s", uv_strerror(rc));
-    if (!o.activated)
-      unlink(o.socket);
+    if (!d.opt.activated)
+      unlink(d.opt.socket);
     close(fd);
     return 1;
   }
-  rc = tbd_server_init(&d.srv, &loop, &o.lim, fd, o.socket);
+  rc = tbd_server_init(&d.srv, &loop, &d.opt.lim, fd, d.opt.socket);
   if (rc < 0) {
     tbd_error("cannot start: %s", tb_strerror(rc));
-    if (!o.activated)
-      unlink(o.socket);
+    if (!d.opt.activated)
+      unlink(d.opt.socket);
     close(fd);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
     return 1;
   }
-  {
-    const char *path = getenv("TBD_ACCESS_FILE"); /* TEMPORARY */
-    struct tbd_acl *a;
-    if (path != NULL && *path != '\0') {
-      if (access_file_load(path, &a) < 0) {
-        tbd_server_shutdown(&d.srv, "bad access rules");
-        uv_run(&loop, UV_RUN_DEFAULT);
-        tbd_server_free(&d.srv);
-        uv_loop_close(&loop);
-        return 1;
-      }
-      tbd_registry_set_acl(d.srv.reg, a);
-    }
-  }
+  tbd_registry_set_acl(d.srv.reg, d.acl);
+  d.acl = NULL;
   uv_signal_init(&loop, &d.sigterm);
   uv_signal_init(&loop, &d.sigint);
   uv_signal_init(&loop, &d.sighup);
   d.sigterm.data = d.sigint.data = d.sighup.data = &d;
-  uv_signal_start(&d.sighup, on_sighup, SIGHUP);
   uv_signal_start(&d.sigterm, on_signal, SIGTERM);
   uv_signal_start(&d.sigint, on_signal, SIGINT);
+  uv_signal_start(&d.sighup, on_sighup, SIGHUP);
   /* systemd made the socket and removes it; a new daemon it starts on the
    * same socket must find it there */
-  d.srv.keep_socket_file = o.activated;
+  d.srv.keep_socket_file = d.opt.activated;
 
-  if (o.activated)
+  if (d.opt.activated)
     tbd_info("tensorbrokerd %s listening on %s (passed by systemd, pid %d)",
-             TB_VERSION_STRING, o.socket, (int)getpid());
+             TB_VERSION_STRING, d.opt.socket, (int)getpid());
   else
     tbd_info("tensorbrokerd %s listening on %s (mode %04o, pid %d)",
-             TB_VERSION_STRING, o.socket, o.mode, (int)getpid());
-  if (o.lim.busy_poll_us == 0)
+             TB_VERSION_STRING, d.opt.socket, d.opt.mode, (int)getpid());
+  tbd_info("configuration: %s", d.opt.config[0] != '\0'
+                                    ? d.opt.config
+                                    : "none (embedded defaults)");
+  if (d.opt.lim.busy_poll_us == 0)
     tbd_info("busy polling off");
-  else if (o.lim.busy_poll_auto)
+  else if (d.opt.lim.busy_poll_auto)
     tbd_info("busy polling: %u us after each request while it may use %d "
-             "or more CPUs (now %d)", o.lim.busy_poll_us, TB__POLL_AUTO_CPUS,
-             tb__cpus_allowed());
+             "or more CPUs (now %d)", d.opt.lim.busy_poll_us,
+             TB__POLL_AUTO_CPUS, tb__cpus_allowed());
   else
-    tbd_info("busy polling: %u us after each request", o.lim.busy_poll_us);
-  signal_ready(o.ready_fd);
+    tbd_info("busy polling: %u us after each request",
+             d.opt.lim.busy_poll_us);
+  signal_ready(d.opt.ready_fd);
   d.have_watchdog = d.have_status = 0;
   notify_start(&d, &loop);
 
+  uv_run(&loop, UV_RUN_DEFAULT);
+  /* The handlers stayed for a second signal. Closing them restores the
+   * default action, so block the signals first: one that comes now stays
+   * pending and is dropped at exit, and the last steps still run. */
+  {
+    sigset_t set;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+  }
+  uv_close((uv_handle_t *)&d.sigterm, NULL);
+  uv_close((uv_handle_t *)&d.sigint, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   tbd_server_free(&d.srv);
   rc = uv_loop_close(&loop);

@@ -76,6 +76,11 @@ void tbd_registry_set_socket_path(struct tbd_registry *r, const char *path) {
   r->socket_path = path;
 }
 
+void tbd_registry_set_limits(struct tbd_registry *r,
+                             const struct tbd_limits *limits) {
+  r->lim = *limits;
+}
+
 struct tbd_stats *tbd_registry_stats(struct tbd_registry *r) {
   return &r->stats;
 }
@@ -253,6 +258,12 @@ static struct tbd_waitq *waitq_find(struct tbd_registry *r,
   return q;
 }
 
+uint32_t tbd__waiters(struct tbd_registry *r, const char *name) {
+  struct tbd_waitq *q = waitq_find(r, name);
+
+  return q != NULL ? q->n : 0;
+}
+
 static void waitq_free(struct tbd_registry *r, struct tbd_waitq *q) {
   HASH_DEL(r->waitqs, q);
   tbd_heap_free(&q->later);
@@ -296,10 +307,11 @@ static struct tbd_wait *wait_new(struct tbd_registry *r, struct tbd_session *s,
   w->mode = mode;
   w->version = version;
   w->by_deadline.slot = w->by_version.slot = TBD_HEAP_NONE;
+  w->since = tbd__now(r);
   if (timeout_ms < 0 || (uint64_t)timeout_ms > UINT64_MAX / 2)
     w->deadline = UINT64_MAX;
   else
-    w->deadline = tbd__now(r) + (uint64_t)timeout_ms;
+    w->deadline = w->since + (uint64_t)timeout_ms;
   if (w->deadline != UINT64_MAX && tbd_heap_reserve(&r->deadlines) < 0) {
     tbd_free(w);
     return NULL;
@@ -1249,6 +1261,7 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   r->next_lease_id++;
   l->s = s;
   l->v = v;
+  l->since = tbd__now(r);
   DL_APPEND2(s->leases, l, sprev, snext);
   DL_APPEND2(v->leases, l, vprev, vnext);
   s->nleases++;

@@ -58,6 +58,12 @@ void tbd_registry_set_clock(struct tbd_registry *r, tbd_clock_fn now,
                             void *ud);
 /* Borrowed; reported by Status. */
 void tbd_registry_set_socket_path(struct tbd_registry *r, const char *path);
+/* New limits (SIGHUP). What exists stays: a session, channel or lease over
+ * a lowered limit is kept, and the next request that would add one is
+ * refused. The caller keeps what needs a restart unchanged
+ * (tbd_limit_needs_restart). */
+void tbd_registry_set_limits(struct tbd_registry *r,
+                             const struct tbd_limits *limits);
 struct tbd_stats *tbd_registry_stats(struct tbd_registry *r);
 void tbd_registry_counts(const struct tbd_registry *r, struct tbd_counts *c);
 

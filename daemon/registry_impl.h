@@ -133,6 +133,7 @@ struct tbd_lease {
   uint64_t id;
   struct tbd_session *s;
   struct tbd_version *v;
+  uint64_t since;            /* clock ms at the grant */
   UT_hash_handle hh;         /* registry->leases, by id */
   struct tbd_lease *snext, *sprev, *vnext, *vprev;
 };
@@ -187,6 +188,7 @@ struct tbd_wait {
   int mode;
   uint64_t version;
   uint64_t deadline;         /* UINT64_MAX: none */
+  uint64_t since;            /* clock ms when it was parked */
   uint64_t seq;              /* arrival order */
   struct tbd_heap_node by_deadline; /* registry->deadlines, unless none */
   struct tbd_heap_node by_version;  /* q->later, or not in a heap */
@@ -299,6 +301,16 @@ bool tbd__access_quiet(struct tbd_registry *r, struct tbd_session *s,
 bool tbd__access_operator(struct tbd_registry *r, struct tbd_session *s);
 /* Whether s may see sessions of other uids in ListSessions. */
 bool tbd__access_all_sessions(struct tbd_registry *r, struct tbd_session *s);
+/* Whether s is shown a name only waited for (ListChannels{waiting}): an
+ * operator, under default = open, or when a session of its uid waits. */
+bool tbd__access_waiting(struct tbd_registry *r, struct tbd_session *s,
+                         const struct tbd_waitq *q);
+/* Whether s is shown a lease or a parked request of session holder on
+ * channel ch (NULL: a name not published yet): its own uid's, an
+ * operator, under default = open, and on a channel s may list. */
+bool tbd__access_sees(struct tbd_registry *r, struct tbd_session *s,
+                      const struct tbd_session *holder,
+                      const struct tbd_channel *ch);
 
 /* ---- helpers shared by registry.c and handlers.c ---- */
 
@@ -409,5 +421,23 @@ int tbd__unsubscribe(struct tbd_registry *r, struct tbd_session *s,
 int tbd__wait_free(struct tbd_registry *r, struct tbd_session *s,
                    uint64_t request_id, const char *channel, uint64_t version,
                    int64_t timeout_ms);
+
+/* ---- the operator's view (operator.c) ---- */
+
+/* Lists come in pages that fit one datagram (the room left for entries),
+ * sorted, after a cursor; the reply says when entries were left out. */
+#define TBD_LIST_ROOM(r) ((size_t)(r)->lim.max_message - 512)
+
+/* The acquires parked on name (0 when none). */
+uint32_t tbd__waiters(struct tbd_registry *r, const char *name);
+/* Answer ListLeases, ListWaits and DropChannel (always with a reply);
+ * return the status sent. */
+int tbd__list_leases(struct tbd_registry *r, struct tbd_session *s,
+                     uint64_t request_id,
+                     const Tensorbroker__V1__ListLeases *q);
+int tbd__list_waits(struct tbd_registry *r, struct tbd_session *s,
+                    uint64_t request_id, const Tensorbroker__V1__ListWaits *q);
+int tbd__drop_channel(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t request_id, const char *name);
 
 #endif /* TBD_REGISTRY_IMPL_H */

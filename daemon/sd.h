@@ -17,6 +17,9 @@ int tbd_sd_listen_fd(int *fd);
  * status line; that it stops; a new status line. No-ops without one. */
 void tbd_sd_ready(const char *status);
 void tbd_sd_stopping(void);
+/* RELOADING=1 with MONOTONIC_USEC= (systemd's reload protocol): sent
+ * before re-reading the configuration; tbd_sd_ready() ends the reload. */
+void tbd_sd_reloading(void);
 void tbd_sd_status(const char *status);
 /* The watchdog interval in microseconds ($WATCHDOG_USEC for this pid), or
  * 0 when none is asked for; tbd_sd_watchdog_ping() sends WATCHDOG=1. */

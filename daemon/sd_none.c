@@ -18,6 +18,7 @@ int tbd_sd_listen_fd(int *fd) {
 
 void tbd_sd_ready(const char *status) { (void)status; }
 void tbd_sd_stopping(void) {}
+void tbd_sd_reloading(void) {}
 void tbd_sd_status(const char *status) { (void)status; }
 uint64_t tbd_sd_watchdog_usec(void) { return 0; }
 void tbd_sd_watchdog_ping(void) {}

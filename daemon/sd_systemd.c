@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 /* CODE_FILE= and CODE_LINE= would all name this file: left out */
@@ -69,6 +70,18 @@ void tbd_sd_ready(const char *status) {
 }
 
 void tbd_sd_stopping(void) { notify("STOPPING=1\nSTATUS=stopping"); }
+
+void tbd_sd_reloading(void) {
+  struct timespec ts;
+  char buf[128];
+
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  snprintf(buf, sizeof(buf),
+           "RELOADING=1\nSTATUS=reloading\nMONOTONIC_USEC=%llu",
+           (unsigned long long)ts.tv_sec * 1000000ull +
+               (unsigned long long)ts.tv_nsec / 1000);
+  notify(buf);
+}
 
 void tbd_sd_status(const char *status) {
   char buf[512];

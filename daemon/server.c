@@ -843,6 +843,12 @@ out_free:
   return rc;
 }
 
+void tbd_server_set_limits(struct tbd_server *srv,
+                           const struct tbd_limits *lim) {
+  srv->lim = *lim;
+  tbd_registry_set_limits(srv->reg, lim);
+}
+
 static void on_listen_closed(uv_handle_t *h) {
   struct tbd_server *srv = h->data;
 

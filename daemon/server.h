@@ -47,6 +47,10 @@ struct tbd_server {
 int tbd_server_init(struct tbd_server *srv, uv_loop_t *loop,
                     const struct tbd_limits *lim, int listen_fd,
                     const char *socket_path);
+/* New limits (SIGHUP), for the server and its registry
+ * (tbd_registry_set_limits). */
+void tbd_server_set_limits(struct tbd_server *srv,
+                           const struct tbd_limits *lim);
 /* Send DaemonClosing to everyone, close every session and handle, remove
  * the socket file. The loop then runs out. */
 void tbd_server_shutdown(struct tbd_server *srv, const char *reason);

@@ -48,7 +48,7 @@ install_deps() {
   local p
   local PKGS=(cmake gcc make pkg-config libuv1-dev libprotobuf-c-dev
               protobuf-c-compiler libcmocka-dev libdlpack-dev uthash-dev
-              libcjson-dev)
+              libcjson-dev libinih-dev)
   local missing=()
   for p in "${PKGS[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then

@@ -18,7 +18,8 @@ jobs=${TB_JOBS:-$(nproc 2>/dev/null || echo 2)}
 ctest_jobs=${TB_CTEST_JOBS:-2}
 
 packages=(libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev
-          libdlpack-dev uthash-dev libcjson-dev python3-numpy python3-dev
+          libdlpack-dev uthash-dev libcjson-dev libinih-dev python3-numpy
+          python3-dev
           cmake gcc pkg-config
           clang libclang-rt-14-dev # libFuzzer (Debian 12's clang is 14)
           scdoc python3-venv python3-setuptools python3-wheel python3-yaml

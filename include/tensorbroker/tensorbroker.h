@@ -533,6 +533,13 @@ struct tb_channel_info {
   uint32_t subscribers;
   int closed;
   uint64_t publishes;
+  /* Added after 0.1.0 (filled by tb_list_channels_sized(), which the
+   * tb_list_channels() of these headers calls): */
+  uint32_t waiters;           /* acquires parked on the name */
+  /* No such channel: listed only because acquires wait on the name (it was
+   * never published, or was dropped); the fields above but name and
+   * waiters are zero. */
+  int waiting;
 };
 
 struct tb_session_info {
@@ -558,13 +565,91 @@ struct tb_status {
   char socket_path[108];
 };
 
+/* One lease held in the daemon (tb_list_leases). */
+struct tb_lease_entry {
+  uint64_t lease_id;
+  uint64_t session_id;       /* the session holding it */
+  uint32_t pid, uid;         /* that session's process and user */
+  char session_name[64];
+  char channel[TB_NAME_MAX + 1];
+  uint64_t version;
+  uint64_t bytes;            /* the size of the version's buffer */
+  int memory_kind;           /* 1 host memfd, 2 CUDA IPC */
+  uint64_t age_ms;           /* since the lease was granted */
+  uint64_t buffer_id;
+  int ready_event;           /* the version has a ready event */
+  /* Done events of consumers that released this version already: its
+   * producer hears of them (VersionFree) once the last lease ends. */
+  uint32_t done_events;
+  /* The version's memory died with its producer: never granted again, it
+   * goes with its last lease. */
+  int died;
+};
+
+/* What a parked request waits for (tb_wait_entry.what). */
+enum tb_wait_what {
+  TB_WAIT_ACQUIRE_LATEST = 0, /* an acquire: the channel's first version */
+  TB_WAIT_ACQUIRE_NEXT = 1,   /* an acquire: a version after .version */
+  TB_WAIT_ACQUIRE_EXACT = 2,  /* not parked by today's daemon */
+  TB_WAIT_FREE = 3            /* tb_wait_free(): version .version freed */
+};
+
+/* One parked request in the daemon (tb_list_waits); a session has at most
+ * one. */
+struct tb_wait_entry {
+  uint64_t session_id;
+  uint32_t pid, uid;
+  char session_name[64];
+  int what;                  /* enum tb_wait_what */
+  char channel[TB_NAME_MAX + 1];
+  uint64_t version;          /* NEXT: after this one; FREE: this one; else 0 */
+  uint64_t age_ms;           /* since it was parked */
+  int64_t timeout_ms;        /* left before it times out; -1: never */
+  /* TB_WAIT_FREE: the version's leases (tb_list_leases names them), and
+   * whether it is still in the channel's history (then it is freed only
+   * once newer versions push it out, whatever the leases). */
+  uint32_t leases;
+  int in_history;
+};
+
 /* Lists: *out is an array of *count entries allocated by the library; free
- * it with tb_free(). */
+ * it with tb_free(). The daemon answers in pages that fit one message; the
+ * library asks for every page, so the list is whole. Any thread.
+ *
+ * Functions that take struct_size write entries struct_size bytes apart:
+ * pass sizeof the struct as your headers have it. Fields the library does
+ * not know, or that do not fit in struct_size, are left zero; a
+ * struct_size smaller than the struct's first version is TB_EINVAL. */
+TB_EXPORT int tb_list_channels_sized(tb_client *c, size_t struct_size,
+                                     struct tb_channel_info **out,
+                                     size_t *count);
+/* Programs built against 0.1.0 call this symbol and get its entries (up to
+ * publishes, no waiting names); programs built against these headers call
+ * tb_list_channels_sized() through the macro below. */
 TB_EXPORT int tb_list_channels(tb_client *c, struct tb_channel_info **out,
                                size_t *count);
+#define tb_list_channels(c, o, n) tb_list_channels_sized(c, sizeof(**(o)), o, n)
 TB_EXPORT int tb_list_sessions(tb_client *c, struct tb_session_info **out,
                                size_t *count);
 TB_EXPORT int tb_daemon_status(tb_client *c, struct tb_status *out);
+
+/* Every lease the daemon holds, ascending by lease id; every parked
+ * request (acquires waiting for a version, tb_wait_free() calls),
+ * ascending by session id. TB_ENOTSUP from a daemon older than these
+ * lists. */
+TB_EXPORT int tb_list_leases(tb_client *c, size_t struct_size,
+                             struct tb_lease_entry **out, size_t *count);
+TB_EXPORT int tb_list_waits(tb_client *c, size_t struct_size,
+                            struct tb_wait_entry **out, size_t *count);
+
+/* Free closed channel `channel` and its versions now, rather than when its
+ * retention ends or room is needed (docs/limits.md): it starts again at
+ * version 1 if published again; acquires waiting on the name keep waiting.
+ * Refused, changing nothing: TB_ENOTFOUND for no such channel, TB_EBUSY
+ * while it has a publisher or any of its versions is leased (the message
+ * names the leases), TB_EPERM unless the caller's uid published it last
+ * or is root or the daemon's; TB_ENOTSUP from an older daemon. */
+TB_EXPORT int tb_channel_drop(tb_client *c, const char *channel);
 
 /* Free memory returned by the library. NULL is accepted. */
 TB_EXPORT void tb_free(void *p);

@@ -1372,12 +1372,13 @@ static PyObject *client_channels(ClientObject *self, PyObject *unused) {
   PyObject *list = PyList_New(0);
   for (size_t i = 0; list != NULL && i < n; i++) {
     PyObject *d = Py_BuildValue(
-        "{s:s,s:K,s:I,s:K,s:I,s:I,s:I,s:O,s:K}", "name", ci[i].name, "latest_version",
-        (unsigned long long)ci[i].latest_version, "history_depth", ci[i].history_depth,
-        "publisher_session", (unsigned long long)ci[i].publisher_session, "versions_held",
-        ci[i].versions_held, "leases", ci[i].leases, "subscribers", ci[i].subscribers,
-        "closed", ci[i].closed ? Py_True : Py_False, "publishes",
-        (unsigned long long)ci[i].publishes);
+        "{s:s,s:K,s:I,s:K,s:I,s:I,s:I,s:O,s:K,s:I,s:O}", "name", ci[i].name,
+        "latest_version", (unsigned long long)ci[i].latest_version, "history_depth",
+        ci[i].history_depth, "publisher_session", (unsigned long long)ci[i].publisher_session,
+        "versions_held", ci[i].versions_held, "leases", ci[i].leases, "subscribers",
+        ci[i].subscribers, "closed", ci[i].closed ? Py_True : Py_False, "publishes",
+        (unsigned long long)ci[i].publishes, "waiters", ci[i].waiters, "waiting",
+        ci[i].waiting ? Py_True : Py_False);
     if (d == NULL || PyList_Append(list, d) < 0)
       Py_CLEAR(list);
     Py_XDECREF(d);
@@ -1414,6 +1415,91 @@ static PyObject *client_sessions(ClientObject *self, PyObject *unused) {
   return list;
 }
 
+static const char *memory_kind_name(int kind) {
+  return kind == 1 ? "host" : kind == 2 ? "cuda-ipc" : "?";
+}
+
+static PyObject *client_leases(ClientObject *self, PyObject *unused) {
+  if (client_check(self) < 0)
+    return NULL;
+  struct tb_lease_entry *le = NULL;
+  size_t n = 0;
+  char err[TBPY_ERRMSG_MAX] = "";
+  int rc;
+  CLIENT_CALL(self, rc, err, tb_list_leases(c_, sizeof(*le), &le, &n));
+  if (rc < 0)
+    return raise_tb(rc, err);
+  PyObject *list = PyList_New(0);
+  for (size_t i = 0; list != NULL && i < n; i++) {
+    PyObject *d = Py_BuildValue(
+        "{s:K,s:K,s:I,s:I,s:s,s:s,s:K,s:K,s:s,s:K,s:K,s:O,s:I,s:O}", "lease_id",
+        (unsigned long long)le[i].lease_id, "session_id", (unsigned long long)le[i].session_id,
+        "pid", le[i].pid, "uid", le[i].uid, "session_name", le[i].session_name, "channel",
+        le[i].channel, "version", (unsigned long long)le[i].version, "bytes",
+        (unsigned long long)le[i].bytes, "memory_kind", memory_kind_name(le[i].memory_kind),
+        "age_ms", (unsigned long long)le[i].age_ms, "buffer_id",
+        (unsigned long long)le[i].buffer_id, "ready_event",
+        le[i].ready_event ? Py_True : Py_False, "done_events", le[i].done_events, "died",
+        le[i].died ? Py_True : Py_False);
+    if (d == NULL || PyList_Append(list, d) < 0)
+      Py_CLEAR(list);
+    Py_XDECREF(d);
+  }
+  tb_free(le);
+  return list;
+}
+
+static const char *wait_what_name(int what) {
+  switch (what) {
+  case TB_WAIT_ACQUIRE_LATEST: return "acquire-latest";
+  case TB_WAIT_ACQUIRE_NEXT: return "acquire-next";
+  case TB_WAIT_ACQUIRE_EXACT: return "acquire-exact";
+  case TB_WAIT_FREE: return "wait-free";
+  default: return "?";
+  }
+}
+
+static PyObject *client_waits(ClientObject *self, PyObject *unused) {
+  if (client_check(self) < 0)
+    return NULL;
+  struct tb_wait_entry *we = NULL;
+  size_t n = 0;
+  char err[TBPY_ERRMSG_MAX] = "";
+  int rc;
+  CLIENT_CALL(self, rc, err, tb_list_waits(c_, sizeof(*we), &we, &n));
+  if (rc < 0)
+    return raise_tb(rc, err);
+  PyObject *list = PyList_New(0);
+  for (size_t i = 0; list != NULL && i < n; i++) {
+    PyObject *d = Py_BuildValue(
+        "{s:K,s:I,s:I,s:s,s:s,s:s,s:K,s:K,s:L,s:I,s:O}", "session_id",
+        (unsigned long long)we[i].session_id, "pid", we[i].pid, "uid", we[i].uid,
+        "session_name", we[i].session_name, "what", wait_what_name(we[i].what), "channel",
+        we[i].channel, "version", (unsigned long long)we[i].version, "age_ms",
+        (unsigned long long)we[i].age_ms, "timeout_ms", (long long)we[i].timeout_ms,
+        "leases", we[i].leases, "in_history", we[i].in_history ? Py_True : Py_False);
+    if (d == NULL || PyList_Append(list, d) < 0)
+      Py_CLEAR(list);
+    Py_XDECREF(d);
+  }
+  tb_free(we);
+  return list;
+}
+
+static PyObject *client_drop(ClientObject *self, PyObject *args) {
+  const char *channel;
+  if (!PyArg_ParseTuple(args, "s", &channel))
+    return NULL;
+  if (client_check(self) < 0)
+    return NULL;
+  char err[TBPY_ERRMSG_MAX] = "";
+  int rc;
+  CLIENT_CALL(self, rc, err, tb_channel_drop(c_, channel));
+  if (rc < 0)
+    return raise_tb(rc, err);
+  Py_RETURN_NONE;
+}
+
 static PyObject *client_status(ClientObject *self, PyObject *unused) {
   if (client_check(self) < 0)
     return NULL;
@@ -1444,6 +1530,9 @@ static PyMethodDef client_methods[] = {
     {"poll_notice", (PyCFunction)(void (*)(void))client_poll_notice, METH_VARARGS | METH_KEYWORDS, NULL},
     {"channels", (PyCFunction)client_channels, METH_NOARGS, NULL},
     {"sessions", (PyCFunction)client_sessions, METH_NOARGS, NULL},
+    {"leases", (PyCFunction)client_leases, METH_NOARGS, NULL},
+    {"waits", (PyCFunction)client_waits, METH_NOARGS, NULL},
+    {"drop", (PyCFunction)client_drop, METH_VARARGS, NULL},
     {"status", (PyCFunction)client_status, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL}};
 

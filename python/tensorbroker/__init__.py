@@ -327,6 +327,26 @@ class Client:
     def sessions(self):
         return self._c.sessions()
 
+    def leases(self):
+        """Every lease the daemon holds, as dicts (``tbctl leases --json``):
+        lease_id, session_id, pid, uid, session_name, channel, version, bytes,
+        memory_kind, age_ms, buffer_id, ready_event, done_events, died."""
+        return self._c.leases()
+
+    def waits(self):
+        """Every parked request, as dicts (``tbctl waits --json``):
+        session_id, pid, uid, session_name, what ("acquire-latest",
+        "acquire-next", "wait-free"), channel, version, age_ms, timeout_ms
+        (-1: none), leases and in_history (for "wait-free")."""
+        return self._c.waits()
+
+    def drop(self, channel):
+        """Free closed channel ``channel`` and its versions now
+        (``tbctl drop``); raises tensorbroker.Error when it is open, leased,
+        unknown, or the daemon's access rules do not let the caller publish
+        onto it (tensorbroker.PermissionError)."""
+        self._c.drop(channel)
+
     def status(self):
         return self._c.status()
 

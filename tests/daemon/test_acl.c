@@ -835,6 +835,81 @@ static void test_rules_replaced_live(void **state) {
   reg_free(r);
 }
 
+/* ---- the operator's views ---- */
+
+static size_t list_count(struct tbd_registry *r, struct tbd_session *s,
+                         int body) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__ListLeases ll = TENSORBROKER__V1__LIST_LEASES__INIT;
+  Tensorbroker__V1__ListWaits lw = TENSORBROKER__V1__LIST_WAITS__INIT;
+  Tensorbroker__V1__ListChannels lc = TENSORBROKER__V1__LIST_CHANNELS__INIT;
+  struct cap *c;
+  size_t n;
+
+  q.body_case = body;
+  q.list_leases = &ll; /* one of them, by body */
+  if (body == TENSORBROKER__V1__REQUEST__BODY_LIST_WAITS)
+    q.list_waits = &lw;
+  if (body == TENSORBROKER__V1__REQUEST__BODY_LIST_CHANNELS) {
+    lc.waiting = true;
+    q.list_channels = &lc;
+  }
+  assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
+  n = body == TENSORBROKER__V1__REQUEST__BODY_LIST_LEASES
+          ? c->m->reply->list_leases->n_leases
+      : body == TENSORBROKER__V1__REQUEST__BODY_LIST_WAITS
+          ? c->m->reply->list_waits->n_waits
+          : c->m->reply->list_channels->n_channels;
+  cap_free(c);
+  return n;
+}
+
+#define LEASES TENSORBROKER__V1__REQUEST__BODY_LIST_LEASES
+#define WAITS TENSORBROKER__V1__REQUEST__BODY_LIST_WAITS
+#define CHANNELS TENSORBROKER__V1__REQUEST__BODY_LIST_CHANNELS
+
+/* Leases, waits and waiting names of other uids on channels a session may
+ * not list are left out; dropping needs the right to publish. */
+static void test_operator_views(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *alice = session(r, ALICE), *alice2 = session(r, ALICE);
+  struct tbd_session *bob = session(r, BOB), *root = session(r, 0);
+  uint64_t bid = buffer(r, alice), req;
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__DropChannel dc = TENSORBROKER__V1__DROP_CHANNEL__INIT;
+
+  (void)state;
+  assert_tb_ok(publish(r, alice, "a", bid));
+  assert_tb_ok(acquire(r, alice2, "a", NULL));
+  assert_tb_ok(acquire(r, root, "a", NULL));
+  assert_int_equal(acquire_rel(r, bob, "secret/name", 60000, 0, NULL, &req),
+                   PARKED);
+  assert_int_equal(acquire_rel(r, alice2, "alice/next", 60000, 0, NULL,
+                               NULL),
+                   PARKED);
+  /* alice sees both leases on her channel (root's too), not bob's wait */
+  assert_int_equal(list_count(r, alice, LEASES), 2);
+  assert_int_equal(list_count(r, alice, WAITS), 1);
+  assert_int_equal(list_count(r, alice, CHANNELS), 2); /* a, alice/next */
+  /* bob sees his own wait and waiting name, nothing of alice's */
+  assert_int_equal(list_count(r, bob, LEASES), 0);
+  assert_int_equal(list_count(r, bob, WAITS), 1);
+  assert_int_equal(list_count(r, bob, CHANNELS), 1); /* secret/name */
+  assert_int_equal(list_count(r, root, LEASES), 2);
+  assert_int_equal(list_count(r, root, WAITS), 2);
+  assert_int_equal(list_count(r, root, CHANNELS), 3);
+
+  tbd_session_close(r, alice);
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_DROP_CHANNEL;
+  q.drop_channel = &dc;
+  dc.channel = "a";
+  assert_denied(send_req(r, bob, &q, NULL, 0, NULL),
+                "uid 1001 may not drop \"a\": channel \"a\" belongs to uid "
+                "1000 (default = owner)");
+  assert_int_equal(counts(r).channels, 1);
+  reg_free(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_syntax_errors),
@@ -853,6 +928,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_write_grant, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rules_replaced_live, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_operator_views, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,7 +26,7 @@ find "$build" -type f \( -perm -u+x -o -name '*.so*' \) ! -path "$carry/*" \
   -exec sh -c 'head -c 4 "$1" | grep -q ELF' _ {} \; -print >"$carry/.elves"
 while read -r f; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
-done <"$carry/.elves" | sort -u | grep -E 'lib(uv|protobuf-c|cmocka|cjson)\.so' \
+done <"$carry/.elves" | sort -u | grep -E 'lib(uv|protobuf-c|cmocka|cjson|inih)\.so' \
   >"$carry/.needed" || true
 rm -f "$carry/.elves"
 while read -r lib; do

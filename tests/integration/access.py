@@ -79,8 +79,9 @@ def as_user(uid, gid, groups=()):
 
 
 class Daemon:
-    """tensorbrokerd as root with rules from a file; its log lines are read
-    by a thread, and a test waits for a line instead of sleeping."""
+    """tensorbrokerd as root (or user) with its configuration file; its log
+    lines are read by a thread, and a test waits for a line instead of
+    sleeping."""
 
     def __init__(self, binary, rules, user=None):
         self.dir = tempfile.mkdtemp(prefix="tbacl-")
@@ -88,14 +89,14 @@ class Daemon:
         if user is not None:  # it makes its socket there
             os.chown(self.dir, *user)
         self.sock = os.path.join(self.dir, "tb.sock")
-        self.rules = os.path.join(self.dir, "rules.conf")
+        self.rules = os.path.join(self.dir, "tensorbrokerd.conf")
         self.write_rules(rules)
-        env = dict(os.environ, TBD_ACCESS_FILE=self.rules)
         r, w = os.pipe()
         self.proc = subprocess.Popen(
-            (as_user(*user) if user else []) + [binary, "--socket", self.sock, "--socket-mode", "0666",
+            (as_user(*user) if user else []) + [binary, "--config", self.rules,
+                                                "--socket", self.sock, "--socket-mode", "0666",
              "--ready-fd", str(w), "--log-level", "info"],
-            pass_fds=(w,), env=env, stdin=subprocess.DEVNULL,
+            pass_fds=(w,), stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True)
         os.close(w)
         self.lines = []
@@ -296,7 +297,7 @@ def test_sighup(t):
         d.write_rules(RULES.replace("acquire = group:tbacl-video owner",
                                     "acquire = user:no-such-user-tbacl"))
         d.hup()
-        d.wait_count(1, "not applied")
+        d.wait_count(1, "the running configuration is kept")
         assert "unknown user 'no-such-user-tbacl'" in d.log(), d.log()
         assert bob("acquire acl/w").startswith("0 lease=")
         expect(bob("sessions"), "0 %d" % t.ids["tbacl-bob"][0])

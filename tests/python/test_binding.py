@@ -438,6 +438,48 @@ def test_introspection():
         assert isinstance(c.fileno(), int)
 
 
+def test_operator_view_and_drop():
+    import threading
+    with daemon() as sock, tb.Client(socket=sock, name="op-prod") as prod, \
+            tb.Client(socket=sock, name="op-cons") as cons, \
+            tb.Client(socket=sock, name="op-wait") as waiter:
+        cons.subscribe("op/a")
+        prod.publish("op/a", np.arange(1024, dtype=np.uint8))
+        lease = cons.acquire("op/a")
+        (le,) = cons.leases()
+        assert le["session_id"] == cons.session_id and le["session_name"] == "op-cons"
+        assert (le["channel"], le["version"], le["bytes"]) == ("op/a", 1, 1024)
+        assert le["memory_kind"] == "host" and le["pid"] == os.getpid()
+        got = []
+        t = threading.Thread(target=lambda: got.append(waiter.acquire("op/none", timeout=30)))
+        t.start()
+        for _ in range(100000):     # each call is a round trip to the daemon
+            ws = cons.waits()
+            if ws:
+                break
+        (w,) = ws
+        assert w["session_id"] == waiter.session_id and w["what"] == "acquire-latest"
+        assert w["channel"] == "op/none" and 0 < w["timeout_ms"] <= 30000
+        none = [ch for ch in cons.channels() if ch["name"] == "op/none"]
+        assert none and none[0]["waiting"] and none[0]["waiters"] == 1
+        expect_error(lambda: cons.drop("op/a"), "TB_EBUSY")           # open
+        prod.close()
+        assert channel_closed_reason(cons, "op/a") == "publisher disconnected"
+        e = expect_error(lambda: cons.drop("op/a"), "TB_EBUSY")       # leased
+        assert "lease %d" % le["lease_id"] in e.message, e.message
+        expect_error(lambda: cons.drop("op/b"), "TB_ENOTFOUND")
+        assert channel_leases(cons, "op/a") == 1
+        lease.release()
+        cons.drop("op/a")
+        assert [ch["name"] for ch in cons.channels()] == ["op/none"]
+        expect_error(lambda: cons.drop("op/a"), "TB_ENOTFOUND")
+        with tb.Client(socket=sock) as p2:
+            p2.publish("op/none", np.zeros(4, np.uint8))
+            t.join(30)
+            assert got and not t.is_alive()
+            got[0].release()
+
+
 def test_notices_and_wait_free():
     with daemon() as sock, tb.Client(socket=sock) as prod, tb.Client(socket=sock) as cons:
         cons.subscribe("nt/a")

@@ -7,7 +7,8 @@ stands in for $NOTIFY_SOCKET.
 
   activation  the daemon serves the passed socket (tbctl status through it)
   notify      READY=1 with a STATUS= line; STATUS= follows the sessions;
-              WATCHDOG=1 arrives while $WATCHDOG_USEC is set; STOPPING=1
+              WATCHDOG=1 arrives while $WATCHDOG_USEC is set; SIGHUP gives
+              RELOADING=1 then READY=1; STOPPING=1
   ownership   on SIGTERM the daemon exits 0 and leaves the socket file it
               did not create
   wrong type  a stream socket passed instead: exit 1, a clear error
@@ -123,6 +124,17 @@ with tempfile.TemporaryDirectory(prefix="tb-sd-") as tmp:
         check("STATUS=1 sessions, 0 channels" in lines_of(got),
               "STATUS= updated to 1 session")
         c.close()
+
+        # systemctl reload: RELOADING=1 with MONOTONIC_USEC=, then READY=1
+        proc.send_signal(signal.SIGHUP)
+        got = recv_until(ns, "READY=1", 5)
+        lines = lines_of(got)
+        check("RELOADING=1" in lines and
+              any(l.startswith("MONOTONIC_USEC=") for l in lines) and
+              "READY=1" in lines and
+              lines.index("RELOADING=1") < len(lines) - 1,
+              "SIGHUP: RELOADING=1, MONOTONIC_USEC=, then READY=1 (%r)" %
+              lines)
 
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)

@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The operator's view: every lease and every parked request, as `tbctl
+ * leases` and `tbctl waits` show them, and dropping a closed channel
+ * (docs/deploy.md, "Operating and debugging"). */
+#include "registry_impl.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <tensorbroker/tensorbroker.h>
+
+#include "kinds.h"
+#include "log.h"
+
+static uint64_t age_of(struct tbd_registry *r, uint64_t since) {
+  uint64_t now = tbd__now(r);
+
+  return now > since ? now - since : 0;
+}
+
+/* ---- leases ---- */
+
+static int lease_cmp(const void *a, const void *b) {
+  const struct tbd_lease *x = *(const struct tbd_lease *const *)a;
+  const struct tbd_lease *y = *(const struct tbd_lease *const *)b;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static void lease_info_fill(struct tbd_registry *r, const struct tbd_lease *l,
+                            Tensorbroker__V1__LeaseInfo *li) {
+  const struct tbd_version *v = l->v;
+
+  tensorbroker__v1__lease_info__init(li);
+  li->lease_id = l->id;
+  li->session_id = l->s->id;
+  li->pid = (uint32_t)l->s->pid;
+  li->uid = l->s->uid;
+  li->session_name = (char *)l->s->name;
+  li->channel = v->ch->name;
+  li->version = v->number;
+  li->bytes = v->buf->size;
+  li->kind = v->buf->kind;
+  li->age_ms = age_of(r, l->since);
+  li->buffer_id = v->buf->id;
+  li->ready_event = v->has_ready;
+  li->done_events = (uint32_t)v->ndone + v->done_dropped;
+  li->died = v->died;
+}
+
+int tbd__list_leases(struct tbd_registry *r, struct tbd_session *s,
+                     uint64_t id, const Tensorbroker__V1__ListLeases *q) {
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Tensorbroker__V1__ListLeasesReply lr =
+      TENSORBROKER__V1__LIST_LEASES_REPLY__INIT;
+  Tensorbroker__V1__LeaseInfo *infos, **ptrs;
+  struct tbd_lease *l, **all;
+  uint64_t after = q != NULL ? q->after_lease_id : 0;
+  size_t n = 0, nall = 0, used = 0;
+
+  infos = tbd_calloc(r->nleases + 1, sizeof(*infos));
+  ptrs = tbd_calloc(r->nleases + 1, sizeof(*ptrs));
+  all = tbd_calloc(r->nleases + 1, sizeof(*all));
+  if (infos == NULL || ptrs == NULL || all == NULL)
+    goto out_nomem;
+  /* r->leases holds the anchor too (id 0, no session) */
+  /* access control: leases on channels s may not list, of other uids,
+   * are left out */
+  for (l = r->leases; l != NULL && nall < r->nleases; l = l->hh.next)
+    if (l != &r->anchor && l->id > after &&
+        tbd__access_sees(r, s, l->s, l->v->ch))
+      all[nall++] = l;
+  qsort(all, nall, sizeof(*all), lease_cmp);
+  for (size_t k = 0; k < nall; k++) {
+    Tensorbroker__V1__LeaseInfo *li = &infos[n];
+
+    lease_info_fill(r, all[k], li);
+    used += tensorbroker__v1__lease_info__get_packed_size(li) + 8;
+    if (used > TBD_LIST_ROOM(r)) {
+      lr.more = true;
+      break;
+    }
+    ptrs[n++] = li;
+  }
+  rep.request_id = id;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_LIST_LEASES;
+  rep.list_leases = &lr;
+  lr.n_leases = n;
+  lr.leases = ptrs;
+  tbd__send_reply(r, s, &rep, NULL, 0);
+  tbd_free(infos);
+  tbd_free(ptrs);
+  tbd_free(all);
+  return 0;
+
+out_nomem:
+  tbd_free(infos);
+  tbd_free(ptrs);
+  tbd_free(all);
+  return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
+}
+
+/* ---- waits ---- */
+
+static int session_cmp(const void *a, const void *b) {
+  const struct tbd_session *x = *(const struct tbd_session *const *)a;
+  const struct tbd_session *y = *(const struct tbd_session *const *)b;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static void wait_info_fill(struct tbd_registry *r, const struct tbd_wait *w,
+                           Tensorbroker__V1__WaitInfo *wi) {
+  uint64_t now = tbd__now(r);
+
+  tensorbroker__v1__wait_info__init(wi);
+  wi->session_id = w->s->id;
+  wi->pid = (uint32_t)w->s->pid;
+  wi->uid = w->s->uid;
+  wi->session_name = (char *)w->s->name;
+  wi->age_ms = age_of(r, w->since);
+  if (w->deadline == UINT64_MAX)
+    wi->timeout_ms = -1;
+  else
+    wi->timeout_ms = w->deadline > now ? (int64_t)(w->deadline - now) : 0;
+  wi->version = w->version;
+  if (w->kind == TBD_WAIT_FREE) {
+    wi->what = TENSORBROKER__V1__WAIT_WHAT__WAIT_FREE;
+    wi->channel = w->v->ch->name;
+    wi->leases = w->v->nleases;
+    wi->in_history = w->v->in_history;
+    return;
+  }
+  wi->channel = w->q->name;
+  switch (w->mode) {
+  case TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_NEXT:
+    wi->what = TENSORBROKER__V1__WAIT_WHAT__WAIT_ACQUIRE_NEXT;
+    break;
+  case TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT:
+    wi->what = TENSORBROKER__V1__WAIT_WHAT__WAIT_ACQUIRE_EXACT;
+    break;
+  default:
+    wi->what = TENSORBROKER__V1__WAIT_WHAT__WAIT_ACQUIRE_LATEST;
+    wi->version = 0;
+    break;
+  }
+}
+
+int tbd__list_waits(struct tbd_registry *r, struct tbd_session *s,
+                    uint64_t id, const Tensorbroker__V1__ListWaits *q) {
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Tensorbroker__V1__ListWaitsReply lr =
+      TENSORBROKER__V1__LIST_WAITS_REPLY__INIT;
+  Tensorbroker__V1__WaitInfo *infos, **ptrs;
+  struct tbd_session *t, **all;
+  uint64_t after = q != NULL ? q->after_session_id : 0;
+  size_t n = 0, nall = 0, used = 0;
+
+  infos = tbd_calloc(r->nwaits + 1, sizeof(*infos));
+  ptrs = tbd_calloc(r->nwaits + 1, sizeof(*ptrs));
+  all = tbd_calloc(r->nwaits + 1, sizeof(*all));
+  if (infos == NULL || ptrs == NULL || all == NULL)
+    goto out_nomem;
+  for (t = r->sessions; t != NULL && nall < r->nwaits; t = t->hh.next)
+    if (t->wait != NULL && t->id > after &&
+        tbd__access_sees(r, s, t,
+                         t->wait->kind == TBD_WAIT_FREE
+                             ? t->wait->v->ch
+                             : tbd__channel_find(r, t->wait->q->name)))
+      all[nall++] = t;
+  qsort(all, nall, sizeof(*all), session_cmp);
+  for (size_t k = 0; k < nall; k++) {
+    Tensorbroker__V1__WaitInfo *wi = &infos[n];
+
+    wait_info_fill(r, all[k]->wait, wi);
+    used += tensorbroker__v1__wait_info__get_packed_size(wi) + 8;
+    if (used > TBD_LIST_ROOM(r)) {
+      lr.more = true;
+      break;
+    }
+    ptrs[n++] = wi;
+  }
+  rep.request_id = id;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_LIST_WAITS;
+  rep.list_waits = &lr;
+  lr.n_waits = n;
+  lr.waits = ptrs;
+  tbd__send_reply(r, s, &rep, NULL, 0);
+  tbd_free(infos);
+  tbd_free(ptrs);
+  tbd_free(all);
+  return 0;
+
+out_nomem:
+  tbd_free(infos);
+  tbd_free(ptrs);
+  tbd_free(all);
+  return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
+}
+
+/* ---- drop ---- */
+
+
+/* "lease 7 (session 3 pid 120 'viewer') on version 4" for the first few
+ * leases of ch, into buf. */
+static void leases_why(const struct tbd_channel *ch, char *buf, size_t len) {
+  const struct tbd_version *v;
+  const struct tbd_lease *l;
+  size_t used = 0;
+  unsigned shown = 0;
+
+  buf[0] = '\0';
+  DL_FOREACH(ch->versions, v) {
+    DL_FOREACH2(v->leases, l, vnext) {
+      int k;
+      if (shown == 3) {
+        snprintf(buf + used, len - used, ", ...");
+        return;
+      }
+      k = snprintf(buf + used, len - used,
+                   "%slease %llu (session %llu pid %d '%s') on version %llu",
+                   shown > 0 ? ", " : "", (unsigned long long)l->id,
+                   (unsigned long long)l->s->id, (int)l->s->pid, l->s->name,
+                   (unsigned long long)v->number);
+      if (k < 0 || (size_t)k >= len - used)
+        return;
+      used += (size_t)k;
+      shown++;
+    }
+  }
+}
+
+int tbd__drop_channel(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t id, const char *name) {
+  struct tbd_channel *ch = tbd__channel_find(r, name);
+  const struct tbd_version *v;
+  uint32_t nversions;
+  uint64_t latest, bytes = 0;
+  char why[512];
+
+  if (ch == NULL) {
+    uint32_t w = tbd__waiters(r, name);
+    if (w > 0)
+      return tbd__reply_status(r, s, id, TB_ENOTFOUND,
+                               "no channel '%s' to drop: it was never "
+                               "published (or was dropped); %u session%s "
+                               "wait for it",
+                               name, w, w == 1 ? "" : "s");
+    return tbd__reply_status(r, s, id, TB_ENOTFOUND, "no channel '%s'",
+                             name);
+  }
+  /* whoever may publish onto it (access control: by default its owner,
+   * root, the daemon's uid and the operators) */
+  if (tbd__access(r, s, TBD_ACL_PUBLISH, "drop", name, ch, why,
+                  sizeof(why)) < 0)
+    return tbd__reply_status(r, s, id, TB_EPERM, "%s", why);
+  if (ch->publisher != NULL)
+    return tbd__reply_status(r, s, id, TB_EBUSY,
+                             "channel '%s' is open: session %llu (pid %d) "
+                             "publishes it; only a closed channel may be "
+                             "dropped",
+                             name, (unsigned long long)ch->publisher->id,
+                             (int)ch->publisher->pid);
+  if (ch->nleases > 0) {
+    leases_why(ch, why, sizeof(why));
+    return tbd__reply_status(r, s, id, TB_EBUSY,
+                             "channel '%s' has %u lease%s: %s", name,
+                             ch->nleases, ch->nleases == 1 ? "" : "s", why);
+  }
+  DL_FOREACH(ch->versions, v) { bytes += v->buf->size; }
+  nversions = ch->nversions;
+  latest = ch->latest;
+  tbd_log_with(TBD_LOG_INFO,
+               &(struct tbd_log_fields){(long long)s->id, (long long)s->pid,
+                                        (long long)s->uid, name},
+               "channel '%s' dropped by session %llu (pid %d uid %u): "
+               "latest version %llu, %u version%s of %llu bytes freed; it "
+               "starts again at version 1 if published again",
+               name, (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid,
+               (unsigned long long)latest, nversions,
+               nversions == 1 ? "" : "s", (unsigned long long)bytes);
+  /* WaitFree on its versions are answered as the versions go; acquires
+   * parked on the name stay, for a producer that publishes it again */
+  tbd__channel_drop(r, ch);
+  return tbd__reply_status(r, s, id, 0, NULL);
+}
