@@ -24,6 +24,7 @@
 #include "registry.h"
 #include "registry_impl.h"
 #include "tb_proto.h"
+#include "fake_cuda.h"
 
 typedef Tensorbroker__V1__Request req_t;
 typedef Tensorbroker__V1__ServerMessage msg_t;
@@ -280,8 +281,9 @@ static uint64_t event(struct tbd_registry *r, struct tbd_session *s) {
   return id;
 }
 
-static int publish_ev(struct tbd_registry *r, struct tbd_session *s,
-                      const char *ch, uint64_t bid, uint64_t ready) {
+static int publish_dev(struct tbd_registry *r, struct tbd_session *s,
+                       const char *ch, uint64_t bid, uint64_t ready,
+                       int dev_type) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__Publish p = TENSORBROKER__V1__PUBLISH__INIT;
   Tensorbroker__V1__Layout l = TENSORBROKER__V1__LAYOUT__INIT;
@@ -295,13 +297,18 @@ static int publish_ev(struct tbd_registry *r, struct tbd_session *s,
   p.layout = &l;
   p.ready_event_id = ready;
   l.device = &d;
-  d.type = kDLCPU;
+  d.type = dev_type;
   l.dtype_code = kDLFloat;
   l.dtype_bits = 32;
   l.dtype_lanes = 1;
   l.shape = shape;
   l.n_shape = 1;
   return send_req(r, s, &q, NULL, 0, NULL);
+}
+
+static int publish_ev(struct tbd_registry *r, struct tbd_session *s,
+                      const char *ch, uint64_t bid, uint64_t ready) {
+  return publish_dev(r, s, ch, bid, ready, kDLCPU);
 }
 
 static int publish(struct tbd_registry *r, struct tbd_session *s,
@@ -835,6 +842,46 @@ static void test_rules_replaced_live(void **state) {
   reg_free(r);
 }
 
+/* Hello's latest versions leave out what the session may not acquire. */
+static void test_hello_latest(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *alice = session(r, ALICE);
+  static const char *const names[] = {"cuda/a"};
+  struct tbt_fake_cuda f;
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  struct cap *c;
+  uint64_t bid;
+
+  (void)state;
+  tbt_fake_cuda_init(&f, 7);
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
+  q.buffer_register = &f.reg;
+  assert_tb_ok(send_req(r, alice, &q, NULL, 0, &c));
+  bid = c->m->reply->buffer_register->buffer_id;
+  cap_free(c);
+  assert_tb_ok(publish_dev(r, alice, "cuda/a", bid, 0, kDLCUDA));
+  for (uid_t uid = ALICE; uid <= BOB; uid++) {
+    req_t h = TENSORBROKER__V1__REQUEST__INIT;
+    Tensorbroker__V1__Hello hello = TENSORBROKER__V1__HELLO__INIT;
+    struct tbd_session *s;
+
+    assert_tb_ok(tbd_session_open(r, 300 + (pid_t)uid, uid, uid, NULL, &s));
+    h.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+    h.hello = &hello;
+    hello.protocol_version = 1;
+    hello.memory_kinds =
+        1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
+    hello.prefetch = true;
+    hello.channels = (char **)names;
+    hello.n_channels = 1;
+    assert_tb_ok(send_req(r, s, &h, NULL, 0, &c));
+    /* alice gets her channel's version; bob not even its name */
+    assert_int_equal(c->m->reply->hello->n_latest, uid == ALICE ? 1 : 0);
+    cap_free(c);
+  }
+  reg_free(r);
+}
+
 /* ---- the operator's views ---- */
 
 static size_t list_count(struct tbd_registry *r, struct tbd_session *s,
@@ -929,6 +976,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_rules_replaced_live, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_operator_views, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hello_latest, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
