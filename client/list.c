@@ -433,3 +433,83 @@ out_unlock:
   pthread_mutex_unlock(&c->call_lock);
   return rc;
 }
+
+/* Pages of one snapshot: each continues where the last ended, and all
+ * must agree on the total. A daemon that dropped the snapshot meanwhile
+ * (TB_ESTALE: too many held, docs/protocol.md) is asked for a new one. */
+static int metrics_pages(struct tb_client *c, char **text, size_t *len) {
+  Tensorbroker__V1__Metrics mq = TENSORBROKER__V1__METRICS__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  char *buf = NULL;
+  uint64_t total = 0;
+  int rc = 0, more = 1;
+
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_METRICS;
+  r.metrics = &mq;
+  mq.offset = 0;
+  while (rc == 0 && more) {
+    const Tensorbroker__V1__MetricsReply *mr;
+    tb__server_message *m = NULL;
+
+    rc = ask(c, &r, TENSORBROKER__V1__REPLY__BODY_METRICS, &m);
+    if (rc < 0)
+      break;
+    mr = m->reply->metrics;
+    if (mr == NULL || mr->offset != mq.offset ||
+        (mq.offset == 0 ? mr->total > SIZE_MAX - 1 : mr->total != total) ||
+        mr->text.len > mr->total - mq.offset ||
+        (mr->more && mr->text.len == 0) ||
+        (!mr->more && mq.offset + mr->text.len != mr->total)) {
+      rc = tb__set_error(c, TB_EPROTO, "metrics page out of step with its "
+                                       "snapshot");
+    } else {
+      if (mq.offset == 0) {
+        total = mr->total;
+        free(buf);
+        buf = malloc((size_t)total + 1);
+        if (buf == NULL)
+          rc = TB_ENOMEM;
+      }
+      if (rc == 0 && mr->text.len > 0)
+        memcpy(buf + mq.offset, mr->text.data, mr->text.len);
+      mq.offset += mr->text.len;
+      more = mr->more;
+    }
+    tb__msg_free(c, m);
+  }
+  if (rc < 0) {
+    free(buf);
+    return rc;
+  }
+  buf[total] = '\0';
+  *text = buf;
+  *len = (size_t)total;
+  return 0;
+}
+
+int tb_daemon_metrics(tb_client *c, char **text, size_t *len) {
+  char *t = NULL;
+  size_t n = 0;
+  int rc = TB_ESTALE;
+
+  if (c == NULL || text == NULL)
+    return TB_EINVAL;
+  pthread_mutex_lock(&c->call_lock);
+  tb__clear_error(c);
+  if (!(c->features & TENSORBROKER__V1__FEATURE__FEATURE_METRICS)) {
+    /* an older daemon would take the request for a protocol error */
+    rc = tb__set_error(c, TB_ENOTSUP, "the daemon does not serve metrics "
+                                      "(it is older than this library)");
+    goto out_unlock;
+  }
+  for (int attempt = 0; attempt < 3 && rc == TB_ESTALE; attempt++)
+    rc = metrics_pages(c, &t, &n);
+  if (rc == 0) {
+    *text = t;
+    if (len != NULL)
+      *len = n;
+  }
+out_unlock:
+  pthread_mutex_unlock(&c->call_lock);
+  return rc;
+}

@@ -4,6 +4,7 @@
  *
  *   tbctl [--socket PATH] [--json] status|channels|sessions|leases|waits
  *   tbctl [--socket PATH] [--json] drop CHANNEL
+ *   tbctl [--socket PATH] metrics
  *
  * Exit codes: 0 ok, 1 the daemon is unreachable or answered an error,
  * 2 usage. */
@@ -37,6 +38,8 @@ static void usage(FILE *f) {
           "  drop       drop CHANNEL: free a closed channel and its versions\n"
           "             now (refused while it is open or leased; its\n"
           "             publisher's uid, root or the daemon's uid only)\n"
+          "  metrics    the daemon's metrics in the Prometheus text format\n"
+          "             (--json does not apply)\n"
           "\n"
           "Options:\n"
           "  -s, --socket PATH  daemon socket (default $TENSORBROKER_SOCKET,\n"
@@ -409,8 +412,24 @@ static int cmd_drop(tb_client *c, const char *channel, int json) {
   return 0;
 }
 
+/* The exposition as the daemon wrote it: it is the format. */
+static int cmd_metrics(tb_client *c) {
+  char *text = NULL;
+  size_t len = 0;
+  int rc = tb_daemon_metrics(c, &text, &len);
+
+  if (rc < 0)
+    return fail(c, "metrics", rc);
+  rc = fwrite(text, 1, len, stdout) == len && fflush(stdout) == 0 ? 0 : 1;
+  tb_free(text);
+  if (rc != 0)
+    fprintf(stderr, "tbctl: metrics: cannot write the output\n");
+  return rc;
+}
+
 static const char *const commands[] = {"status", "channels", "sessions",
-                                       "leases", "waits", "drop", NULL};
+                                       "leases", "waits", "drop", "metrics",
+                                       NULL};
 
 /* The arguments the command takes after its name. */
 static int command_args(const char *cmd) {
@@ -429,6 +448,8 @@ static int run_command(tb_client *c, const char *cmd, char **args,
     return cmd_leases(c, json);
   if (strcmp(cmd, "waits") == 0)
     return cmd_waits(c, json);
+  if (strcmp(cmd, "metrics") == 0)
+    return cmd_metrics(c);
   return cmd_drop(c, args[0], json);
 }
 

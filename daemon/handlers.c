@@ -164,7 +164,8 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   hr.max_metadata = r->lim.max_metadata;
   hr.features = TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE |
                 TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE |
-                TENSORBROKER__V1__FEATURE__FEATURE_OPERATOR_VIEW;
+                TENSORBROKER__V1__FEATURE__FEATURE_OPERATOR_VIEW |
+                TENSORBROKER__V1__FEATURE__FEATURE_METRICS;
   hr.max_name = r->lim.max_name;
   hello_latest(r, s, h, &hr, latest, ptrs);
   tbd__send_reply(r, s, &rep, NULL, 0);
@@ -536,6 +537,8 @@ static int release_lease(struct tbd_registry *r, struct tbd_session *s,
   rc = tbd__lease_release(r, l, done);
   if (rc < 0)
     *what = "out of memory";
+  else
+    r->stats.releases++;
   return rc;
 }
 
@@ -882,6 +885,8 @@ static int dispatch(struct tbd_registry *r, struct tbd_session *s,
   case BODY(GOODBYE):
     s->said_goodbye = true; /* one-way: the connection closes next */
     return 0;
+  case BODY(METRICS):
+    return tbd_metrics_request(r, s, id, q->metrics->offset);
   case BODY(WAIT_FREE):
     if (name_bad(r, s, id, q->wait_free->channel))
       return 0;
@@ -897,6 +902,9 @@ int tbd_session_request(struct tbd_registry *r, struct tbd_session *s,
   int rc;
 
   r->stats.requests++;
+  r->stats.by_type[(unsigned)req->body_case < TBD_REQUEST_TYPES
+                       ? (unsigned)req->body_case
+                       : 0]++;
   s->requests++;
   rc = dispatch(r, s, req, fds, nfds);
   close_fds(fds, nfds); /* whatever was not kept */

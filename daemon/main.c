@@ -18,6 +18,7 @@
 #include "acl.h"
 #include "config.h"
 #include "log.h"
+#include "metrics_http.h"
 #include "options.h"
 #include "sd.h"
 #include "server.h"
@@ -204,6 +205,7 @@ static int check_send_buffer(uint32_t len) {
 
 struct daemon {
   struct tbd_server srv;
+  struct tbd_http metrics; /* --metrics-listen */
   struct tbd_options opt; /* in effect */
   int argc;
   char **argv;
@@ -300,6 +302,8 @@ static void reload(struct daemon *d) {
   later = tbd_options_restart_only(&d->opt, &n);
   /* what needs a restart stays as it runs */
   memcpy(n.socket, d->opt.socket, sizeof(n.socket));
+  n.metrics = d->opt.metrics;
+  memcpy(n.metrics_listen, d->opt.metrics_listen, sizeof(n.metrics_listen));
   n.socket_is_system_default = d->opt.socket_is_system_default;
   n.mode = d->opt.mode;
   for (unsigned i = 0; i < tbd_limit_count; i++) {
@@ -352,6 +356,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   snprintf(reason, sizeof(reason), "daemon received %s", name);
   tbd_sd_stopping();
   tbd_server_shutdown(&d->srv, reason);
+  tbd_http_stop(&d->metrics);
   uv_unref((uv_handle_t *)&d->sigterm);
   uv_unref((uv_handle_t *)&d->sigint);
   uv_close((uv_handle_t *)&d->sighup, NULL);
@@ -445,6 +450,16 @@ int main(int argc, char **argv) {
   }
   tbd_registry_set_acl(d.srv.reg, d.acl);
   d.acl = NULL;
+  memset(&d.metrics, 0, sizeof(d.metrics));
+  if (d.opt.metrics.kind != 0 &&
+      tbd_http_start(&d.metrics, &loop, d.srv.reg, &d.opt.metrics,
+                     d.opt.mode) < 0) {
+    tbd_server_shutdown(&d.srv, "cannot serve the metrics");
+    uv_run(&loop, UV_RUN_DEFAULT);
+    tbd_server_free(&d.srv);
+    uv_loop_close(&loop);
+    return 1;
+  }
   uv_signal_init(&loop, &d.sigterm);
   uv_signal_init(&loop, &d.sigint);
   uv_signal_init(&loop, &d.sighup);

@@ -42,6 +42,7 @@ enum {
   OPT_LOG_LEVEL,
   OPT_READY_FD,
   OPT_EXEMPT_ROOT,
+  OPT_METRICS_LISTEN,
   OPT_CONFIG,
   OPT_NO_CONFIG,
   OPT_CHECK_CONFIG,
@@ -145,11 +146,31 @@ static int set_exempt_root(struct tbd_options *o, const char *v, char *err,
   return 0;
 }
 
+static int set_metrics_listen(struct tbd_options *o, const char *v,
+                              char *err, size_t n) {
+  char why[256];
+
+  if (strcmp(v, "off") == 0 || v[0] == '\0') {
+    memset(&o->metrics, 0, sizeof(o->metrics));
+    snprintf(o->metrics_listen, sizeof(o->metrics_listen), "off");
+    return 0;
+  }
+  if (strlen(v) >= sizeof(o->metrics_listen))
+    return errf(err, n, "metrics-listen: longer than %zu bytes",
+                sizeof(o->metrics_listen) - 1);
+  if (tbd_http_addr_parse(v, &o->metrics, why, sizeof(why)) < 0)
+    return errf(err, n, "metrics-listen: %s", why);
+  snprintf(o->metrics_listen, sizeof(o->metrics_listen), "%s", v);
+  return 0;
+}
+
 static const struct opt opts[] = {
     {"socket", 's', required_argument, W_DAEMON, set_socket},
     {"socket-mode", OPT_SOCKET_MODE, required_argument, W_DAEMON,
      set_socket_mode},
     {"log-level", OPT_LOG_LEVEL, required_argument, W_DAEMON, set_log_level},
+    {"metrics-listen", OPT_METRICS_LISTEN, required_argument, W_DAEMON,
+     set_metrics_listen},
     {"exempt-root", OPT_EXEMPT_ROOT, no_argument, W_LIMITS, set_exempt_root},
     {"ready-fd", OPT_READY_FD, required_argument, W_CMDLINE, set_ready_fd},
     {"config", OPT_CONFIG, required_argument, W_CMDLINE, NULL},
@@ -199,7 +220,12 @@ static void usage(FILE *f) {
           "listening,\n"
           "                         then close it (default: none)\n"
           "      --exempt-root      per-uid limits do not apply to uid 0 "
-          "(default: they do)\n");
+          "(default: they do)\n"
+          "      --metrics-listen ADDR  serve the metrics over HTTP at ADDR:\n"
+          "                         unix:PATH (mode of --socket-mode), "
+          "tcp:127.0.0.1:PORT\n"
+          "                         or tcp:[::1]:PORT, loopback only; off "
+          "(the default)\n");
   for (unsigned i = 0; i < tbd_limit_count; i++) {
     const struct tbd_limit_desc *d = &tbd_limit_table[i];
     char flag[48];
@@ -254,6 +280,7 @@ static void defaults(struct tbd_options *o) {
   o->level = TBD_LOG_INFO;
   o->ready_fd = -1;
   tbd_limits_default(&o->lim);
+  snprintf(o->metrics_listen, sizeof(o->metrics_listen), "off");
   snprintf(o->config, sizeof(o->config), "%s", TB_CONFIG_FILE);
 }
 
@@ -611,8 +638,10 @@ void tbd_options_print(const struct tbd_options *o, FILE *f) {
   fprintf(f, "# tensorbrokerd %s: the settings in effect (%s)\n",
           TB_VERSION_STRING,
           o->config[0] != '\0' ? o->config : "no configuration file");
-  fprintf(f, "[daemon]\nsocket = %s\nsocket-mode = %04o\nlog-level = %s\n",
-          o->socket, o->mode, tbd_log_level_name(o->level));
+  fprintf(f, "[daemon]\nsocket = %s\nsocket-mode = %04o\nlog-level = %s\n"
+          "metrics-listen = %s\n",
+          o->socket, o->mode, tbd_log_level_name(o->level),
+          o->metrics_listen);
   fprintf(f, "\n[limits]\nexempt-root = %s\n",
           o->lim.exempt_root ? "yes" : "no");
   for (unsigned i = 0; i < tbd_limit_count; i++) {
@@ -634,6 +663,11 @@ int tbd_options_restart_only(const struct tbd_options *old,
   if (strcmp(old->socket, new_->socket) != 0 && !old->activated) {
     tbd_warn("reload: socket %s -> %s takes effect at the next start",
              old->socket, new_->socket);
+    n++;
+  }
+  if (strcmp(old->metrics_listen, new_->metrics_listen) != 0) {
+    tbd_warn("reload: metrics-listen %s -> %s takes effect at the next "
+             "start", old->metrics_listen, new_->metrics_listen);
     n++;
   }
   if (old->mode != new_->mode && !old->activated) {

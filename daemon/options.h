@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "metrics_http.h"
 
 struct tbd_options {
   char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -22,6 +23,8 @@ struct tbd_options {
   int ready_fd;
   int done_events_set; /* max-done-events given */
   struct tbd_limits lim;
+  struct tbd_http_addr metrics; /* metrics-listen; kind 0: off */
+  char metrics_listen[256];     /* as given, "off" when off */
   /* the configuration file read, "" when none */
   char config[4096];
   int config_required; /* --config given: a missing file is an error */

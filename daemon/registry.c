@@ -46,6 +46,7 @@ int tbd_registry_new(const struct tbd_limits *limits, tbd_emit_fn emit,
   r->emit_ud = emit_ud;
   r->now = default_clock;
   r->start_ms = tbd__now(r);
+  tbd_metrics_init(&r->metrics);
   r->socket_path = "";
   r->next_session_id = r->next_buffer_id = r->next_event_id = 1;
   r->next_lease_id = 1;
@@ -120,6 +121,7 @@ void tbd_registry_free(struct tbd_registry *r) {
   assert(r->waitqs == NULL && r->deadlines.n == 0);
   assert(r->uids == NULL); /* every count went with its object */
   tbd_heap_free(&r->deadlines);
+  tbd_metrics_fini(&r->metrics);
   HASH_DEL(r->leases, &r->anchor);
   while (r->spare != NULL) {
     struct tbd_lease *l = r->spare;
@@ -580,6 +582,7 @@ static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
     wf.done_events = evp;
     wf.done_events_dropped = dropped;
     tbd__wait_remove(r, w);
+    r->stats.wait_frees++;
     tbd__send_reply(r, s, &rep, NULL, 0);
   }
   tbd_free(evs);
@@ -1018,6 +1021,7 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
   ch->nhistory++;
   ch->nversions++;
   ch->publishes++;
+  r->stats.publishes++;
   r->nversions++;
   b->nversions++;
   *version = v->number;
@@ -1269,6 +1273,7 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   v->nleases++;
   v->ch->nleases++;
   r->nleases++;
+  r->stats.acquires++;
   fd = b->writable && !write ? b->rofd : b->fd;
   attach = b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD &&
            !sent->fd_current && fd >= 0;
@@ -1574,6 +1579,7 @@ int tbd__wait_free(struct tbd_registry *r, struct tbd_session *s,
     rep.body_case = TENSORBROKER__V1__REPLY__BODY_WAIT_FREE;
     rep.wait_free = &wf;
     wf.version = version;
+    r->stats.wait_frees++;
     tbd__send_reply(r, s, &rep, NULL, 0);
     return 0;
   }

@@ -16,6 +16,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "metrics.h"
 #include "tb_proto.h"
 
 struct tbd_registry;
@@ -29,11 +30,18 @@ typedef void (*tbd_emit_fn)(void *ud, struct tbd_session *s,
                             int nfds);
 typedef uint64_t (*tbd_clock_fn)(void *ud);
 
+/* Counters since the daemon started (Status, metrics.c). */
 struct tbd_stats {
   uint64_t requests;
   uint64_t bad_messages;
   uint64_t sessions_dropped;
   uint64_t denials; /* requests refused by access control */
+  uint64_t publishes;  /* versions published */
+  uint64_t acquires;   /* leases granted */
+  uint64_t releases;   /* leases ended by Release (or riding on Acquire) */
+  uint64_t wait_frees; /* WaitFree answered: the version was freed */
+  uint64_t by_type[TBD_REQUEST_TYPES]; /* requests by Request.body case */
+  struct tbd_latency latency; /* request handling, timed by the server */
 };
 
 /* Sizes of everything the registry holds (tests and Status). */

@@ -234,6 +234,7 @@ struct tbd_session {
   struct tbd_sub *subs;
   struct tbd_sent *sent;
   struct tbd_wait *wait;     /* at most one parked request */
+  struct tbd_metrics_snap *metrics_snap; /* Metrics being paged out */
 };
 
 struct tbd_registry {
@@ -245,6 +246,7 @@ struct tbd_registry {
   const char *socket_path;
   uint64_t start_ms;
   struct tbd_stats stats;
+  struct tbd_metrics metrics;
   struct tbd_session *sessions;
   uint32_t nsessions, nhello;
   struct tbd_channel *channels;

@@ -410,6 +410,7 @@ static int conn_read(struct tbd_conn *c, int budget) {
   for (int i = 0; i < budget && !c->doomed; i++) {
     tb__request *req;
     int nfds = 0, rc;
+    uint64_t t0;
     long n = tb__wire_recv(c->fd, srv->rxbuf, srv->lim.max_message, fds,
                            &nfds, MSG_DONTWAIT);
 
@@ -434,6 +435,7 @@ static int conn_read(struct tbd_conn *c, int budget) {
       conn_doom(c);
       return 0;
     }
+    t0 = tb__now_ns(); /* the latency histogram: decoding and handling */
     if (tb__request_decode_in(&srv->arena, srv->rxbuf, (size_t)n, &req) < 0) {
       tb__arena_reset(&srv->arena);
       for (int k = 0; k < nfds; k++)
@@ -451,6 +453,7 @@ static int conn_read(struct tbd_conn *c, int budget) {
     }
     rc = tbd_session_request(srv->reg, c->s, req, fds, nfds);
     tb__arena_reset(&srv->arena); /* frees req */
+    tbd_latency_observe(srv->latency, tb__now_ns() - t0);
     if (rc < 0)
       conn_doom(c);
   }
@@ -806,6 +809,7 @@ int tbd_server_init(struct tbd_server *srv, uv_loop_t *loop,
     goto out_free;
   }
   tbd_registry_set_socket_path(srv->reg, socket_path);
+  srv->latency = &tbd_registry_stats(srv->reg)->latency;
   /* an operator can always get in: root and the daemon's own uid */
   tbd_registry_set_operators(srv->reg, 0, geteuid());
   uv_timer_init(loop, &srv->timer);

@@ -15,6 +15,7 @@ struct tbd_conn;
 struct tbd_server {
   uv_loop_t *loop;
   struct tbd_registry *reg;
+  struct tbd_latency *latency; /* the registry's request histogram */
   struct tbd_limits lim;
   const char *socket_path;
   int listen_fd;

@@ -141,6 +141,7 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
   }
   if (s->hello)
     tbd__session_uncount(r, s);
+  tbd_metrics_session_closed(r, s);
   HASH_DEL(r->sessions, s);
   r->nsessions--;
   s->u->conns--;

@@ -23,6 +23,7 @@ packages=(libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev
           cmake gcc pkg-config
           clang libclang-rt-14-dev # libFuzzer (Debian 12's clang is 14)
           scdoc python3-venv python3-setuptools python3-wheel python3-yaml
+          python3-prometheus-client # python_metrics parses the exposition
           build-essential debhelper dh-python lintian adduser
           # the daemon's systemd support; systemd-socket-activate and
           # systemd-analyze for its tests

@@ -88,6 +88,16 @@ TB_EXPORT const char *tb_contract_name(int contract);
  * returns 0, or TB_EINVAL. */
 TB_EXPORT int tb_contract_parse(const char *name, int *out);
 
+/* ---- memory kinds ------------------------------------------------------- */
+
+/* What memory a buffer is (tb_lease_info.memory_kind and the lists); the
+ * values are the protocol's MemoryKind. */
+enum tb_memory_kind {
+  TB_MEMORY_NONE = 0,
+  TB_MEMORY_HOST = 1,     /* a sealed memfd every process maps */
+  TB_MEMORY_CUDA_IPC = 2, /* legacy CUDA IPC: dies with its producer */
+};
+
 /* ---- connections ------------------------------------------------------- */
 
 typedef struct tb_client tb_client;
@@ -478,7 +488,7 @@ struct tb_lease_info {
   size_t metadata_len;
   const char *channel;  /* valid as long as the tensor */
   uint64_t buffer_id;
-  int memory_kind;      /* 1 host memfd, 2 CUDA IPC */
+  int memory_kind;      /* enum tb_memory_kind */
   uint32_t producer_pid;
 };
 
@@ -574,7 +584,7 @@ struct tb_lease_entry {
   char channel[TB_NAME_MAX + 1];
   uint64_t version;
   uint64_t bytes;            /* the size of the version's buffer */
-  int memory_kind;           /* 1 host memfd, 2 CUDA IPC */
+  int memory_kind;           /* enum tb_memory_kind */
   uint64_t age_ms;           /* since the lease was granted */
   uint64_t buffer_id;
   int ready_event;           /* the version has a ready event */
@@ -650,6 +660,16 @@ TB_EXPORT int tb_list_waits(tb_client *c, size_t struct_size,
  * names the leases), TB_EPERM unless the caller's uid published it last
  * or is root or the daemon's; TB_ENOTSUP from an older daemon. */
 TB_EXPORT int tb_channel_drop(tb_client *c, const char *channel);
+/* The daemon's metrics in the Prometheus text exposition format 0.0.4
+ * (the metrics are listed in docs/deploy.md, "Metrics"): *text is a
+ * NUL-terminated copy allocated by the library, freed with tb_free(), and
+ * *len (when len is not NULL) its length. The daemon sends the text in
+ * pages of one snapshot; this call gathers them, so the text is whole and
+ * consistent. On failure *text and *len are not written: TB_ENOTSUP from
+ * a daemon that predates metrics (nothing is sent, the session goes on),
+ * TB_ENOMEM, or the errors of any call. Any thread (calls on one client
+ * are serialised). */
+TB_EXPORT int tb_daemon_metrics(tb_client *c, char **text, size_t *len);
 
 /* Free memory returned by the library. NULL is accepted. */
 TB_EXPORT void tb_free(void *p);

@@ -1518,6 +1518,21 @@ static PyObject *client_status(ClientObject *self, PyObject *unused) {
                        (unsigned long long)st.sessions_dropped, "socket_path", st.socket_path);
 }
 
+static PyObject *client_metrics(ClientObject *self, PyObject *unused) {
+  if (client_check(self) < 0)
+    return NULL;
+  char err[TBPY_ERRMSG_MAX] = "";
+  char *text = NULL;
+  size_t len = 0;
+  int rc;
+  CLIENT_CALL(self, rc, err, tb_daemon_metrics(c_, &text, &len));
+  if (rc < 0)
+    return raise_tb(rc, err);
+  PyObject *s = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "replace");
+  tb_free(text);
+  return s;
+}
+
 static PyMethodDef client_methods[] = {
     {"close", (PyCFunction)client_close, METH_NOARGS, NULL},
     {"fileno", (PyCFunction)client_fileno, METH_NOARGS, NULL},
@@ -1534,6 +1549,7 @@ static PyMethodDef client_methods[] = {
     {"waits", (PyCFunction)client_waits, METH_NOARGS, NULL},
     {"drop", (PyCFunction)client_drop, METH_VARARGS, NULL},
     {"status", (PyCFunction)client_status, METH_NOARGS, NULL},
+    {"metrics", (PyCFunction)client_metrics, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef client_getset[] = {

@@ -350,6 +350,12 @@ class Client:
     def status(self):
         return self._c.status()
 
+    def metrics(self):
+        """The daemon's metrics as Prometheus text (exposition format
+        0.0.4; docs/deploy.md lists them). Raises tensorbroker.Error
+        (TB_ENOTSUP) for a daemon that predates metrics."""
+        return self._c.metrics()
+
 
 _STRUCT_SIZES = {"?": 1, "b": 1, "B": 1, "h": 2, "H": 2, "i": 4, "I": 4,
                  "q": 8, "Q": 8, "e": 2, "f": 4, "d": 8}

@@ -957,6 +957,38 @@ static void test_operator_views(void **state) {
   reg_free(r);
 }
 
+/* Metrics over the socket name only the channels the caller may list. */
+static void test_metrics_filtered(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *alice = session(r, ALICE), *bob = session(r, BOB);
+  struct tbd_session *root = session(r, 0);
+  struct tbd_session *who[3] = {alice, bob, root};
+  bool sees[3] = {true, false, true};
+
+  (void)state;
+  assert_tb_ok(publish(r, alice, "alice/secret", buffer(r, alice)));
+  for (int i = 0; i < 3; i++) {
+    req_t q = TENSORBROKER__V1__REQUEST__INIT;
+    Tensorbroker__V1__Metrics mq = TENSORBROKER__V1__METRICS__INIT;
+    struct cap *c;
+    char *text;
+
+    q.body_case = TENSORBROKER__V1__REQUEST__BODY_METRICS;
+    q.metrics = &mq;
+    assert_tb_ok(send_req(r, who[i], &q, NULL, 0, &c));
+    assert_false(c->m->reply->metrics->more);
+    text = strndup((const char *)c->m->reply->metrics->text.data,
+                   c->m->reply->metrics->text.len);
+    assert_non_null(text);
+    assert_int_equal(strstr(text, "channel=\"alice/secret\"") != NULL,
+                     sees[i]);
+    assert_non_null(strstr(text, "tensorbroker_channels 1"));
+    free(text);
+    cap_free(c);
+  }
+  reg_free(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_syntax_errors),
@@ -977,6 +1009,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_operator_views, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hello_latest, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_metrics_filtered, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
