@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 #include <utlist.h>
@@ -106,6 +107,15 @@ int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,
   rc = register_memfd(c, fd, size, flags, &b->id);
   if (rc < 0)
     goto out_unmap;
+  /* No seal stops a consumer re-opening a buffer consumers may write
+   * read-write through /proc/self/fd; owner-only, one of another uid that
+   * the daemon's rules do not grant write cannot (docs/memory-access.md).
+   * After the registration, at which the daemon (perhaps of another uid)
+   * made its read-only description, and before anything is published from
+   * the buffer. Best effort: the memfd is ours, so it fails only where
+   * fchmod is forbidden, and the daemon then warns. */
+  if (flags & TB_BUFFER_CONSUMERS_MAY_WRITE)
+    (void)fchmod(fd, 0600);
   close(fd); /* the mapping and the daemon's dup keep the memory */
   b->c = c;
   b->data = p;

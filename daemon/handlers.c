@@ -95,7 +95,10 @@ static void hello_latest(struct tbd_registry *r, struct tbd_session *s,
 
     if (v == NULL || used + most > room)
       continue;
-    if (!tbd__new_version_fill(s, v, &latest[n]))
+    /* what s may not acquire is left out, as a channel that is not there */
+    if (!tbd__access_quiet(r, s, TBD_ACL_ACQUIRE, ch->name, ch))
+      continue;
+    if (!tbd__new_version_fill(r, s, v, &latest[n]))
       continue;
     ptrs[n] = &latest[n].nv;
     used += most;
@@ -212,7 +215,8 @@ static const char *memfd_seals_bad(int seals, bool consumers_may_write) {
 }
 
 /* A read-only file description of memfd fd (the daemon's own open of the
- * inode), or -1. Consumers of a read-only buffer are sent this one, so that
+ * inode), or -1. Consumers of a read-only buffer, and consumers not granted
+ * write of one that consumers may write, are sent this one, so that
  * write(), fallocate() and writable shared mappings fail at the descriptor
  * already. It is the second wall, not the first: a consumer can re-open it
  * read-write through /proc/self/fd (memfds are created mode 0777), and
@@ -292,7 +296,9 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
   }
   {
     char lwhy[256];
-    if (tbd__buffer_admit(r, s, nfds == 1, lwhy, sizeof(lwhy)) < 0)
+    /* a buffer consumers may write keeps a second, read-only descriptor */
+    uint32_t keep = nfds == 1 ? (m->consumers_may_write ? 2 : 1) : 0;
+    if (tbd__buffer_admit(r, s, keep, lwhy, sizeof(lwhy)) < 0)
       return tbd__reply_status(r, s, id, TB_ELIMIT, "%s", lwhy);
   }
   b = tbd_calloc(1, sizeof(*b));
@@ -302,6 +308,7 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
   b->size = m->size;
   b->writable = m->consumers_may_write;
   b->fd = -1;
+  b->rofd = -1;
   b->dev_type = kDLCPU;
   if (copy_device(m->device, &b->dev_type, &b->dev_id, b->uuid,
                   &b->uuid_len) < 0) {
@@ -322,7 +329,13 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
   }
   if (nfds == 1) {
     /* the received descriptor is the daemon's own dup; a read-only
-     * buffer's is replaced by a read-only one (closed with fds) */
+     * buffer's is replaced by a read-only one (closed with fds); a buffer
+     * consumers may write keeps both, the read-only one for consumers not
+     * granted write */
+    if (b->writable) {
+      b->rofd = readonly_description(fds[0]);
+      tbd__memfd_restrict(fds[0], false);
+    }
     b->fd = b->writable ? -1 : readonly_description(fds[0]);
     if (b->fd < 0) {
       b->fd = fds[0];
@@ -330,6 +343,8 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
     }
   }
   if (b->fd >= 0) /* admitted above: within the budget */
+    (void)tbd_registry_fds_take(r, 1, true);
+  if (b->rofd >= 0)
     (void)tbd_registry_fds_take(r, 1, true);
   rep.request_id = id;
   rep.body_case = TENSORBROKER__V1__REPLY__BODY_BUFFER_REGISTER;
@@ -440,6 +455,12 @@ static int on_publish(struct tbd_registry *r, struct tbd_session *s,
 
   if (name_bad(r, s, id, m->channel))
     return TB_ENAME;
+  {
+    char msg[512];
+    if (tbd__access(r, s, TBD_ACL_PUBLISH, "publish", m->channel,
+                    tbd__channel_find(r, m->channel), msg, sizeof(msg)) < 0)
+      return tbd__reply_status(r, s, id, TB_EPERM, "%s", msg);
+  }
   HASH_FIND(hh, r->buffers, &m->buffer_id, sizeof(m->buffer_id), b);
   if (b == NULL)
     return tbd__reply_status(r, s, id, TB_ENOTFOUND, "no buffer %llu",
@@ -535,6 +556,15 @@ static int on_acquire(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, TB_EINVAL, "unknown acquire mode %d",
                              (int)m->mode);
   if (m->release_lease_id != 0) {
+    /* refused before the release rides along: a denied request changes
+     * nothing (tbd__acquire judges the plain acquire) */
+    char msg[512];
+    struct tbd_channel *ch = tbd__channel_recent(r, s, m->channel);
+    if (ch == NULL)
+      ch = tbd__channel_find(r, m->channel);
+    if (tbd__access(r, s, TBD_ACL_ACQUIRE, "acquire", m->channel, ch, msg,
+                    sizeof(msg)) < 0)
+      return tbd__reply_status(r, s, id, TB_EPERM, "%s", msg);
     /* the consumer's previous lease rides with this acquire */
     rc = release_lease(r, s, m->release_lease_id, m->release_done_event_id,
                        &what);
@@ -575,7 +605,12 @@ static int on_subscribe(struct tbd_registry *r, struct tbd_session *s,
     return TB_ENAME;
   if (sub) {
     struct tbd_sub *have;
-    char why[160];
+    char why[160], msg[512];
+    /* a name not published yet may be subscribed to: its notices are
+     * judged as they go (new_version_notify) */
+    if (tbd__access(r, s, TBD_ACL_ACQUIRE, "subscribe to", name,
+                    tbd__channel_find(r, name), msg, sizeof(msg)) < 0)
+      return tbd__reply_status(r, s, id, TB_EPERM, "%s", msg);
     HASH_FIND_STR(s->subs, name, have);
     if (have == NULL &&
         tbd__limit_check(r, s, s->u, TBD_RES_SUBS, TBD_SCOPE_ALL, why,
@@ -667,12 +702,16 @@ static int on_list_channels(struct tbd_registry *r, struct tbd_session *s,
     tbd_free(all);
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   }
+  /* a channel s may not list is left out: s must not learn its name; so
+   * is a name only waited for, unless a session of s's uid waits for it */
   for (ch = r->channels; ch != NULL && nall < most; ch = ch->hh.next)
-    if (strcmp(ch->name, after) > 0)
+    if (strcmp(ch->name, after) > 0 &&
+        tbd__access_quiet(r, s, TBD_ACL_LIST, ch->name, ch))
       all[nall++] = (struct channel_row){ch->name, ch};
   for (wq = waiting ? r->waitqs : NULL; wq != NULL && nall < most;
        wq = wq->hh.next)
-    if (strcmp(wq->name, after) > 0 && tbd__channel_find(r, wq->name) == NULL)
+    if (strcmp(wq->name, after) > 0 && tbd__channel_find(r, wq->name) == NULL &&
+        tbd__access_waiting(r, s, wq))
       all[nall++] = (struct channel_row){wq->name, NULL};
   qsort(all, nall, sizeof(*all), channel_row_cmp);
   for (size_t k = 0; k < nall; k++) {
@@ -719,8 +758,11 @@ static int on_list_sessions(struct tbd_registry *r, struct tbd_session *s,
     tbd_free(all);
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   }
+  /* under default = owner, a session other than an operator's sees only
+   * the sessions of its own uid */
+  bool everyone = tbd__access_all_sessions(r, s);
   for (t = r->sessions; t != NULL && nall < r->nsessions; t = t->hh.next)
-    if (t->hello && t->id > after)
+    if (t->hello && t->id > after && (everyone || t->uid == s->uid))
       all[nall++] = t;
   qsort(all, nall, sizeof(*all), session_cmp);
   for (size_t k = 0; k < nall; k++) {

@@ -15,6 +15,7 @@
 
 #include <tensorbroker/tensorbroker.h>
 
+#include "acl.h"
 #include "config.h"
 #include "log.h"
 #include "metrics_http.h"
@@ -209,6 +210,8 @@ struct daemon {
   int argc;
   char **argv;
   uv_signal_t sigterm, sigint, sighup;
+  struct tbd_acl *acl; /* the access rules read at start, until the
+                          registry takes them */
   uv_timer_t watchdog;   /* WATCHDOG=1 at half of $WATCHDOG_USEC */
   uv_timer_t status;     /* STATUS= when sessions or channels change */
   int have_watchdog, have_status;
@@ -264,23 +267,33 @@ static void notify_start(struct daemon *d, uv_loop_t *loop) {
   tbd_sd_ready(d->last_status);
 }
 
-/* The access sections of the configuration file. TODO(access): rules per
- * channel prefix; until then a file with access sections is refused. */
-static const tbd_access_fn access_hook = NULL;
+/* The access sections of the configuration file, key by key, into the
+ * rule set ud (acl.h): built whole before it replaces the running one. */
+static int access_hook(void *ud, const char *prefix, const char *key,
+                       const char *value, char *err, size_t errlen) {
+  return tbd_acl_set(ud, prefix, key, value, err, errlen);
+}
 
 /* SIGHUP: build the settings again (defaults, the file, the command line);
  * if all is well, apply what can change live, log what cannot, and keep
  * every client. A file with an error changes nothing. */
 static void reload(struct daemon *d) {
   struct tbd_options n;
+  struct tbd_acl *acl;
   char err[1024];
   int rc, later;
 
   tbd_sd_reloading();
-  rc = tbd_options_build(&n, d->argc, d->argv, 1, access_hook, NULL, err,
+  if (tbd_acl_new(&acl) < 0) {
+    tbd_error("reload: out of memory; the running configuration is kept");
+    tbd_sd_ready(d->last_status);
+    return;
+  }
+  rc = tbd_options_build(&n, d->argc, d->argv, 1, access_hook, acl, err,
                          sizeof(err));
   if (rc >= 0) {
     tbd_error("reload: %s; the running configuration is kept", err);
+    tbd_acl_free(acl);
     tbd_sd_ready(d->last_status);
     return;
   }
@@ -308,6 +321,8 @@ static void reload(struct daemon *d) {
   }
   tbd_log_set_level(n.level);
   tbd_server_set_limits(&d->srv, &n.lim);
+  /* sessions stay; their next requests are judged by the new rules */
+  tbd_registry_set_acl(d->srv.reg, acl);
   d->opt = n;
   tbd_info("reload: %s; log level %s, limits applied%s",
            n.config[0] != '\0' ? n.config : "no configuration file",
@@ -386,7 +401,11 @@ int main(int argc, char **argv) {
   uv_loop_t loop;
   int rc, fd;
 
-  rc = tbd_options_build(&d.opt, argc, argv, 0, access_hook, NULL, err,
+  if (tbd_acl_new(&d.acl) < 0) {
+    fprintf(stderr, "tensorbrokerd: out of memory\n");
+    return 1;
+  }
+  rc = tbd_options_build(&d.opt, argc, argv, 0, access_hook, d.acl, err,
                          sizeof(err));
   if (rc >= 0) {
     if (err[0] != '\0')
@@ -429,6 +448,8 @@ int main(int argc, char **argv) {
     uv_loop_close(&loop);
     return 1;
   }
+  tbd_registry_set_acl(d.srv.reg, d.acl);
+  d.acl = NULL;
   memset(&d.metrics, 0, sizeof(d.metrics));
   if (d.opt.metrics.kind != 0 &&
       tbd_http_start(&d.metrics, &loop, d.srv.reg, &d.opt.metrics,

@@ -376,7 +376,8 @@ static void channel_family(struct out *o, struct tbd_channel **all, size_t n,
   }
 }
 
-static int render_channels(struct out *o, struct tbd_registry *r) {
+static int render_channels(struct out *o, struct tbd_registry *r,
+                           struct tbd_session *viewer) {
   struct tbd_channel **all, *ch;
   struct tbd_buffer **bufs = NULL;
   uint64_t *bytes;
@@ -390,6 +391,10 @@ static int render_channels(struct out *o, struct tbd_registry *r) {
     goto out_free;
   }
   for (ch = r->channels; ch != NULL && n < r->nchannels; ch = ch->hh.next) {
+    /* a channel the viewer may not list is left out (access control) */
+    if (viewer != NULL &&
+        !tbd__access_quiet(r, viewer, TBD_ACL_LIST, ch->name, ch))
+      continue;
     all[n++] = ch;
     if (ch->nversions > most)
       most = ch->nversions;
@@ -419,19 +424,24 @@ static int name_cmp(const void *a, const void *b) {
 
 /* Implicit-stream calls by client name: the ended sessions' kept counts
  * plus the live sessions', summed in a table made for this rendering. */
-static int render_implicit(struct out *o, struct tbd_registry *r) {
+static int render_implicit(struct out *o, struct tbd_registry *r,
+                           struct tbd_session *viewer) {
   const struct tbd_metrics *m = &r->metrics;
   struct tbd_metrics_name *h = NULL, *e, *tmp, **sorted = NULL;
   uint64_t unlisted = m->names_unlisted, lost = 0;
   uint32_t n = 0;
   size_t k = 0;
   struct tbd_session *s;
+  /* a viewer that may not see other uids' sessions gets its own uid's
+   * live sessions' names only (ended ones are kept by name alone) */
+  bool all = viewer == NULL || tbd__access_all_sessions(r, viewer);
   int rc = 0;
 
-  for (e = m->names; e != NULL; e = e->hh.next)
+  for (e = all ? m->names : NULL; e != NULL; e = e->hh.next)
     name_add(&h, &n, UINT32_MAX, e->name, e->calls, &lost);
   for (s = r->sessions; s != NULL; s = s->hh.next)
-    if (s->hello && s->implicit_stream_calls > 0)
+    if (s->hello && s->implicit_stream_calls > 0 &&
+        (all || s->uid == viewer->uid))
       name_add(&h, &n, UINT32_MAX, s->name, s->implicit_stream_calls, &lost);
   if (lost > 0) { /* a table entry could not be allocated */
     rc = TB_ENOMEM;
@@ -465,7 +475,8 @@ out_free:
   return rc;
 }
 
-int tbd_metrics_render(struct tbd_registry *r, char **text, size_t *len) {
+int tbd_metrics_render(struct tbd_registry *r, struct tbd_session *viewer,
+                       char **text, size_t *len) {
   struct out o = {0};
   int rc;
 
@@ -473,9 +484,9 @@ int tbd_metrics_render(struct tbd_registry *r, char **text, size_t *len) {
   render_sizes(&o, r);
   render_counters(&o, r);
   render_latency(&o, r);
-  rc = render_channels(&o, r);
+  rc = render_channels(&o, r, viewer);
   if (rc == 0)
-    rc = render_implicit(&o, r);
+    rc = render_implicit(&o, r, viewer);
   if (rc == 0 && (o.failed || !out_room(&o, 0)))
     rc = TB_ENOMEM;
   if (rc < 0) {
@@ -502,7 +513,7 @@ static int snap_take(struct tbd_registry *r, struct tbd_session *s) {
   sn = tbd_calloc(1, sizeof(*sn));
   if (sn == NULL)
     return TB_ENOMEM;
-  rc = tbd_metrics_render(r, &sn->text, &sn->len);
+  rc = tbd_metrics_render(r, s, &sn->text, &sn->len);
   if (rc < 0) {
     tbd_free(sn);
     return rc;

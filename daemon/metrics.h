@@ -70,8 +70,12 @@ void tbd_metrics_fini(struct tbd_metrics *m);
 void tbd_metrics_session_closed(struct tbd_registry *r, struct tbd_session *s);
 
 /* The whole exposition, rendered now: *text (malloc'ed, NUL-terminated,
- * the caller frees it) and its length. 0 or TB_ENOMEM. */
-int tbd_metrics_render(struct tbd_registry *r, char **text, size_t *len);
+ * the caller frees it) and its length. 0 or TB_ENOMEM. viewer: the session
+ * that asks, whose access rules leave out the channels it may not list
+ * and other uids' client names; NULL (the HTTP endpoint, which the
+ * operator opened): everything. */
+int tbd_metrics_render(struct tbd_registry *r, struct tbd_session *viewer,
+                       char **text, size_t *len);
 
 /* Answer Metrics{offset} from s (docs/protocol.md, "Introspection"):
  * offset 0 takes a new snapshot, any other continues the one held for s.

@@ -319,7 +319,7 @@ static void handle_request(struct tbd_http_conn *c) {
     respond_text(c, 404, "not found: the metrics are at /metrics\n");
     return;
   }
-  if (tbd_metrics_render(c->h->reg, &text, &len) < 0) {
+  if (tbd_metrics_render(c->h->reg, NULL, &text, &len) < 0) {
     respond_text(c, 500, "out of memory\n");
     return;
   }

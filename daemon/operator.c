@@ -64,8 +64,11 @@ int tbd__list_leases(struct tbd_registry *r, struct tbd_session *s,
   if (infos == NULL || ptrs == NULL || all == NULL)
     goto out_nomem;
   /* r->leases holds the anchor too (id 0, no session) */
+  /* access control: leases on channels s may not list, of other uids,
+   * are left out */
   for (l = r->leases; l != NULL && nall < r->nleases; l = l->hh.next)
-    if (l != &r->anchor && l->id > after)
+    if (l != &r->anchor && l->id > after &&
+        tbd__access_sees(r, s, l->s, l->v->ch))
       all[nall++] = l;
   qsort(all, nall, sizeof(*all), lease_cmp);
   for (size_t k = 0; k < nall; k++) {
@@ -158,7 +161,11 @@ int tbd__list_waits(struct tbd_registry *r, struct tbd_session *s,
   if (infos == NULL || ptrs == NULL || all == NULL)
     goto out_nomem;
   for (t = r->sessions; t != NULL && nall < r->nwaits; t = t->hh.next)
-    if (t->wait != NULL && t->id > after)
+    if (t->wait != NULL && t->id > after &&
+        tbd__access_sees(r, s, t,
+                         t->wait->kind == TBD_WAIT_FREE
+                             ? t->wait->v->ch
+                             : tbd__channel_find(r, t->wait->q->name)))
       all[nall++] = t;
   qsort(all, nall, sizeof(*all), session_cmp);
   for (size_t k = 0; k < nall; k++) {
@@ -192,14 +199,6 @@ out_nomem:
 
 /* ---- drop ---- */
 
-/* Whether s may drop ch: the uid that published it last, root, and the
- * daemon's own uid. */
-static bool may_drop(const struct tbd_session *s,
-                     const struct tbd_channel *ch) {
-  /* access control: the rule check for dropping goes here */
-  return s->uid == 0 || s->uid == geteuid() ||
-         (ch->u != NULL && s->uid == ch->u->uid);
-}
 
 /* "lease 7 (session 3 pid 120 'viewer') on version 4" for the first few
  * leases of ch, into buf. */
@@ -236,7 +235,7 @@ int tbd__drop_channel(struct tbd_registry *r, struct tbd_session *s,
   const struct tbd_version *v;
   uint32_t nversions;
   uint64_t latest, bytes = 0;
-  char why[200];
+  char why[512];
 
   if (ch == NULL) {
     uint32_t w = tbd__waiters(r, name);
@@ -249,13 +248,11 @@ int tbd__drop_channel(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, TB_ENOTFOUND, "no channel '%s'",
                              name);
   }
-  if (!may_drop(s, ch))
-    return tbd__reply_status(r, s, id, TB_EPERM,
-                             "channel '%s' was published by uid %u: only "
-                             "that uid, root and the daemon's uid (%u) may "
-                             "drop it",
-                             name, ch->u != NULL ? (unsigned)ch->u->uid : 0u,
-                             (unsigned)geteuid());
+  /* whoever may publish onto it (access control: by default its owner,
+   * root, the daemon's uid and the operators) */
+  if (tbd__access(r, s, TBD_ACL_PUBLISH, "drop", name, ch, why,
+                  sizeof(why)) < 0)
+    return tbd__reply_status(r, s, id, TB_EPERM, "%s", why);
   if (ch->publisher != NULL)
     return tbd__reply_status(r, s, id, TB_EBUSY,
                              "channel '%s' is open: session %llu (pid %d) "

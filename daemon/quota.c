@@ -248,14 +248,14 @@ void tbd_session_fds_lost(struct tbd_registry *r, struct tbd_session *s,
 /* ---- buffers ---- */
 
 int tbd__buffer_admit(struct tbd_registry *r, struct tbd_session *s,
-                      bool memfd, char *why, size_t len) {
+                      uint32_t nfds, char *why, size_t len) {
   for (;;) {
     unsigned hit = 0;
     int rc = tbd__limit_check(r, s, s->u, TBD_RES_BUFFERS, TBD_SCOPE_ALL,
                               why, len, &hit);
 
-    if (rc == 0 && memfd && r->fd_all != 0 &&
-        r->fds_held >= r->fd_capacity) {
+    if (rc == 0 && nfds > 0 && r->fd_all != 0 &&
+        r->fds_held + nfds > r->fd_capacity) {
       tbd_registry_fds_why(r, why, len);
       rc = TB_ELIMIT;
       hit = TBD_SCOPE_TOTAL;

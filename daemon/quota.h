@@ -68,11 +68,12 @@ int tbd__session_admit(struct tbd_registry *r, struct tbd_session *s,
 /* s, which said Hello, ends: its count goes. */
 void tbd__session_uncount(struct tbd_registry *r, struct tbd_session *s);
 
-/* Before s registers a buffer (memfd: it brings a descriptor to keep):
- * 0, or TB_ELIMIT with why. A full uid, daemon or descriptor budget first
- * frees closed channels that hold retired buffers, oldest first. */
+/* Before s registers a buffer that brings nfds descriptors to keep (a
+ * memfd: 1, or 2 when consumers may write it): 0, or TB_ELIMIT with why.
+ * A full uid, daemon or descriptor budget first frees closed channels that
+ * hold retired buffers, oldest first. */
 int tbd__buffer_admit(struct tbd_registry *r, struct tbd_session *s,
-                      bool memfd, char *why, size_t len);
+                      uint32_t nfds, char *why, size_t len);
 
 /* Before s becomes the publisher of channel ch (NULL: a new channel): 0,
  * or TB_ELIMIT with why. A full channel table (the daemon's or the uid's)

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <tensorbroker/tensorbroker.h>
@@ -50,9 +51,14 @@ int tbd_registry_new(const struct tbd_limits *limits, tbd_emit_fn emit,
   r->next_session_id = r->next_buffer_id = r->next_event_id = 1;
   r->next_lease_id = 1;
   tbd_heap_init(&r->deadlines, deadline_less);
+  if (tbd_acl_new(&r->acl) < 0) {
+    tbd_free(r);
+    return TB_ENOMEM;
+  }
   tbd_hash_oom = 0;
   HASH_ADD(hh, r->leases, id, sizeof(r->anchor.id), &r->anchor);
   if (tbd_hash_oom) {
+    tbd_acl_free(r->acl);
     tbd_free(r);
     return TB_ENOMEM;
   }
@@ -122,6 +128,7 @@ void tbd_registry_free(struct tbd_registry *r) {
     r->spare = l->snext;
     tbd_free(l);
   }
+  tbd_acl_free(r->acl);
   tbd_free(r);
 }
 
@@ -467,11 +474,16 @@ static void buffer_maybe_free(struct tbd_registry *r, struct tbd_buffer *b) {
     close(b->fd);
     tbd_registry_fds_give(r, 1);
   }
+  if (b->rofd >= 0) {
+    close(b->rofd);
+    tbd_registry_fds_give(r, 1);
+  }
   HASH_DEL(r->buffers, b);
   r->nbuffers--;
   b->u->n[TBD_RES_BUFFERS]--;
   tbd__uid_put(r, b->u);
   tbd_free(b->info);
+  tbd_free(b->info_ro);
   tbd_free(b);
 }
 
@@ -702,6 +714,9 @@ void tbd__channel_close(struct tbd_registry *r, struct tbd_channel *ch,
   HASH_FIND_STR(r->subgroups, ch->name, g);
   if (g != NULL) {
     DL_FOREACH2(g->members, sub, gnext) {
+      /* nor a ChannelClosed for one that may not see the channel */
+      if (!tbd__access_quiet(r, sub->s, TBD_ACL_ACQUIRE, ch->name, ch))
+        continue;
       sub->s->mark = stamp;
       tbd__emit_notice(r, sub->s, &n);
     }
@@ -781,19 +796,22 @@ void tbd__event_remove(struct tbd_registry *r, struct tbd_event *e) {
 
 static struct tbd_version *find_match(struct tbd_channel *ch, int mode,
                                       uint64_t version);
-static int buffer_info_pack(struct tbd_buffer *b);
+static int buffer_info_pack(struct tbd_buffer *b, bool write);
 
-/* b's packed BufferInfo as the value of a length-delimited field (the
+/* b's packed BufferInfo (write: as registered, else with writable false;
+ * buffer_info_pack made it) as the value of a length-delimited field (the
  * length, then the bytes, then fd_attached = true when attach), into out,
  * which has room for b->info_len + 16 bytes. Returns the length. Replies
  * and notices carry it as an "unknown" field, which protobuf-c copies
  * verbatim: no unpack, re-pack or re-size per message. */
-static size_t buffer_info_field(const struct tbd_buffer *b, bool attach,
-                                uint8_t *out) {
-  size_t len = tb__put_varint(out, b->info_len + (attach ? 2 : 0));
+static size_t buffer_info_field(const struct tbd_buffer *b, bool write,
+                                bool attach, uint8_t *out) {
+  const uint8_t *info = write || !b->writable ? b->info : b->info_ro;
+  size_t info_len = write || !b->writable ? b->info_len : b->info_ro_len;
+  size_t len = tb__put_varint(out, info_len + (attach ? 2 : 0));
 
-  memcpy(out + len, b->info, b->info_len);
-  len += b->info_len;
+  memcpy(out + len, info, info_len);
+  len += info_len;
   if (attach) { /* BufferInfo.fd_attached = 8, varint true */
     out[len++] = 8u << 3;
     out[len++] = 1;
@@ -802,11 +820,13 @@ static size_t buffer_info_field(const struct tbd_buffer *b, bool attach,
 }
 
 /* NewVersion of v for s; see registry_impl.h. */
-bool tbd__new_version_fill(struct tbd_session *s, struct tbd_version *v,
+bool tbd__new_version_fill(struct tbd_registry *r, struct tbd_session *s,
+                           struct tbd_version *v,
                            struct tbd_new_version *out) {
   Tensorbroker__V1__NewVersion nv = TENSORBROKER__V1__NEW_VERSION__INIT;
   struct tbd_buffer *b = v->buf;
   struct tbd_sent *sent = NULL;
+  bool write;
 
   out->nv = nv;
   out->nv.channel = v->ch->name;
@@ -817,13 +837,16 @@ bool tbd__new_version_fill(struct tbd_session *s, struct tbd_version *v,
         (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)))
     return false;
   HASH_FIND(hh, s->sent, &b->id, sizeof(b->id), sent);
-  if (sent != NULL || buffer_info_pack(b) < 0 ||
+  write = b->writable &&
+          tbd__access_quiet(r, s, TBD_ACL_WRITE, v->ch->name, v->ch);
+  if (sent != NULL || buffer_info_pack(b, write) < 0 ||
       b->info_len + 16 > sizeof(out->bibuf))
     return false;
   sent = tbd_calloc(1, sizeof(*sent));
   if (sent == NULL)
     return false;
   sent->buffer_id = b->id;
+  sent->write = write;
   tbd_hash_oom = 0;
   HASH_ADD(hh, s->sent, buffer_id, sizeof(sent->buffer_id), sent);
   if (tbd_hash_oom) {
@@ -832,7 +855,7 @@ bool tbd__new_version_fill(struct tbd_session *s, struct tbd_version *v,
   }
   out->uf.tag = 3; /* NewVersion.buffer */
   out->uf.wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
-  out->uf.len = buffer_info_field(b, false, out->bibuf);
+  out->uf.len = buffer_info_field(b, write, false, out->bibuf);
   out->uf.data = out->bibuf;
   out->nv.base.n_unknown_fields = 1;
   out->nv.base.unknown_fields = &out->uf;
@@ -853,13 +876,17 @@ struct tbd_version *tbd__channel_newest(struct tbd_channel *ch) {
   return v;
 }
 
-/* A subscriber's NewVersion notice (with the buffer, for prefetch). */
+/* A subscriber's NewVersion notice (with the buffer, for prefetch); none
+ * for a subscriber that may not acquire from the channel (it subscribed
+ * before the channel was published, or the rules changed). */
 static void new_version_notify(struct tbd_registry *r, struct tbd_session *s,
                                struct tbd_version *v) {
   Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
   struct tbd_new_version nv;
 
-  (void)tbd__new_version_fill(s, v, &nv);
+  if (!tbd__access_quiet(r, s, TBD_ACL_ACQUIRE, v->ch->name, v->ch))
+    return;
+  (void)tbd__new_version_fill(r, s, v, &nv);
   n.body_case = TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION;
   n.new_version = &nv.nv;
   tbd__emit_notice(r, s, &n);
@@ -969,6 +996,8 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
   }
 
   /* Commit: nothing below fails. */
+  if (newch != NULL)
+    ch->owner = s->uid; /* the first publisher's, for good (acl.h) */
   if (ch->publisher == NULL) {
     ch->publisher = s;
     ch->closed = false;
@@ -1108,12 +1137,17 @@ static int reply_died(struct tbd_registry *r, struct tbd_session *s,
 
 /* The BufferInfo of b as every AcquireReply sends it, packed once: all of
  * it is fixed at registration except fd_attached, which lease_grant
- * appends when true. 0 or TB_ENOMEM. */
-static int buffer_info_pack(struct tbd_buffer *b) {
+ * appends when true, and, for a buffer consumers may write, writable,
+ * which is false for a consumer not granted write (!write: b->info_ro).
+ * 0 or TB_ENOMEM. */
+static int buffer_info_pack(struct tbd_buffer *b, bool write) {
   Tensorbroker__V1__BufferInfo bi = TENSORBROKER__V1__BUFFER_INFO__INIT;
   Tensorbroker__V1__Device bdev = TENSORBROKER__V1__DEVICE__INIT;
+  bool ro = b->writable && !write;
+  uint8_t **info = ro ? &b->info_ro : &b->info;
+  size_t *info_len = ro ? &b->info_ro_len : &b->info_len;
 
-  if (b->info != NULL)
+  if (*info != NULL)
     return 0;
   bi.buffer_id = b->id;
   bi.generation = b->generation;
@@ -1126,16 +1160,31 @@ static int buffer_info_pack(struct tbd_buffer *b) {
   bdev.uuid.len = b->uuid_len;
   bi.cuda_ipc_handle.data = b->handle;
   bi.cuda_ipc_handle.len = b->handle_len;
-  bi.writable = b->writable;
+  bi.writable = b->writable && !ro;
   bi.producer_pid = b->owner_pid;
-  b->info_len = tensorbroker__v1__buffer_info__get_packed_size(&bi);
-  b->info = tbd_malloc(b->info_len);
-  if (b->info == NULL)
+  *info_len = tensorbroker__v1__buffer_info__get_packed_size(&bi);
+  *info = tbd_malloc(*info_len);
+  if (*info == NULL)
     return TB_ENOMEM;
-  tensorbroker__v1__buffer_info__pack(&bi, b->info);
+  tensorbroker__v1__buffer_info__pack(&bi, *info);
   return 0;
 }
 
+
+void tbd__memfd_restrict(int fd, bool warn) {
+  static bool warned;
+  struct stat st;
+
+  if (fstat(fd, &st) < 0 || (st.st_mode & 077) == 0 ||
+      fchmod(fd, st.st_mode & 0700) == 0 || !warn || warned)
+    return;
+  warned = true;
+  tbd_warn("a consumers-may-write memfd is mode %04o and the daemon cannot "
+           "make it owner-only (fchmod: %s): consumers of other uids not "
+           "granted write can re-open it read-write through /proc (the "
+           "library makes its memfds 0600; this producer did not)",
+           (unsigned)(st.st_mode & 07777), strerror(errno));
+}
 
 /* A lease's memory, kept for the next grant (up to a few dozen). */
 #define SPARE_LEASES_MAX 64
@@ -1150,10 +1199,14 @@ static void lease_free(struct tbd_registry *r, struct tbd_lease *l) {
   r->nspare++;
 }
 
-/* Create a lease on v for s and emit the AcquireReply. Nothing changes on
- * failure (TB_ENOMEM). */
+/* Create a lease on v for s and emit the AcquireReply; write: s may
+ * write v's buffer (it is writable and the rules grant write), else it
+ * gets the read-only descriptor and BufferInfo.writable false. A session
+ * that holds a descriptor of the buffer already keeps what it was sent
+ * until it forgets the buffer. Nothing changes on failure (TB_ENOMEM). */
 static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
-                       uint64_t request_id, struct tbd_version *v) {
+                       uint64_t request_id, struct tbd_version *v,
+                       bool write) {
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
   Tensorbroker__V1__AcquireReply ar = TENSORBROKER__V1__ACQUIRE_REPLY__INIT;
   Tensorbroker__V1__EventInfo ei;
@@ -1164,6 +1217,7 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   struct tbd_lease *l;
   struct tbd_sent *sent, *newsent = NULL;
   bool attach;
+  int fd;
 
   if (r->spare != NULL) {
     l = r->spare;
@@ -1183,7 +1237,9 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
       goto out_free_lease;
     newsent->buffer_id = b->id;
   }
-  if (buffer_info_pack(b) < 0)
+  if (sent != NULL && sent->fd_current)
+    write = sent->write;
+  if (buffer_info_pack(b, write) < 0)
     goto out_free_sent;
   /* room for buffer_info_field */
   if (b->info_len + 16 > sizeof(bistack)) {
@@ -1218,8 +1274,12 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   v->ch->nleases++;
   r->nleases++;
   r->stats.acquires++;
+  fd = b->writable && !write ? b->rofd : b->fd;
   attach = b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD &&
-           !sent->fd_current && b->fd >= 0;
+           !sent->fd_current && fd >= 0;
+  if (attach && fd == b->rofd)
+    tbd__memfd_restrict(b->fd, true);
+  sent->write = write;
   if (b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD)
     sent->fd_current = true;
 
@@ -1238,7 +1298,7 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   pre[0].data = v->layout;
   pre[1].tag = 4; /* AcquireReply.buffer */
   pre[1].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
-  pre[1].len = buffer_info_field(b, attach, bibuf);
+  pre[1].len = buffer_info_field(b, write, attach, bibuf);
   pre[1].data = bibuf;
   ar.base.n_unknown_fields = 2;
   ar.base.unknown_fields = pre;
@@ -1249,7 +1309,7 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
     tbd__evinfo_to_pb(&v->ready, &ei, &edev);
     ar.ready_event = &ei;
   }
-  tbd__send_reply(r, s, &rep, attach ? &b->fd : NULL, attach ? 1 : 0);
+  tbd__send_reply(r, s, &rep, attach ? &fd : NULL, attach ? 1 : 0);
   if (bibuf != bistack)
     tbd_free(bibuf);
   return 0;
@@ -1274,17 +1334,44 @@ struct tbd_channel *tbd__channel_recent(struct tbd_registry *r,
   return NULL;
 }
 
+/* Whether s may write v's buffer: it is writable and the rules grant
+ * write. TB_ESYS when s may not but the daemon has no read-only
+ * descriptor to send it instead (it could not re-open the memfd). */
+static int acquire_write(struct tbd_registry *r, struct tbd_session *s,
+                         struct tbd_version *v, bool *write) {
+  struct tbd_buffer *b = v->buf;
+  struct tbd_sent *sent;
+
+  *write = b->writable &&
+           tbd__access_quiet(r, s, TBD_ACL_WRITE, v->ch->name, v->ch);
+  if (*write || !b->writable || b->fd < 0 || b->rofd >= 0)
+    return 0;
+  HASH_FIND(hh, s->sent, &b->id, sizeof(b->id), sent);
+  if (sent != NULL && sent->fd_current)
+    return 0;
+  return TB_ESYS;
+}
+
 int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
                  uint64_t request_id, const char *channel, int mode,
                  uint64_t version, int64_t timeout_ms) {
   struct tbd_channel *ch = tbd__channel_recent(r, s, channel);
   struct tbd_version *v;
+  bool write;
   int rc;
 
   if (ch == NULL) {
     ch = tbd__channel_find(r, channel);
     s->recent = ch;
     s->recent_frees = r->channel_frees;
+  }
+  {
+    /* also for a parked acquire answered by the first publish: the
+     * channel has an owner now */
+    char msg[512];
+    if (tbd__access(r, s, TBD_ACL_ACQUIRE, "acquire", channel, ch, msg,
+                    sizeof(msg)) < 0)
+      return tbd__reply_status(r, s, request_id, TB_EPERM, "%s", msg);
   }
 
   {
@@ -1295,7 +1382,14 @@ int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
   }
   v = find_match(ch, mode, version);
   if (v != NULL) {
-    rc = lease_grant(r, s, request_id, v);
+    if (acquire_write(r, s, v, &write) < 0)
+      return tbd__reply_status(r, s, request_id, TB_ESYS,
+                               "buffer %llu: this session may not write it "
+                               "and the daemon has no read-only descriptor "
+                               "of it (it could not re-open the memfd "
+                               "through /proc)",
+                               (unsigned long long)v->buf->id);
+    rc = lease_grant(r, s, request_id, v, write);
     if (rc < 0)
       return tbd__reply_status(r, s, request_id, rc, "out of memory");
     return 0;
@@ -1460,8 +1554,15 @@ int tbd__wait_free(struct tbd_registry *r, struct tbd_session *s,
                    int64_t timeout_ms) {
   struct tbd_channel *ch = tbd__channel_find(r, channel);
   struct tbd_version *v;
+  char msg[512];
   int rc;
 
+  /* the producer waits for its versions; a consumer may too */
+  if (ch != NULL &&
+      !tbd__access_quiet(r, s, TBD_ACL_PUBLISH, channel, ch) &&
+      tbd__access(r, s, TBD_ACL_ACQUIRE, "wait on", channel, ch, msg,
+                  sizeof(msg)) < 0)
+    return tbd__reply_status(r, s, request_id, TB_EPERM, "%s", msg);
   if (ch == NULL || version == 0 || version > ch->latest)
     return tbd__reply_status(r, s, request_id, TB_ENOTFOUND,
                              "version %llu of '%s' was never published",

@@ -78,6 +78,18 @@ void tbd_registry_counts(const struct tbd_registry *r, struct tbd_counts *c);
 /* A new connection with the peer's credentials. conn is the caller's. */
 int tbd_session_open(struct tbd_registry *r, pid_t pid, uid_t uid, gid_t gid,
                      void *conn, struct tbd_session **out);
+/* The peer's supplementary groups (SO_PEERGROUPS, taken at accept; n may
+ * be 0), copied. 0 or TB_ENOMEM (the session then has none). */
+int tbd_session_set_groups(struct tbd_session *s, const gid_t *groups,
+                           size_t n);
+
+/* Install access rules (acl.h): the registry owns acl from now on and
+ * frees the rules it had. Sessions stay; each later request is judged by
+ * the new rules; leases, subscriptions and descriptors already granted
+ * stay. Until the first call the rules are an empty set (default =
+ * owner). */
+struct tbd_acl;
+void tbd_registry_set_acl(struct tbd_registry *r, struct tbd_acl *acl);
 /* End a session for any reason: release its leases, drop subscriptions and
  * waits, retire its buffers and events, close the channels it published,
  * and notify everyone affected. s is freed. */

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "acl.h"
 #include "hash.h"
 #include "quota.h"
 #include "heap.h"
@@ -34,6 +35,8 @@ struct tbd_buffer {
   int kind;                  /* TENSORBROKER__V1__MEMORY_KIND__* */
   uint64_t size;
   int fd;                    /* HOST_MEMFD: the daemon's own descriptor */
+  int rofd;                  /* consumers-may-write HOST_MEMFD: a read-only
+                                one for consumers not granted write, or -1 */
   int32_t dev_type, dev_id;
   uint8_t uuid[TB__UUID_SIZE];
   size_t uuid_len;
@@ -44,6 +47,9 @@ struct tbd_buffer {
   uint8_t *info;             /* its BufferInfo packed with fd_attached false
                                 (built at the first acquire), or NULL */
   size_t info_len;
+  uint8_t *info_ro;          /* the same with writable false, for consumers
+                                not granted write (writable buffers only) */
+  size_t info_ro_len;
   uint32_t nversions;        /* live versions that refer to it */
   UT_hash_handle hh;         /* registry->buffers, by id */
   struct tbd_buffer *snext, *sprev; /* owner->buffers */
@@ -99,6 +105,7 @@ struct tbd_died {
 struct tbd_channel {
   char *name;
   UT_hash_handle hh;         /* registry->channels, by name */
+  uid_t owner;               /* the uid that first published it (acl.h) */
   struct tbd_session *publisher; /* NULL: closed */
   bool closed;
   struct tbd_uid *u;         /* counted against its (last) publisher's uid */
@@ -153,6 +160,8 @@ struct tbd_subgroup {
 struct tbd_sent {
   uint64_t buffer_id;
   bool fd_current;
+  bool write;                /* the descriptor last attached was the
+                                read-write one (write granted) */
   UT_hash_handle hh;
 };
 
@@ -195,6 +204,9 @@ struct tbd_session {
   pid_t pid;
   uid_t uid;
   gid_t gid;
+  gid_t *groups;              /* supplementary, from SO_PEERGROUPS */
+  size_t ngroups;
+  bool denied;                /* a denial of it was logged at warn */
   char name[64];
   bool hello;
   bool muted;
@@ -269,7 +281,38 @@ struct tbd_registry {
   uid_t operator_uid[2];
   uint32_t fds_held, fd_capacity, fd_all, fd_nofile, fd_reserve;
   uint64_t next_session_id, next_buffer_id, next_event_id, next_lease_id;
+  struct tbd_acl *acl;       /* access rules (access.c), never NULL */
 };
+
+/* ---- access control (access.c) ---- */
+
+/* Whether s may do act on channel name (ch: it, or NULL when it was never
+ * published). 0, or TB_EPERM with msg ("uid 1001 may not acquire
+ * \"cam/front\": rule [access \"cam/\"] acquire = group:video", verb
+ * saying what was asked), counted in stats.denials and logged: at warn the
+ * session's first time, then at debug. */
+int tbd__access(struct tbd_registry *r, struct tbd_session *s,
+                enum tbd_acl_action act, const char *verb, const char *name,
+                const struct tbd_channel *ch, char *msg, size_t len);
+/* The same without counting or logging: for filters (lists, notices,
+ * Hello's latest versions) that leave out what s may not see. */
+bool tbd__access_quiet(struct tbd_registry *r, struct tbd_session *s,
+                       enum tbd_acl_action act, const char *name,
+                       const struct tbd_channel *ch);
+/* Whether s is an operator (root, the daemon's uid, `operators`). */
+bool tbd__access_operator(struct tbd_registry *r, struct tbd_session *s);
+/* Whether s may see sessions of other uids in ListSessions. */
+bool tbd__access_all_sessions(struct tbd_registry *r, struct tbd_session *s);
+/* Whether s is shown a name only waited for (ListChannels{waiting}): an
+ * operator, under default = open, or when a session of its uid waits. */
+bool tbd__access_waiting(struct tbd_registry *r, struct tbd_session *s,
+                         const struct tbd_waitq *q);
+/* Whether s is shown a lease or a parked request of session holder on
+ * channel ch (NULL: a name not published yet): its own uid's, an
+ * operator, under default = open, and on a channel s may list. */
+bool tbd__access_sees(struct tbd_registry *r, struct tbd_session *s,
+                      const struct tbd_session *holder,
+                      const struct tbd_channel *ch);
 
 /* ---- helpers shared by registry.c and handlers.c ---- */
 
@@ -325,11 +368,24 @@ struct tbd_new_version {
  * (not for host memory, a buffer sent before, or out of memory: the
  * acquire brings it then, as without prefetch). out must outlive the
  * message's packing. */
-bool tbd__new_version_fill(struct tbd_session *s, struct tbd_version *v,
+bool tbd__new_version_fill(struct tbd_registry *r, struct tbd_session *s,
+                           struct tbd_version *v,
                            struct tbd_new_version *out);
 /* The channel's newest version that may be granted (its memory did not
  * die with its producer), or NULL. */
 struct tbd_version *tbd__channel_newest(struct tbd_channel *ch);
+
+/* Consumers not granted write of a buffer that consumers may write get a
+ * read-only description, but no seal stops them re-opening it read-write
+ * through /proc/self/fd (the producer must keep writing, and those granted
+ * write need writable mappings): the inode's mode must. memfds are made
+ * 0777 (0666 with MFD_NOEXEC_SEAL); owner-only, a consumer of another uid
+ * gets EACCES. The library makes such memfds 0600 once registered (the
+ * daemon must re-open it read-only first); this makes fd so for a producer
+ * that speaks the wire, where the daemon may (root, or the producer's uid),
+ * and with warn says once when it may not (called as a read-only
+ * description goes out: by then the library has done it). */
+void tbd__memfd_restrict(int fd, bool warn);
 
 /* Buffers and events. */
 int tbd__buffer_add(struct tbd_registry *r, struct tbd_session *s,

@@ -9,6 +9,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -575,6 +577,55 @@ static void admission(struct tbd_server *srv, bool room, char *why,
              srv->nconns, srv->lim.max_sessions, EXTRA_CONNS);
 }
 
+#ifndef SO_PEERGROUPS
+#define SO_PEERGROUPS 59 /* Linux 4.13; older C libraries lack it */
+#endif
+
+/* The supplementary groups of fd's peer, as the kernel recorded them at
+ * connect (SO_PEERGROUPS), into s for access control: never from the
+ * client. Where the kernel lacks it (before 4.13), the groups the uid has
+ * in the group database now (getgrouplist), with a note in the log: those
+ * may differ from the process's own. */
+static void peer_groups(int fd, struct tbd_session *s, uid_t uid, gid_t gid) {
+  static bool noted;
+  gid_t stack[64], *g = stack;
+  socklen_t len = sizeof(stack);
+  int n = 0;
+
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) == 0) {
+    n = (int)(len / sizeof(gid_t));
+  } else if (errno == ERANGE) { /* len now says how much it needs */
+    g = malloc(len);
+    if (g == NULL || getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0) {
+      tbd_warn("session %llu: cannot read its supplementary groups; judged "
+               "by its uid and gid alone",
+               (unsigned long long)tbd_session_id(s));
+      free(g);
+      return;
+    }
+    n = (int)(len / sizeof(gid_t));
+  } else {
+    struct passwd pw, *res = NULL;
+    char buf[4096];
+
+    if (!noted) {
+      noted = true;
+      tbd_info("SO_PEERGROUPS: %s; supplementary groups come from the "
+               "group database (getgrouplist) instead",
+               strerror(errno));
+    }
+    n = (int)(sizeof(stack) / sizeof(stack[0]));
+    if (getpwuid_r(uid, &pw, buf, sizeof(buf), &res) != 0 || res == NULL ||
+        getgrouplist(pw.pw_name, gid, stack, &n) < 0)
+      n = 0;
+  }
+  if (tbd_session_set_groups(s, g, (size_t)n) < 0)
+    tbd_warn("session %llu: out of memory for its groups; judged by its "
+             "uid and gid alone", (unsigned long long)tbd_session_id(s));
+  if (g != stack)
+    free(g);
+}
+
 static void conn_accepted(struct tbd_server *srv, int fd) {
   struct ucred cred;
   socklen_t clen = sizeof(cred);
@@ -616,6 +667,7 @@ static void conn_accepted(struct tbd_server *srv, int fd) {
   c->fd = fd;
   if (tbd_session_open(srv->reg, cred.pid, cred.uid, cred.gid, c, &c->s) < 0)
     goto out_free;
+  peer_groups(fd, c->s, cred.uid, cred.gid);
   if (uv_poll_init(srv->loop, &c->poll, fd) < 0) {
     tbd_session_close(srv->reg, c->s);
     goto out_free;

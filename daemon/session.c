@@ -146,6 +146,7 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
   r->nsessions--;
   s->u->conns--;
   tbd__uid_put(r, s->u);
+  tbd_free(s->groups);
   tbd_free(s);
 }
 

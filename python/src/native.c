@@ -36,6 +36,8 @@
 
 static PyObject *ErrorType;   /* tensorbroker.Error */
 static PyObject *TimeoutType; /* tensorbroker.TimeoutError(Error, TimeoutError) */
+static PyObject *PermissionType; /* tensorbroker.PermissionError(Error,
+                                    PermissionError): TB_EPERM */
 static PyObject *ClientType;
 static PyObject *BufferType;
 static PyObject *LeaseType;
@@ -45,7 +47,9 @@ static PyObject *LeaseType;
 /* Raise tensorbroker.Error (or its TimeoutError) carrying code, name and
  * message. Returns NULL for convenience. */
 static PyObject *raise_tb(int code, const char *message) {
-  PyObject *type = code == TB_ETIMEDOUT ? TimeoutType : ErrorType;
+  PyObject *type = code == TB_ETIMEDOUT ? TimeoutType
+                   : code == TB_EPERM  ? PermissionType
+                                       : ErrorType;
   const char *name = tb_err_name(code);
   if (message == NULL || message[0] == '\0')
     message = tb_strerror(code);
@@ -1682,13 +1686,23 @@ PyMODINIT_FUNC PyInit__native(void) {
                                           "TB_ETIMEDOUT: also a builtin TimeoutError.", bases,
                                           NULL);
   Py_DECREF(bases);
+  bases = PyTuple_Pack(2, ErrorType, PyExc_PermissionError);
+  if (bases == NULL)
+    goto fail;
+  PermissionType = PyErr_NewExceptionWithDoc(
+      "tensorbroker.PermissionError",
+      "TB_EPERM (the daemon's access rules refused): also a builtin "
+      "PermissionError.",
+      bases, NULL);
+  Py_DECREF(bases);
   ClientType = PyType_FromSpec(&client_spec);
   BufferType = PyType_FromSpec(&buffer_spec);
   LeaseType = PyType_FromSpec(&lease_spec);
-  if (TimeoutType == NULL || ClientType == NULL || BufferType == NULL || LeaseType == NULL)
+  if (TimeoutType == NULL || PermissionType == NULL || ClientType == NULL || BufferType == NULL || LeaseType == NULL)
     goto fail;
   if (PyModule_AddObjectRef(m, "Error", ErrorType) < 0 ||
       PyModule_AddObjectRef(m, "TimeoutError", TimeoutType) < 0 ||
+      PyModule_AddObjectRef(m, "PermissionError", PermissionType) < 0 ||
       PyModule_AddObjectRef(m, "Client", ClientType) < 0 ||
       PyModule_AddObjectRef(m, "Buffer", BufferType) < 0 ||
       PyModule_AddObjectRef(m, "Lease", LeaseType) < 0 ||

@@ -21,9 +21,9 @@ from collections import deque
 import math
 
 from . import _native
-from ._native import Error, TimeoutError, Lease  # noqa: F401  (re-exported)
+from ._native import Error, TimeoutError, PermissionError, Lease  # noqa: F401  (re-exported)
 
-__all__ = ["Client", "Lease", "Error", "TimeoutError", "cuda_available",
+__all__ = ["Client", "Lease", "Error", "TimeoutError", "PermissionError", "cuda_available",
            "default_socket_path", "DEVICE_CPU", "DEVICE_CUDA", "DEVICE_CUDA_HOST"]
 __version__ = _native.library_version
 
@@ -343,7 +343,8 @@ class Client:
     def drop(self, channel):
         """Free closed channel ``channel`` and its versions now
         (``tbctl drop``); raises tensorbroker.Error when it is open, leased,
-        unknown, or not the caller's uid's to drop."""
+        unknown, or the daemon's access rules do not let the caller publish
+        onto it (tensorbroker.PermissionError)."""
         self._c.drop(channel)
 
     def status(self):

@@ -18,6 +18,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include "acl.h"
 #include "config.h"
 #include "log.h"
 #include "registry.h"
@@ -122,10 +123,18 @@ static int teardown(void **state) {
   return 0;
 }
 
+/* Limits, not access: sessions of several uids share channels, as under
+ * `default = open` (tests/daemon/test_acl.c tests the rules). */
 static struct tbd_registry *reg_new(const struct tbd_limits *lim) {
   struct tbd_registry *r;
+  struct tbd_acl *open;
+  char err[200];
 
   assert_tb_ok(tbd_registry_new(lim, cap_emit, NULL, &r));
+  assert_tb_ok(tbd_acl_new(&open));
+  assert_int_equal(tbd_acl_set(open, NULL, "default", "open", err,
+                               sizeof(err)), 0);
+  tbd_registry_set_acl(r, open);
   return r;
 }
 

@@ -75,7 +75,9 @@ def test_check(tmp):
         ("[limits]\nmax-leases = 1%s\n" % ("0" * 220), 2, "longer than"),
         ("[limits]\nmax-metadata = 65536\nmax-message = 65536\n", 0,
          "leaves no room"),
-        ("[access \"cam/\"]\nacquire = *\n", 2, "access"),
+        ("[access \"cam/\"]\nacquire = *\nlist = user:no-such-user-tbconf\n", 3,
+         "[access \"cam/\"] list: unknown user 'no-such-user-tbconf'"),
+        ("[access]\ndefault = closed\n", 2, "default = 'closed': owner or open"),
     ]
     for text, line, want in bad:
         write(conf, text)
