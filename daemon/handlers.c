@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Request dispatch: session state checks (Hello first, descriptors only
  * where expected), validation of every field, and the replies. State
- * changes themselves are in registry.c. */
+ * changes themselves are in the registry's files (registry_impl.h). */
 #include "registry_impl.h"
 
 #include <errno.h>

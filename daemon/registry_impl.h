@@ -1,6 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Internal to the registry (registry.c) and its request handlers
- * (handlers.c): the objects and the state transitions. */
+/* Internal to the registry and its request handlers (handlers.c): the
+ * objects and the state transitions. The registry is one file per object:
+ * registry.c (the registry itself and emitting), session.c, channel.c
+ * (channels and versions), lease.c, buffer.c (buffers and events), wait.c
+ * (parked waits) and subscription.c; docs/internals.md, "The registry's
+ * files". */
 #ifndef TBD_REGISTRY_IMPL_H
 #define TBD_REGISTRY_IMPL_H
 
@@ -314,7 +318,7 @@ bool tbd__access_sees(struct tbd_registry *r, struct tbd_session *s,
                       const struct tbd_session *holder,
                       const struct tbd_channel *ch);
 
-/* ---- helpers shared by registry.c and handlers.c ---- */
+/* ---- helpers shared by the registry's files and handlers.c ---- */
 
 uint64_t tbd__now(struct tbd_registry *r);
 void tbd__emit(struct tbd_registry *r, struct tbd_session *s,
@@ -423,6 +427,59 @@ int tbd__unsubscribe(struct tbd_registry *r, struct tbd_session *s,
 int tbd__wait_free(struct tbd_registry *r, struct tbd_session *s,
                    uint64_t request_id, const char *channel, uint64_t version,
                    int64_t timeout_ms);
+
+/* ---- between the registry's files ---- */
+
+/* channel.c: free v once it left the history and its last lease ended
+ * (its VersionFree goes out; its buffer goes with its last version once
+ * retired). */
+void tbd__version_maybe_free(struct tbd_registry *r, struct tbd_version *v);
+/* channel.c: version number of ch, granted or not, or NULL. */
+struct tbd_version *tbd__version_find(struct tbd_channel *ch,
+                                      uint64_t number);
+/* channel.c: the version an acquire is granted now, or NULL: never one
+ * whose memory died with its producer. */
+struct tbd_version *tbd__version_match(struct tbd_channel *ch, int mode,
+                                       uint64_t version);
+
+/* buffer.c: free retired b once no version uses it (BufferRetired to the
+ * sessions it was sent to). */
+void tbd__buffer_maybe_free(struct tbd_registry *r, struct tbd_buffer *b);
+/* buffer.c: pack b's BufferInfo once (write: as registered, else with
+ * writable false). 0 or TB_ENOMEM. */
+int tbd__buffer_info_pack(struct tbd_buffer *b, bool write);
+/* buffer.c: that BufferInfo as a length-delimited field value (with
+ * fd_attached when attach) into out, which has room for b->info_len + 16
+ * bytes. Returns the length. */
+size_t tbd__buffer_info_field(const struct tbd_buffer *b, bool write,
+                              bool attach, uint8_t *out);
+
+/* lease.c: TB_ECLOSED for an acquire that finds nothing to grant on ch,
+ * whose producer is gone. after: NEXT's version, else 0. */
+int tbd__reply_no_producer(struct tbd_registry *r, struct tbd_session *s,
+                           uint64_t request_id, const struct tbd_channel *ch,
+                           int mode, uint64_t after);
+
+/* wait.c: the order of registry->deadlines (soonest, then arrival). */
+bool tbd__wait_deadline_less(const struct tbd_heap_node *a,
+                             const struct tbd_heap_node *b);
+/* wait.c: the acquires parked on name, or NULL. */
+struct tbd_waitq *tbd__waitq_find(struct tbd_registry *r, const char *name);
+/* wait.c: park an acquire on channel (ch: it, or NULL when it does not
+ * exist yet). Nothing changes on failure (TB_EBUSY, TB_ENOMEM). */
+int tbd__acquire_park(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t request_id, const char *channel,
+                      const struct tbd_channel *ch, int mode, uint64_t after,
+                      int64_t timeout_ms);
+/* wait.c: answer the acquires parked on q that ch's new version
+ * satisfies, in arrival order; q is freed with its last wait. */
+void tbd__waitq_publish(struct tbd_registry *r, struct tbd_waitq *q,
+                        struct tbd_channel *ch);
+
+/* subscription.c: s's NewVersion notice of v, unless s may not acquire
+ * from v's channel. */
+void tbd__new_version_notify(struct tbd_registry *r, struct tbd_session *s,
+                             struct tbd_version *v);
 
 /* ---- the operator's view (operator.c) ---- */
 
