@@ -3,14 +3,11 @@
  * BufferRetired notice, and the BufferInfo consumers are sent. */
 #include "registry_impl.h"
 
-#include <errno.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <tensorbroker/tensorbroker.h>
 
-#include "log.h"
 
 static void buffer_unlink_owner(struct tbd_buffer *b) {
   if (b->owner == NULL)
@@ -170,19 +167,3 @@ int tbd__buffer_info_pack(struct tbd_buffer *b, bool write) {
   tensorbroker__v1__buffer_info__pack(&bi, *info);
   return 0;
 }
-
-void tbd__memfd_restrict(int fd, bool warn) {
-  static bool warned;
-  struct stat st;
-
-  if (fstat(fd, &st) < 0 || (st.st_mode & 077) == 0 ||
-      fchmod(fd, st.st_mode & 0700) == 0 || !warn || warned)
-    return;
-  warned = true;
-  tbd_warn("a consumers-may-write memfd is mode %04o and the daemon cannot "
-           "make it owner-only (fchmod: %s): consumers of other uids not "
-           "granted write can re-open it read-write through /proc (the "
-           "library makes its memfds 0600; this producer did not)",
-           (unsigned)(st.st_mode & 07777), strerror(errno));
-}
-

@@ -84,10 +84,11 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   ProtobufCMessageUnknownField pre[2];
   uint8_t bistack[256], *bibuf = bistack; /* a BufferInfo is < 170 bytes */
   struct tbd_buffer *b = v->buf;
+  const struct tbd_kind *k = tbd_kind_find(b->kind);
   struct tbd_lease *l;
   struct tbd_sent *sent, *newsent = NULL;
   bool attach;
-  int fd;
+  int fd = -1;
 
   if (r->spare != NULL) {
     l = r->spare;
@@ -144,13 +145,10 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   v->ch->nleases++;
   r->nleases++;
   r->stats.acquires++;
-  fd = b->writable && !write ? b->rofd : b->fd;
-  attach = b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD &&
-           !sent->fd_current && fd >= 0;
-  if (attach && fd == b->rofd)
-    tbd__memfd_restrict(b->fd, true);
+  attach = k->carries_fd && !sent->fd_current &&
+           (fd = k->attach_fd(b, write)) >= 0;
   sent->write = write;
-  if (b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD)
+  if (k->carries_fd)
     sent->fd_current = true;
 
   rep.request_id = request_id;

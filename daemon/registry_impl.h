@@ -36,9 +36,11 @@ struct tbd_buffer {
   struct tbd_session *owner; /* NULL once retired */
   struct tbd_uid *u;         /* counted against it until freed */
   uint32_t owner_pid;
-  int kind;                  /* TENSORBROKER__V1__MEMORY_KIND__* */
+  int kind;                  /* TENSORBROKER__V1__MEMORY_KIND__*: its row
+                                in kinds.h decides what differs by kind */
   uint64_t size;
-  int fd;                    /* HOST_MEMFD: the daemon's own descriptor */
+  int fd;                    /* the daemon's own descriptor (kinds that
+                                carry one: HOST_MEMFD), or -1 */
   int rofd;                  /* consumers-may-write HOST_MEMFD: a read-only
                                 one for consumers not granted write, or -1 */
   int32_t dev_type, dev_id;
@@ -365,11 +367,13 @@ struct tbd_new_version {
 };
 
 /* Fill out with v's NewVersion as s is to hear of it. A session that asked
- * for prefetch (Hello.prefetch) also gets the version's CUDA buffer, the
- * first time it hears of it, and the ready event with it: it may open both
- * before it acquires. The buffer is then recorded as sent, so that its
- * BufferRetired reaches the session. Returns whether the buffer went in
- * (not for host memory, a buffer sent before, or out of memory: the
+ * for prefetch (Hello.prefetch) and maps the buffer's kind also gets the
+ * version's buffer, if its kind is sent with a prefetch (CUDA IPC:
+ * kinds.h, prefetch_with_notice), the first time it hears of it, and the
+ * ready event with it: it may open both before it acquires. The buffer is
+ * then recorded as sent, so that its BufferRetired reaches the session.
+ * Returns whether the buffer went in (not for other kinds, a buffer sent
+ * before, or out of memory: the
  * acquire brings it then, as without prefetch). out must outlive the
  * message's packing. */
 bool tbd__new_version_fill(struct tbd_registry *r, struct tbd_session *s,
@@ -378,18 +382,6 @@ bool tbd__new_version_fill(struct tbd_registry *r, struct tbd_session *s,
 /* The channel's newest version that may be granted (its memory did not
  * die with its producer), or NULL. */
 struct tbd_version *tbd__channel_newest(struct tbd_channel *ch);
-
-/* Consumers not granted write of a buffer that consumers may write get a
- * read-only description, but no seal stops them re-opening it read-write
- * through /proc/self/fd (the producer must keep writing, and those granted
- * write need writable mappings): the inode's mode must. memfds are made
- * 0777 (0666 with MFD_NOEXEC_SEAL); owner-only, a consumer of another uid
- * gets EACCES. The library makes such memfds 0600 once registered (the
- * daemon must re-open it read-only first); this makes fd so for a producer
- * that speaks the wire, where the daemon may (root, or the producer's uid),
- * and with warn says once when it may not (called as a read-only
- * description goes out: by then the library has done it). */
-void tbd__memfd_restrict(int fd, bool warn);
 
 /* Buffers and events. */
 int tbd__buffer_add(struct tbd_registry *r, struct tbd_session *s,

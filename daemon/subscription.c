@@ -7,6 +7,8 @@
 
 #include <tensorbroker/tensorbroker.h>
 
+#include "kinds.h"
+
 /* NewVersion of v for s; see registry_impl.h. */
 bool tbd__new_version_fill(struct tbd_registry *r, struct tbd_session *s,
                            struct tbd_version *v,
@@ -19,10 +21,8 @@ bool tbd__new_version_fill(struct tbd_registry *r, struct tbd_session *s,
   out->nv = nv;
   out->nv.channel = v->ch->name;
   out->nv.version = v->number;
-  if (!s->prefetch ||
-      b->kind != TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC ||
-      !(s->memory_kinds &
-        (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)))
+  if (!s->prefetch || !tbd_kind_find(b->kind)->prefetch_with_notice ||
+      !(s->memory_kinds & (1u << b->kind)))
     return false;
   HASH_FIND(hh, s->sent, &b->id, sizeof(b->id), sent);
   write = b->writable &&
