@@ -1,24 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Request dispatch: session state checks (Hello first, descriptors only
  * where expected), validation of every field, and the replies. State
- * changes themselves are in registry.c. */
+ * changes themselves are in the registry's files (registry_impl.h). */
 #include "registry_impl.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <dlpack/dlpack.h>
 #include <tensorbroker/tensorbroker.h>
 
+#include "kinds.h"
 #include "log.h"
-
-#ifndef F_SEAL_FUTURE_WRITE
-#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1; older C libraries lack it */
-#endif
 
 #define BODY(x) TENSORBROKER__V1__REQUEST__BODY_##x
 
@@ -76,8 +70,8 @@ static int client_name_ok(const char *name) {
 
 /* HelloReply.latest: the newest version of each channel the Hello names
  * that may be granted (tbd__channel_newest: not one whose memory died with
- * its producer), where it is in a CUDA buffer this session may be sent
- * (prefetch), as long as the reply stays well inside one datagram; a name
+ * its producer), where it is in a buffer sent with a prefetch (kinds.h,
+ * prefetch_with_notice) that this session may be sent, as long as the reply stays well inside one datagram; a name
  * given twice gets one entry (its buffer is recorded as sent the first
  * time). */
 static void hello_latest(struct tbd_registry *r, struct tbd_session *s,
@@ -186,59 +180,6 @@ static int copy_device(const Tensorbroker__V1__Device *d, int32_t *type,
   return 0;
 }
 
-/* Why a HOST_MEMFD buffer's seals are not acceptable, or NULL. The kernel,
- * not the producer's library, keeps consumers from writing a read-only
- * buffer (docs/memory-access.md): it must be sealed against writes
- * (F_SEAL_FUTURE_WRITE, which leaves the producer's earlier mapping
- * writable), shrinking and growing. The daemon refuses rather than adding
- * the seal itself: only the producer knows whether it has mapped the memfd
- * yet (a mapping attempted after the seal is refused), a producer that
- * added F_SEAL_SEAL cannot be sealed further anyway, and a seal cannot be
- * taken back if the registration then fails. A buffer consumers may write
- * must not be write-sealed, or their writable mappings would fail. */
-static const char *memfd_seals_bad(int seals, bool consumers_may_write) {
-  if (seals < 0 || !(seals & F_SEAL_SHRINK))
-    return "memfd is not sealed against shrinking (F_SEAL_SHRINK)";
-  if (consumers_may_write)
-    return seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)
-               ? "consumers may write this buffer but its memfd is sealed "
-                 "against writes (F_SEAL_WRITE or F_SEAL_FUTURE_WRITE)"
-               : NULL;
-  if (!(seals & F_SEAL_GROW))
-    return "read-only buffer: memfd is not sealed against growing "
-           "(F_SEAL_GROW)";
-  if (!(seals & F_SEAL_FUTURE_WRITE))
-    return "read-only buffer: memfd is not sealed against writes "
-           "(F_SEAL_FUTURE_WRITE, added after the producer maps it; Linux "
-           "5.1 or newer)";
-  return NULL;
-}
-
-/* A read-only file description of memfd fd (the daemon's own open of the
- * inode), or -1. Consumers of a read-only buffer, and consumers not granted
- * write of one that consumers may write, are sent this one, so that
- * write(), fallocate() and writable shared mappings fail at the descriptor
- * already. It is the second wall, not the first: a consumer can re-open it
- * read-write through /proc/self/fd (memfds are created mode 0777), and
- * only the seal stops that. fd passed F_GET_SEALS, so it is a memfd (shmem or
- * hugetlbfs): this open cannot block, as one on a FUSE file could. */
-static int readonly_description(int fd) {
-  static bool warned;
-  char path[40];
-  int ro;
-
-  snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-  ro = open(path, O_RDONLY | O_CLOEXEC);
-  if (ro < 0 && !warned) {
-    warned = true;
-    tbd_warn("cannot re-open a memfd read-only through %s (%s): read-only "
-             "buffers go to consumers as the producer's read-write "
-             "description, guarded by their seals alone",
-             path, strerror(errno));
-  }
-  return ro;
-}
-
 static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
                               uint64_t id,
                               const Tensorbroker__V1__BufferRegister *m,
@@ -246,58 +187,22 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
   Tensorbroker__V1__BufferRegisterReply br =
       TENSORBROKER__V1__BUFFER_REGISTER_REPLY__INIT;
+  const struct tbd_kind *k = tbd_kind_find(m->kind);
   struct tbd_buffer *b;
-  struct stat st;
-  const char *why;
-  int seals, rc;
+  char why[256];
+  int rc;
 
-  if (m->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) {
-    if (nfds != 1)
-      return nfds > 1 ? proto_error(r, s, id, "BufferRegister with more than "
-                                              "one descriptor")
-                      : tbd__reply_status(r, s, id, TB_EINVAL,
-                                          "HOST_MEMFD needs a memfd attached");
-    if (m->size == 0)
-      return tbd__reply_status(r, s, id, TB_EINVAL, "buffer size is 0");
-    if (fstat(fds[0], &st) < 0 || !S_ISREG(st.st_mode))
-      return tbd__reply_status(r, s, id, TB_EINVAL,
-                               "descriptor is not a memfd");
-    if ((uint64_t)st.st_size < m->size)
-      return tbd__reply_status(r, s, id, TB_EINVAL,
-                               "memfd has %lld bytes, %llu declared",
-                               (long long)st.st_size,
-                               (unsigned long long)m->size);
-    seals = fcntl(fds[0], F_GET_SEALS);
-    why = memfd_seals_bad(seals, m->consumers_may_write);
-    if (why != NULL)
-      return tbd__reply_status(r, s, id, TB_EINVAL, "%s", why);
-  } else if (m->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
-    if (nfds != 0)
-      return proto_error(r, s, id, "CUDA_IPC BufferRegister with descriptors");
-    if (m->cuda_ipc_handle.len != TB__CUDA_IPC_HANDLE_SIZE)
-      return tbd__reply_status(r, s, id, TB_EINVAL,
-                               "cuda_ipc_handle must be %d bytes",
-                               TB__CUDA_IPC_HANDLE_SIZE);
-    if (m->device == NULL || m->device->uuid.len != TB__UUID_SIZE)
-      return tbd__reply_status(r, s, id, TB_EINVAL,
-                               "CUDA buffer needs a 16-byte device uuid");
-    if (m->device->type != kDLCUDA)
-      return tbd__reply_status(r, s, id, TB_EDEVICE,
-                               "CUDA_IPC buffer on device type %d",
-                               (int)m->device->type);
-    if (m->size == 0)
-      return tbd__reply_status(r, s, id, TB_EINVAL, "buffer size is 0");
-  } else if (m->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD) {
-    return tbd__reply_status(r, s, id, TB_ENOTSUP,
-                             "CUDA_VMM_FD buffers are not supported yet");
-  } else {
+  if (k == NULL)
     return tbd__reply_status(r, s, id, TB_EINVAL, "unknown memory kind %d",
                              (int)m->kind);
-  }
+  rc = k->validate_register(m, fds, nfds, why, sizeof(why));
+  if (rc == TB_EPROTO)
+    return proto_error(r, s, id, why);
+  if (rc < 0)
+    return tbd__reply_status(r, s, id, rc, "%s", why);
   {
     char lwhy[256];
-    /* a buffer consumers may write keeps a second, read-only descriptor */
-    uint32_t keep = nfds == 1 ? (m->consumers_may_write ? 2 : 1) : 0;
+    uint32_t keep = k->fds_held != NULL ? k->fds_held(m) : 0;
     if (tbd__buffer_admit(r, s, keep, lwhy, sizeof(lwhy)) < 0)
       return tbd__reply_status(r, s, id, TB_ELIMIT, "%s", lwhy);
   }
@@ -316,8 +221,7 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, TB_EINVAL, "device uuid must be %d "
                              "bytes", TB__UUID_SIZE);
   }
-  if (b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD)
-    b->dev_type = kDLCPU;
+  b->dev_type = k->dev_type; /* validate_register checked a given one */
   if (m->cuda_ipc_handle.len == TB__CUDA_IPC_HANDLE_SIZE) {
     memcpy(b->handle, m->cuda_ipc_handle.data, TB__CUDA_IPC_HANDLE_SIZE);
     b->handle_len = TB__CUDA_IPC_HANDLE_SIZE;
@@ -327,21 +231,8 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
     tbd_free(b);
     return tbd__reply_status(r, s, id, rc, "out of memory");
   }
-  if (nfds == 1) {
-    /* the received descriptor is the daemon's own dup; a read-only
-     * buffer's is replaced by a read-only one (closed with fds); a buffer
-     * consumers may write keeps both, the read-only one for consumers not
-     * granted write */
-    if (b->writable) {
-      b->rofd = readonly_description(fds[0]);
-      tbd__memfd_restrict(fds[0], false);
-    }
-    b->fd = b->writable ? -1 : readonly_description(fds[0]);
-    if (b->fd < 0) {
-      b->fd = fds[0];
-      fds[0] = -1;
-    }
-  }
+  if (k->adopt != NULL)
+    k->adopt(b, fds, nfds);
   if (b->fd >= 0) /* admitted above: within the budget */
     (void)tbd_registry_fds_take(r, 1, true);
   if (b->rofd >= 0)
@@ -476,8 +367,7 @@ static int on_publish(struct tbd_registry *r, struct tbd_session *s,
   rc = tb__layout_check(m->layout, b->size, r->lim.max_ndim, why, sizeof(why));
   if (rc < 0)
     return tbd__reply_status(r, s, id, rc, "%s", why);
-  want_dev = b->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD ? kDLCPU
-                                                                  : kDLCUDA;
+  want_dev = tbd_kind_find(b->kind)->dev_type; /* registered: known */
   if (m->layout->device == NULL || m->layout->device->type != want_dev)
     return tbd__reply_status(r, s, id, TB_EDEVICE,
                              "layout device type %d does not match the "

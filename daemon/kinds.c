@@ -1,25 +1,64 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The daemon's table of memory kinds. */
+/* The daemon's table of memory kinds (kinds.h says what each column
+ * decides). */
 #include "kinds.h"
 
 #include <stddef.h>
+#include <stdio.h>
 
-#include "tb_proto.h"
+#include <dlpack/dlpack.h>
+#include <tensorbroker/tensorbroker.h>
+
+/* Exported VMM allocations are not accepted yet (issue 25, step 2). */
+static int vmm_validate(const Tensorbroker__V1__BufferRegister *m,
+                        const int *fds, int nfds, char *why, size_t len) {
+  (void)m;
+  (void)fds;
+  (void)nfds;
+  snprintf(why, len, "CUDA_VMM_FD buffers are not supported yet");
+  return TB_ENOTSUP;
+}
 
 static const struct tbd_kind kinds[] = {
     /* The daemon holds its own descriptor of the memfd: the pages live as
      * long as it or any consumer's mapping does. */
-    {TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD, "host memfd",
-     true},
+    {
+        .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD,
+        .name = "host memfd",
+        .dev_type = kDLCPU,
+        .carries_fd = true,
+        .survives_producer = true,
+        .prefetch_with_notice = false,
+        .validate_register = tbd_kind_memfd_validate,
+        .fds_held = tbd_kind_memfd_fds_held,
+        .adopt = tbd_kind_memfd_adopt,
+        .attach_fd = tbd_kind_memfd_attach_fd,
+    },
     /* A legacy IPC handle names the producer's own allocation: the
      * allocation dies with the producer process, and a consumer's open of
      * its handle then fails (CUDA_ERROR_INVALID_HANDLE). Mappings opened
-     * before keep working (measured, though CUDA calls it undefined). */
-    {TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC, "CUDA IPC", false},
+     * before keep working (measured, though CUDA calls it undefined).
+     * A session that asks for prefetch is sent the handle and the ready
+     * event with the NewVersion, to open both before it acquires. */
+    {
+        .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC,
+        .name = "CUDA IPC",
+        .dev_type = kDLCUDA,
+        .carries_fd = false,
+        .survives_producer = false,
+        .prefetch_with_notice = true,
+        .validate_register = tbd_kind_cuda_ipc_validate,
+    },
     /* An exported VMM allocation lives while any descriptor of it does,
-     * the daemon's included (measured). Not accepted yet (TB_ENOTSUP). */
-    {TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD, "CUDA VMM fd",
-     true},
+     * the daemon's included (measured). Not accepted yet (TB_ENOTSUP):
+     * carries_fd with its hooks, and prefetch, come when it is. */
+    {
+        .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD,
+        .name = "CUDA VMM fd",
+        .dev_type = kDLCUDA,
+        .survives_producer = true,
+        .validate_register = vmm_validate,
+    },
 };
 
 const struct tbd_kind *tbd_kind_find(int kind) {

@@ -1,6 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Internal to the registry (registry.c) and its request handlers
- * (handlers.c): the objects and the state transitions. */
+/* Internal to the registry and its request handlers (handlers.c): the
+ * objects and the state transitions. The registry is one file per object:
+ * registry.c (the registry itself and emitting), session.c, channel.c
+ * (channels and versions), lease.c, buffer.c (buffers and events), wait.c
+ * (parked waits) and subscription.c; docs/internals.md, "The registry's
+ * files". */
 #ifndef TBD_REGISTRY_IMPL_H
 #define TBD_REGISTRY_IMPL_H
 
@@ -32,9 +36,11 @@ struct tbd_buffer {
   struct tbd_session *owner; /* NULL once retired */
   struct tbd_uid *u;         /* counted against it until freed */
   uint32_t owner_pid;
-  int kind;                  /* TENSORBROKER__V1__MEMORY_KIND__* */
+  int kind;                  /* TENSORBROKER__V1__MEMORY_KIND__*: its row
+                                in kinds.h decides what differs by kind */
   uint64_t size;
-  int fd;                    /* HOST_MEMFD: the daemon's own descriptor */
+  int fd;                    /* the daemon's own descriptor (kinds that
+                                carry one: HOST_MEMFD), or -1 */
   int rofd;                  /* consumers-may-write HOST_MEMFD: a read-only
                                 one for consumers not granted write, or -1 */
   int32_t dev_type, dev_id;
@@ -314,7 +320,7 @@ bool tbd__access_sees(struct tbd_registry *r, struct tbd_session *s,
                       const struct tbd_session *holder,
                       const struct tbd_channel *ch);
 
-/* ---- helpers shared by registry.c and handlers.c ---- */
+/* ---- helpers shared by the registry's files and handlers.c ---- */
 
 uint64_t tbd__now(struct tbd_registry *r);
 void tbd__emit(struct tbd_registry *r, struct tbd_session *s,
@@ -361,11 +367,13 @@ struct tbd_new_version {
 };
 
 /* Fill out with v's NewVersion as s is to hear of it. A session that asked
- * for prefetch (Hello.prefetch) also gets the version's CUDA buffer, the
- * first time it hears of it, and the ready event with it: it may open both
- * before it acquires. The buffer is then recorded as sent, so that its
- * BufferRetired reaches the session. Returns whether the buffer went in
- * (not for host memory, a buffer sent before, or out of memory: the
+ * for prefetch (Hello.prefetch) and maps the buffer's kind also gets the
+ * version's buffer, if its kind is sent with a prefetch (CUDA IPC:
+ * kinds.h, prefetch_with_notice), the first time it hears of it, and the
+ * ready event with it: it may open both before it acquires. The buffer is
+ * then recorded as sent, so that its BufferRetired reaches the session.
+ * Returns whether the buffer went in (not for other kinds, a buffer sent
+ * before, or out of memory: the
  * acquire brings it then, as without prefetch). out must outlive the
  * message's packing. */
 bool tbd__new_version_fill(struct tbd_registry *r, struct tbd_session *s,
@@ -374,18 +382,6 @@ bool tbd__new_version_fill(struct tbd_registry *r, struct tbd_session *s,
 /* The channel's newest version that may be granted (its memory did not
  * die with its producer), or NULL. */
 struct tbd_version *tbd__channel_newest(struct tbd_channel *ch);
-
-/* Consumers not granted write of a buffer that consumers may write get a
- * read-only description, but no seal stops them re-opening it read-write
- * through /proc/self/fd (the producer must keep writing, and those granted
- * write need writable mappings): the inode's mode must. memfds are made
- * 0777 (0666 with MFD_NOEXEC_SEAL); owner-only, a consumer of another uid
- * gets EACCES. The library makes such memfds 0600 once registered (the
- * daemon must re-open it read-only first); this makes fd so for a producer
- * that speaks the wire, where the daemon may (root, or the producer's uid),
- * and with warn says once when it may not (called as a read-only
- * description goes out: by then the library has done it). */
-void tbd__memfd_restrict(int fd, bool warn);
 
 /* Buffers and events. */
 int tbd__buffer_add(struct tbd_registry *r, struct tbd_session *s,
@@ -423,6 +419,59 @@ int tbd__unsubscribe(struct tbd_registry *r, struct tbd_session *s,
 int tbd__wait_free(struct tbd_registry *r, struct tbd_session *s,
                    uint64_t request_id, const char *channel, uint64_t version,
                    int64_t timeout_ms);
+
+/* ---- between the registry's files ---- */
+
+/* channel.c: free v once it left the history and its last lease ended
+ * (its VersionFree goes out; its buffer goes with its last version once
+ * retired). */
+void tbd__version_maybe_free(struct tbd_registry *r, struct tbd_version *v);
+/* channel.c: version number of ch, granted or not, or NULL. */
+struct tbd_version *tbd__version_find(struct tbd_channel *ch,
+                                      uint64_t number);
+/* channel.c: the version an acquire is granted now, or NULL: never one
+ * whose memory died with its producer. */
+struct tbd_version *tbd__version_match(struct tbd_channel *ch, int mode,
+                                       uint64_t version);
+
+/* buffer.c: free retired b once no version uses it (BufferRetired to the
+ * sessions it was sent to). */
+void tbd__buffer_maybe_free(struct tbd_registry *r, struct tbd_buffer *b);
+/* buffer.c: pack b's BufferInfo once (write: as registered, else with
+ * writable false). 0 or TB_ENOMEM. */
+int tbd__buffer_info_pack(struct tbd_buffer *b, bool write);
+/* buffer.c: that BufferInfo as a length-delimited field value (with
+ * fd_attached when attach) into out, which has room for b->info_len + 16
+ * bytes. Returns the length. */
+size_t tbd__buffer_info_field(const struct tbd_buffer *b, bool write,
+                              bool attach, uint8_t *out);
+
+/* lease.c: TB_ECLOSED for an acquire that finds nothing to grant on ch,
+ * whose producer is gone. after: NEXT's version, else 0. */
+int tbd__reply_no_producer(struct tbd_registry *r, struct tbd_session *s,
+                           uint64_t request_id, const struct tbd_channel *ch,
+                           int mode, uint64_t after);
+
+/* wait.c: the order of registry->deadlines (soonest, then arrival). */
+bool tbd__wait_deadline_less(const struct tbd_heap_node *a,
+                             const struct tbd_heap_node *b);
+/* wait.c: the acquires parked on name, or NULL. */
+struct tbd_waitq *tbd__waitq_find(struct tbd_registry *r, const char *name);
+/* wait.c: park an acquire on channel (ch: it, or NULL when it does not
+ * exist yet). Nothing changes on failure (TB_EBUSY, TB_ENOMEM). */
+int tbd__acquire_park(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t request_id, const char *channel,
+                      const struct tbd_channel *ch, int mode, uint64_t after,
+                      int64_t timeout_ms);
+/* wait.c: answer the acquires parked on q that ch's new version
+ * satisfies, in arrival order; q is freed with its last wait. */
+void tbd__waitq_publish(struct tbd_registry *r, struct tbd_waitq *q,
+                        struct tbd_channel *ch);
+
+/* subscription.c: s's NewVersion notice of v, unless s may not acquire
+ * from v's channel. */
+void tbd__new_version_notify(struct tbd_registry *r, struct tbd_session *s,
+                             struct tbd_version *v);
 
 /* ---- the operator's view (operator.c) ---- */
 

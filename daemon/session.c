@@ -66,6 +66,14 @@ struct tbd_session *tbd_session_next(struct tbd_session *s) {
   return s->hh.next;
 }
 
+struct tbd_session *tbd__session_find(struct tbd_registry *r, uint64_t id) {
+  struct tbd_session *s;
+
+  HASH_FIND(hh, r->sessions, &id, sizeof(id), s);
+  return s;
+}
+
+
 /* Why ch closes as its publisher s leaves (buf holds it when needed). A
  * session that promised a Goodbye and hung up without one crashed, was
  * killed or exited without closing: a leased version it published with

@@ -22,6 +22,7 @@
 #include "config.h"
 #include "log.h"
 #include "registry.h"
+#include "kinds.h"
 #include "registry_impl.h" /* tbd__channel_recent, tbd__channel_find */
 #include "tb_proto.h"
 #include "fake_cuda.h"
@@ -446,6 +447,7 @@ struct acq {
   int fd;
   uint64_t ready_event;  /* 0: the reply had none */
   bool ready_complete;
+  int kind, dev_type;    /* the BufferInfo's */
 };
 
 /* Returns the status, or PARKED; for a parked request, *req_id says
@@ -476,6 +478,8 @@ static int acquire_ex(struct tbd_registry *r, struct tbd_session *s,
     out->fd_attached = ar->buffer->fd_attached;
     out->ready_event = ar->ready_event ? ar->ready_event->event_id : 0;
     out->ready_complete = ar->ready_event && ar->ready_event->complete;
+    out->kind = ar->buffer->kind;
+    out->dev_type = ar->buffer->device ? ar->buffer->device->type : -1;
     assert_int_equal(ar->buffer->fd_attached, c->fd >= 0);
     assert_string_equal(ar->channel, ch);
     assert_int_equal(ar->layout->shape[0], 16);
@@ -1625,6 +1629,124 @@ static void test_buffer_register_seals(void **state) {
   reg_free(r);
 }
 
+/* Every memory kind of the protocol has a row in the daemon's table
+ * (kinds.h) with what its columns need, so that no request can reach a
+ * kind the daemon has no row for; a kind the protocol does not name has
+ * none. */
+static void test_kind_table(void **state) {
+  const ProtobufCEnumDescriptor *d = &tensorbroker__v1__memory_kind__descriptor;
+
+  (void)state;
+  for (unsigned i = 0; i < d->n_values; i++) {
+    int kind = d->values[i].value;
+    const struct tbd_kind *k = tbd_kind_find(kind);
+
+    if (kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_NONE) {
+      assert_null(k);
+      continue;
+    }
+    if (k == NULL)
+      fail_msg("memory kind %s (%d) has no row in daemon/kinds.c",
+               d->values[i].name, kind);
+    assert_int_equal(k->kind, kind);
+    assert_non_null(k->name);
+    assert_string_equal(tbd_kind_name(kind), k->name);
+    assert_non_null(k->validate_register);
+    assert_true(k->dev_type > 0); /* a DLPack device type */
+    /* a descriptor the daemon holds is taken and handed on by the kind */
+    if (k->carries_fd) {
+      assert_non_null(k->adopt);
+      assert_non_null(k->attach_fd);
+      assert_non_null(k->fds_held);
+    }
+  }
+  assert_null(tbd_kind_find(99));
+  assert_string_equal(tbd_kind_name(99), "memory");
+  assert_false(tbd_kind_survives_producer(99));
+}
+
+/* BufferRegister is checked by its kind's row: a kind the daemon does not
+ * know, or does not accept yet, is refused; CUDA_IPC needs its handle, a
+ * CUDA device with its uuid and no descriptor; HOST_MEMFD exactly one
+ * descriptor. Each refusal names what is wrong and leaves nothing behind
+ * (teardown counts descriptors). An accepted host buffer is described on
+ * the host whatever device the registration named. */
+static void test_buffer_register_kinds(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11), *x;
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  struct tbt_fake_cuda f;
+  struct pub gpu = {.dev_type = kDLCUDA, .meta_len = 3};
+  struct acq a;
+  struct cap *m;
+  uint64_t id;
+  int fds[2];
+
+  (void)state;
+  tbt_fake_cuda_init(&f, 1);
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
+  q.buffer_register = &f.reg;
+  f.reg.kind = 7;
+  assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+  assert_string_equal(last_message, "unknown memory kind 7");
+  q.request_id = 0;
+  f.reg.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD;
+  assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_ENOTSUP);
+  assert_non_null(strstr(last_message, "CUDA_VMM_FD"));
+  q.request_id = 0;
+  f.reg.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
+  f.reg.cuda_ipc_handle.len = 63;
+  assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+  assert_non_null(strstr(last_message, "cuda_ipc_handle must be 64 bytes"));
+  q.request_id = 0;
+  f.reg.cuda_ipc_handle.len = 64;
+  f.dev.uuid.len = 0;
+  assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+  assert_non_null(strstr(last_message, "16-byte device uuid"));
+  q.request_id = 0;
+  f.dev.uuid.len = 16;
+  f.dev.type = kDLCPU;
+  assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_EDEVICE);
+  q.request_id = 0;
+  f.dev.type = kDLCUDA;
+  f.reg.size = 0;
+  assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+  assert_int_equal(counts(r).buffers, 0);
+  /* a descriptor with a CUDA_IPC registration: a protocol error */
+  x = session(r, 12);
+  q.request_id = 0;
+  f.reg.size = 4096;
+  fds[0] = memfd(4096, true);
+  assert_tb_err(send_req(r, x, &q, fds, 1, NULL), TB_EPROTO);
+  assert_non_null(strstr(last_message, "CUDA_IPC BufferRegister with"));
+  tbd_session_close(r, x);
+  /* two descriptors with a HOST_MEMFD one: a protocol error too */
+  x = session(r, 13);
+  q.request_id = 0;
+  f.reg.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
+  fds[0] = memfd(4096, true);
+  fds[1] = memfd(4096, true);
+  assert_tb_err(send_req(r, x, &q, fds, 2, NULL), TB_EPROTO);
+  assert_non_null(strstr(last_message, "more than one descriptor"));
+  tbd_session_close(r, x);
+  assert_int_equal(counts(r).buffers, 0);
+
+  /* a host buffer whose registration named a CUDA device: on the host */
+  q.request_id = 0;
+  fds[0] = memfd(4096, true);
+  assert_tb_ok(send_req(r, p, &q, fds, 1, &m));
+  id = m->m->reply->buffer_register->buffer_id;
+  cap_free(m);
+  assert_tb_err(publish_ex(r, p, "k", id, &gpu, NULL), TB_EDEVICE);
+  publish(r, p, "k", id, 0);
+  a = acquire(r, c, "k", LATEST, 0);
+  assert_int_equal(a.kind,
+                   TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD);
+  assert_int_equal(a.dev_type, kDLCPU);
+  assert_true(a.fd_attached);
+  reg_free(r);
+}
+
 static void test_wait_free(void **state) {
   struct tbd_registry *r = reg_new(NULL);
   struct tbd_session *p = session(r, 10), *c = session(r, 11);
@@ -2386,6 +2508,8 @@ int main(void) {
       T(test_limits),
       T(test_buffer_register_checks),
       T(test_buffer_register_seals),
+      T(test_kind_table),
+      T(test_buffer_register_kinds),
       T(test_wait_free),
       T(test_protocol_errors),
       T(test_alloc_failure_publish),
