@@ -94,7 +94,8 @@ TB_EXPORT const char *tb_err_name(int err);
 #define TB_STREAM_LEGACY ((void *)(intptr_t)1)
 #define TB_STREAM_PER_THREAD ((void *)(intptr_t)2)
 
-/* What a NULL stream means on a connection (DESIGN.md section 4). */
+/* What a NULL stream means on a connection (docs/cuda.md, "The stream
+ * contract"). */
 enum tb_stream_contract {
   TB_CONTRACT_SPEC = 0,       /* legacy default stream, as DLPack says */
   TB_CONTRACT_NO_SYNC = 1,    /* -1: the caller orders its own work */
@@ -306,9 +307,9 @@ TB_EXPORT void tb_publish_options_init(struct tb_publish_options *opts);
 
 /* Publish t as the next version of channel. t's data must lie inside a buffer
  * created with tb_buffer_create_host() on this client (kDLCPU), or inside
- * CUDA device memory (kDLCUDA; see the CUDA section of the README). t is
- * borrowed: its shape and strides are copied, and its data must not be
- * rewritten until the daemon says the version is free (tb_channel_wait_free()).
+ * CUDA device memory (kDLCUDA; docs/cuda.md). t is borrowed: its shape and
+ * strides are copied, and its data must not be rewritten until the daemon
+ * says the version is free (tb_channel_wait_free()).
  * NULL strides mean compact row-major. Only one session may publish to a
  * channel at a time (TB_EBUSY otherwise); the channel is created on first
  * publish. opts may be NULL. Writes the new version number to *out_version
@@ -541,7 +542,8 @@ enum tb_notice_type {
                                    without closing its session" and maybe
                                    "; GPU work of version N may never
                                    finish", with N in version (else 0;
-                                   docs/cuda.md, crashes) */
+                                   docs/cuda.md, "What happens on a
+                                   crash") */
   TB_NOTICE_DAEMON_CLOSING = 5  /* reason */
 };
 
