@@ -23,7 +23,7 @@ static int producer_main(void *p) {
     fprintf(stderr, "producer: connect: %s\n", tb_strerror(rc));
     return 2;
   }
-  rc = tb_host_buffer_create(c, 4096, 0, &b);
+  rc = tb_buffer_create_host(c, 4096, 0, &b);
   if (rc < 0) {
     fprintf(stderr, "producer: buffer: %s\n", tb_strerror(rc));
     return 3;
@@ -37,7 +37,7 @@ static int producer_main(void *p) {
   for (long i = 0; i < a->n; i++) {
     char name[128];
     snprintf(name, sizeof(name), "%s/%ld", a->prefix, i);
-    rc = tb_publish(c, name, &t, NULL, NULL);
+    rc = tb_channel_publish(c, name, &t, NULL, NULL);
     if (rc < 0) {
       fprintf(stderr, "producer: publish %s: %s\n", name, tb_strerror(rc));
       return 4;

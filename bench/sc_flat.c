@@ -239,7 +239,7 @@ static int flat_connect(struct flat_client *f, const char *sock) {
   if (rc == 0)
     rc = tbb_connect(sock, "bench-flat-consumer", TB_CONTRACT_SPEC, &f->cc);
   if (rc == 0)
-    rc = tb_host_buffer_create(f->pc, 4096, 0, &f->b);
+    rc = tb_buffer_create_host(f->pc, 4096, 0, &f->b);
   if (rc < 0) {
     fprintf(stderr, "flat: connect: %s\n", tb_strerror(rc));
     return rc;
@@ -267,7 +267,7 @@ static int flat_publish(struct flat_client *f, const char *channel,
   tb_publish_options_init(&po);
   po.history_depth = (uint32_t)depth;
   t0 = tbb_now_ns();
-  rc = tb_publish(f->pc, channel, &f->t, &po, &f->latest);
+  rc = tb_channel_publish(f->pc, channel, &f->t, &po, &f->latest);
   if (ns != NULL)
     *ns = tbb_now_ns() - t0;
   if (rc < 0)
@@ -288,10 +288,10 @@ static int flat_acquire(struct flat_client *f, const char *channel, int mode,
   o.version = version;
   o.timeout_ms = 0;
   t0 = tbb_now_ns();
-  rc = tb_acquire(f->cc, channel, &o, &t);
+  rc = tb_lease_acquire(f->cc, channel, &o, &t);
   *ns = tbb_now_ns() - t0;
   if (rc == 0)
-    rc = tb_release(t, NULL);
+    rc = tb_lease_release(t, NULL);
   if (rc < 0)
     fprintf(stderr, "flat: acquire %s@%llu: %s\n", channel,
             (unsigned long long)version, tb_strerror(rc));

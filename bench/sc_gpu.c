@@ -473,7 +473,7 @@ static int tb_gpu_producer(void *p) {
       }
       t.data = (void *)(uintptr_t)bufs[i];
       po.stream = streams[i];
-      rc = tb_publish(c, "bench/gpu/coldbuf", &t, &po, NULL);
+      rc = tb_channel_publish(c, "bench/gpu/coldbuf", &t, &po, NULL);
       if (rc < 0) {
         fprintf(stderr, "gpu producer: publish: %s\n", tb_strerror(rc));
         goto out;
@@ -481,12 +481,12 @@ static int tb_gpu_producer(void *p) {
       if (tbb_write_byte(a->go_wr, 'g') < 0 || tbb_read_byte(a->sv, &b) < 0)
         goto out;
       struct tb_notice nt;
-      while (tb_client_poll_notice(c, &nt, 0) == 0)
+      while (tb_notice_poll(c, sizeof(nt), &nt, 0) == 0)
         ;
     }
     tbb_gate_wait(a->gate); /* until the consumer has exited */
   } else if (a->cold) {
-    rc = tb_publish(c, "bench/gpu/cold", &t, &po, NULL);
+    rc = tb_channel_publish(c, "bench/gpu/cold", &t, &po, NULL);
     if (rc < 0) {
       fprintf(stderr, "gpu producer: publish: %s\n", tb_strerror(rc));
       goto out;
@@ -507,7 +507,7 @@ static int tb_gpu_producer(void *p) {
         t0 = tbb_now_ns();
       }
       ts = t0;
-      rc = tb_publish(c, "bench/gpu/warm", &t, &po, NULL);
+      rc = tb_channel_publish(c, "bench/gpu/warm", &t, &po, NULL);
       if (rc < 0) {
         fprintf(stderr, "gpu producer: publish: %s\n", tb_strerror(rc));
         goto out;
@@ -518,7 +518,7 @@ static int tb_gpu_producer(void *p) {
         a->sh->rt[i - a->sh->warm] = tbb_now_ns() - t0;
       /* Notices (version free) pile up otherwise; take what is there. */
       struct tb_notice n;
-      while (tb_client_poll_notice(c, &n, 0) == 0)
+      while (tb_notice_poll(c, sizeof(n), &n, 0) == 0)
         ;
     }
     tb__cuda_counters(&k1);
@@ -567,7 +567,7 @@ static int tb_gpu_consumer(void *p) {
       goto out;
     /* 3: subscribed, so that each new buffer comes with its notice and is
      * opened as the acquire reads that notice (opening ahead) */
-    if (a->cold == 3 && (rc = tb_subscribe(c, "bench/gpu/coldbuf")) < 0)
+    if (a->cold == 3 && (rc = tb_channel_subscribe(c, "bench/gpu/coldbuf")) < 0)
       goto out;
     for (long i = 0; i < a->sh->warm + a->sh->iters; i++) {
       DLManagedTensorVersioned *t;
@@ -579,7 +579,7 @@ static int tb_gpu_consumer(void *p) {
       struct tb_cuda_counters o0, o1;
       tb__cuda_counters(&o0);
       uint64_t t0 = tbb_now_ns();
-      rc = tb_acquire(c, "bench/gpu/coldbuf", &o, &t);
+      rc = tb_lease_acquire(c, "bench/gpu/coldbuf", &o, &t);
       uint64_t t1 = tbb_now_ns();
       tb__cuda_counters(&o1);
       if (rc < 0) {
@@ -588,12 +588,12 @@ static int tb_gpu_consumer(void *p) {
         goto out;
       }
       g.cu->cuStreamSynchronize(g.stream);
-      tb_release(t, g.stream);
+      tb_lease_release(t, g.stream);
       g.cu->cuStreamSynchronize(g.stream);
       /* take the queued notices, as a subscribed consumer does, before
        * the producer publishes again (so the next notice stays unread) */
       struct tb_notice nt;
-      while (tb_client_poll_notice(c, &nt, 0) == 0)
+      while (tb_notice_poll(c, sizeof(nt), &nt, 0) == 0)
         ;
       if (tbb_write_byte(a->sv, 'a') < 0)
         goto out;
@@ -629,7 +629,7 @@ static int tb_gpu_consumer(void *p) {
       struct tb_cuda_counters o0, o1;
       tb__cuda_counters(&o0);
       uint64_t t0 = tbb_now_ns();
-      rc = tb_acquire(c, "bench/gpu/cold", &o, &t);
+      rc = tb_lease_acquire(c, "bench/gpu/cold", &o, &t);
       uint64_t t1 = tbb_now_ns();
       tb__cuda_counters(&o1);
       if (rc < 0) {
@@ -637,7 +637,7 @@ static int tb_gpu_consumer(void *p) {
         goto out;
       }
       g.cu->cuStreamSynchronize(g.stream);
-      tb_release(t, g.stream);
+      tb_lease_release(t, g.stream);
       g.cu->cuStreamSynchronize(g.stream);
       tb_client_disconnect(c);
       c = NULL;
@@ -666,14 +666,14 @@ static int tb_gpu_consumer(void *p) {
       o.release = prev;
       o.release_stream = g.stream;
       prev = NULL;
-      rc = tb_acquire(c, "bench/gpu/warm", &o, &t);
+      rc = tb_lease_acquire(c, "bench/gpu/warm", &o, &t);
       if (rc < 0) {
         fprintf(stderr, "gpu consumer: acquire: %s\n", tb_strerror(rc));
         goto out;
       }
       g.cu->cuStreamSynchronize(g.stream);
       uint64_t now = tbb_now_ns(), ts = 0;
-      if (tb_lease_info(t, &li) == 0) {
+      if (tb_lease_get_info(t, sizeof(li), &li) == 0) {
         last = li.version;
         if (li.metadata_len == sizeof(ts))
           memcpy(&ts, li.metadata, sizeof(ts));
@@ -683,12 +683,12 @@ static int tb_gpu_consumer(void *p) {
       if (a->sh->releasing)
         prev = t; /* released by the next acquire */
       else
-        rc = tb_release(t, g.stream);
+        rc = tb_lease_release(t, g.stream);
       if (rc < 0 || tbb_write_byte(a->sv, 'a') < 0)
         goto out;
     }
     if (prev != NULL)
-      tb_release(prev, g.stream);
+      tb_lease_release(prev, g.stream);
     counts_now(&k1);
     note_counters(a->sh, &k0, &k1, a->sh->iters);
   }
@@ -1163,7 +1163,7 @@ static int zc_producer(void *p) {
   struct tb_publish_options po;
   tb_publish_options_init(&po);
   po.stream = g.stream;
-  if ((rc = tb_publish(c, "bench/zc", &t, &po, NULL)) < 0) {
+  if ((rc = tb_channel_publish(c, "bench/zc", &t, &po, NULL)) < 0) {
     fprintf(stderr, "zero-copy producer: publish: %s\n", tb_strerror(rc));
     goto out;
   }
@@ -1252,7 +1252,7 @@ static int zc_consumer(void *p) {
   struct tb_acquire_options o;
   tb_acquire_options_init(&o);
   o.stream = g.stream;
-  if ((rc = tb_acquire(c, "bench/zc", &o, &t)) < 0) {
+  if ((rc = tb_lease_acquire(c, "bench/zc", &o, &t)) < 0) {
     fprintf(stderr, "zero-copy consumer: acquire: %s\n", tb_strerror(rc));
     goto out;
   }
@@ -1283,7 +1283,7 @@ static int zc_consumer(void *p) {
   ret = 0;
 out:
   if (t)
-    tb_release(t, g.cu ? (void *)g.stream : NULL);
+    tb_lease_release(t, g.cu ? (void *)g.stream : NULL);
   tb_client_disconnect(c);
   if (g.cu) {
     g.cu->cuStreamSynchronize(g.stream);
@@ -1342,7 +1342,7 @@ static int zc_peer_consumer(void *p) {
   tb_acquire_options_init(&o);
   o.stream = g1.stream;
   o.device = 1;
-  if ((rc = tb_acquire(c, "bench/zc", &o, &t)) < 0) {
+  if ((rc = tb_lease_acquire(c, "bench/zc", &o, &t)) < 0) {
     fprintf(stderr, "cross-GPU consumer: acquire: %s\n", tb_strerror(rc));
     goto out;
   }
@@ -1369,7 +1369,7 @@ static int zc_peer_consumer(void *p) {
   ret = 0;
 out:
   if (t)
-    tb_release(t, g1.stream ? (void *)g1.stream : NULL);
+    tb_lease_release(t, g1.stream ? (void *)g1.stream : NULL);
   tb_client_disconnect(c);
   if (g1.ctx) {
     g1.cu->cuCtxSetCurrent(g1.ctx);

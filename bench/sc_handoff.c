@@ -140,7 +140,7 @@ static int tb_producer(void *p) {
   if (a->cpu >= 0)
     tbb_pin(0, a->cpu);
   int rc = tbb_connect(a->sock, "bench-handoff-producer", TB_CONTRACT_SPEC, &c);
-  if (rc < 0 || (rc = tb_host_buffer_create(c, 4096, 0, &b)) < 0) {
+  if (rc < 0 || (rc = tb_buffer_create_host(c, 4096, 0, &b)) < 0) {
     fprintf(stderr, "handoff producer: %s\n", tb_strerror(rc));
     goto out;
   }
@@ -159,7 +159,7 @@ static int tb_producer(void *p) {
     data[0] = (uint64_t)i;
     uint64_t t0 = tbb_now_ns();
     ts = t0;
-    rc = tb_publish(c, a->channel, &t, &po, NULL);
+    rc = tb_channel_publish(c, a->channel, &t, &po, NULL);
     uint64_t t1 = tbb_now_ns();
     if (rc < 0) {
       fprintf(stderr, "handoff producer: publish: %s\n", tb_strerror(rc));
@@ -172,7 +172,7 @@ static int tb_producer(void *p) {
       a->sh->pub[i - a->sh->warm] = t1 - t0;
     }
     struct tb_notice n;
-    while (tb_client_poll_notice(c, &n, 0) == 0)
+    while (tb_notice_poll(c, sizeof(n), &n, 0) == 0)
       ;
   }
   ret = 0;
@@ -202,14 +202,14 @@ static int tb_consumer(void *p) {
     DLManagedTensorVersioned *t;
     struct tb_lease_info li;
     o.version = last;
-    rc = tb_acquire(c, a->channel, &o, &t);
+    rc = tb_lease_acquire(c, a->channel, &o, &t);
     uint64_t now = tbb_now_ns(), ts = 0;
     if (rc < 0) {
       fprintf(stderr, "handoff consumer: acquire: %s\n", tb_strerror(rc));
       tb_client_disconnect(c);
       return 3;
     }
-    if (tb_lease_info(t, &li) == 0) {
+    if (tb_lease_get_info(t, sizeof(li), &li) == 0) {
       last = li.version;
       if (li.metadata_len == sizeof(ts))
         memcpy(&ts, li.metadata, sizeof(ts));
@@ -218,7 +218,7 @@ static int tb_consumer(void *p) {
     int bad = d[0] != (uint64_t)i;
     if (i >= a->sh->warm)
       a->sh->oneway[i - a->sh->warm] = now - ts;
-    rc = tb_release(t, NULL);
+    rc = tb_lease_release(t, NULL);
     if (rc < 0 || bad || tbb_write_byte(a->out, 'a') < 0) {
       fprintf(stderr, "handoff consumer: %s\n",
               bad ? "wrong frame" : tb_strerror(rc));

@@ -57,9 +57,9 @@ static int active_client(void *p) {
   for (long i = 0; i < a->iters + warm; i++) {
     DLManagedTensorVersioned *t;
     uint64_t t0 = tbb_now_ns();
-    rc = tb_acquire(c, "bench/idle/0", &o, &t);
+    rc = tb_lease_acquire(c, "bench/idle/0", &o, &t);
     if (rc == 0)
-      rc = tb_release(t, NULL);
+      rc = tb_lease_release(t, NULL);
     uint64_t t1 = tbb_now_ns();
     if (rc < 0) {
       fprintf(stderr, "active client: %s\n", tb_strerror(rc));
@@ -78,7 +78,8 @@ static long daemon_sessions(const char *sock) {
   struct tb_status st;
   if (tbb_connect(sock, "bench-status", TB_CONTRACT_SPEC, &c) < 0)
     return -1;
-  long n = tb_daemon_status(c, &st) == 0 ? (long)st.sessions - 1 : -1;
+  long n = tb_daemon_get_status(c, sizeof(st), &st) == 0 ? (long)st.sessions - 1
+                                                         : -1;
   tb_client_disconnect(c);
   return n;
 }

@@ -78,7 +78,7 @@ static int pipe_producer(void *p) {
       g.cu->cuMemsetD32Async(db[i], 0, a->frame / 4, g.stream);
       data[i] = (void *)(uintptr_t)db[i];
     } else {
-      rc = tb_host_buffer_create(c, a->frame, 0, &hb[i]);
+      rc = tb_buffer_create_host(c, a->frame, 0, &hb[i]);
       if (rc < 0) {
         fprintf(stderr, "pipeline producer: buffer: %s\n", tb_strerror(rc));
         goto out;
@@ -100,7 +100,7 @@ static int pipe_producer(void *p) {
     int s = (int)(f % RING);
     end = tbb_now_ns() >= a->sh->deadline;
     if (ver[s]) {
-      rc = tb_wait_free(c, a->channel, ver[s], 30000, stream);
+      rc = tb_channel_wait_free(c, a->channel, ver[s], 30000, stream);
       if (rc < 0) {
         fprintf(stderr, "pipeline producer: wait_free: %s\n", tb_strerror(rc));
         goto out;
@@ -117,7 +117,7 @@ static int pipe_producer(void *p) {
     DLTensor t = {.data = data[s],
                   .device = {a->gpu ? kDLCUDA : kDLCPU, 0},
                   .ndim = 1, .dtype = {kDLFloat, 32, 1}, .shape = shape};
-    rc = tb_publish(c, a->channel, &t, &po, &ver[s]);
+    rc = tb_channel_publish(c, a->channel, &t, &po, &ver[s]);
     if (rc < 0) {
       fprintf(stderr, "pipeline producer: publish: %s\n", tb_strerror(rc));
       goto out;
@@ -167,14 +167,15 @@ static int pipe_consumer(void *p) {
   for (;;) {
     DLManagedTensorVersioned *t;
     o.version = last;
-    rc = tb_acquire(c, a->channel, &o, &t);
+    rc = tb_lease_acquire(c, a->channel, &o, &t);
     if (rc < 0) {
       fprintf(stderr, "pipeline consumer: acquire: %s\n", tb_strerror(rc));
       goto out;
     }
     struct tb_lease_info li;
     struct frame_meta m = {0};
-    if (tb_lease_info(t, &li) == 0 && li.metadata_len == sizeof(m))
+    if (tb_lease_get_info(t, sizeof(li), &li) == 0 &&
+        li.metadata_len == sizeof(m))
       memcpy(&m, li.metadata, sizeof(m));
     if (a->gpu) {
       g.cu->cuStreamSynchronize(g.stream);
@@ -194,7 +195,7 @@ static int pipe_consumer(void *p) {
       nl++;
       n++;
     }
-    rc = tb_release(t, a->gpu ? (void *)g.stream : NULL);
+    rc = tb_lease_release(t, a->gpu ? (void *)g.stream : NULL);
     if (rc < 0) {
       fprintf(stderr, "pipeline consumer: release: %s\n", tb_strerror(rc));
       goto out;

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Scenario 1: control-plane round trip with host memory.
  *
- * tensorbroker: a consumer process times tb_acquire(LATEST) + tb_release()
- * of a small host tensor that a producer process published once.
- * Baseline: two processes ping-pong datagrams of the same sizes over an
+ * tensorbroker: a consumer process times tb_lease_acquire(LATEST) +
+ * tb_lease_release() of a small host tensor that a producer process published
+ * once. Baseline: two processes ping-pong datagrams of the same sizes over an
  * AF_UNIX SOCK_SEQPACKET socketpair (request = an encoded Acquire, reply =
  * an encoded AcquireReply), the floor for any request/reply over a Unix
  * socket. A second baseline adds the one-way Release datagram, which is
@@ -186,7 +186,7 @@ static int tb_producer(void *p) {
     fprintf(stderr, "rtt producer: connect: %s\n", tb_strerror(rc));
     return 2;
   }
-  rc = tb_host_buffer_create(c, 4096, 0, &b);
+  rc = tb_buffer_create_host(c, 4096, 0, &b);
   if (rc < 0) {
     fprintf(stderr, "rtt producer: buffer: %s\n", tb_strerror(rc));
     return 3;
@@ -197,7 +197,7 @@ static int tb_producer(void *p) {
   int64_t shape[1] = {RTT_ELEMS};
   DLTensor t = {.data = x, .device = {kDLCPU, 0}, .ndim = 1,
                 .dtype = {kDLFloat, 32, 1}, .shape = shape};
-  rc = tb_publish(c, RTT_CHANNEL, &t, NULL, NULL);
+  rc = tb_channel_publish(c, RTT_CHANNEL, &t, NULL, NULL);
   if (rc < 0) {
     fprintf(stderr, "rtt producer: publish: %s\n", tb_strerror(rc));
     return 4;
@@ -228,11 +228,11 @@ static int tb_consumer(void *p) {
     uint64_t t0 = tbb_now_ns();
     o.release = prev; /* NULL unless a->releasing */
     prev = NULL;
-    rc = tb_acquire(c, RTT_CHANNEL, &o, &t);
+    rc = tb_lease_acquire(c, RTT_CHANNEL, &o, &t);
     if (rc == 0 && a->releasing)
       prev = t;
     else if (rc == 0)
-      rc = tb_release(t, NULL);
+      rc = tb_lease_release(t, NULL);
     uint64_t t1 = tbb_now_ns();
     if (rc < 0) {
       fprintf(stderr, "rtt consumer: acquire/release: %s\n", tb_strerror(rc));
@@ -243,7 +243,7 @@ static int tb_consumer(void *p) {
       a->lat[i - a->warmup] = t1 - t0;
   }
   if (prev != NULL)
-    tb_release(prev, NULL);
+    tb_lease_release(prev, NULL);
   tb_client_disconnect(c);
   return 0;
 }

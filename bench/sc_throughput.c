@@ -67,11 +67,11 @@ static int consumer_main(void *p) {
     uint64_t t0 = t1;
     o.release = prev; /* NULL unless a->releasing */
     prev = NULL;
-    rc = tb_acquire(c, names[k], &o, &t);
+    rc = tb_lease_acquire(c, names[k], &o, &t);
     if (rc == 0 && a->releasing)
       prev = t;
     else if (rc == 0)
-      rc = tb_release(t, NULL);
+      rc = tb_lease_release(t, NULL);
     t1 = tbb_now_ns();
     if (rc < 0) {
       fprintf(stderr, "consumer: %s: %s\n", names[k], tb_strerror(rc));
@@ -84,7 +84,7 @@ static int consumer_main(void *p) {
       k = 0;
   }
   if (prev != NULL)
-    tb_release(prev, NULL);
+    tb_lease_release(prev, NULL);
   a->slot->cycles = n;
   a->slot->ns = t1 - start;
   a->slot->nsamples = n < a->cap ? n : a->cap;

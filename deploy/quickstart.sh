@@ -102,7 +102,7 @@ else
   build
 fi
 DAEMON="$BUILD/daemon/tensorbrokerd"
-TBCTL="$BUILD/client/tbctl"
+TBCTL="$BUILD/tools/tbctl"
 PRODUCER="$BUILD/examples/producer"
 CONSUMER="$BUILD/examples/consumer"
 for prog in "$DAEMON" "$TBCTL" "$PRODUCER" "$CONSUMER"; do

@@ -4,7 +4,7 @@
  * reports counts and publish-to-acquire latency.
  *
  * With --cuda it reads CUDA frames (producer --cuda) on its own stream on
- * GPU 0: tb_acquire() makes that stream wait for the producer's ready
+ * GPU 0: tb_lease_acquire() makes that stream wait for the producer's ready
  * event, cuMemcpyDtoHAsync on the same stream copies the frame back, the
  * host waits for the stream and checks the checksum; the next acquire
  * releases the frame (tb_acquire_options.release, one request for both)
@@ -221,7 +221,7 @@ int main(int argc, char **argv) {
     ao.release = prev;
     ao.release_stream = use_cuda ? stream : NULL;
     prev = NULL;
-    rc = tb_acquire(c, channel, &ao, &m);
+    rc = tb_lease_acquire(c, channel, &ao, &m);
     if (rc == TB_ECLOSED)
       break; /* the producer left, none came back within the timeout, and
               * we have seen everything it kept */
@@ -233,7 +233,7 @@ int main(int argc, char **argv) {
       break;
     }
     uint64_t t_acq = now_ns();
-    tb_lease_info(m, &info);
+    tb_lease_get_info(m, sizeof(info), &info);
 
     struct frame_meta meta;
     const DLTensor *t = &m->dl_tensor;
@@ -257,7 +257,7 @@ int main(int argc, char **argv) {
     if (data == NULL) {
       failed = 1;
       if (use_cuda)
-        tb_release(m, stream);
+        tb_lease_release(m, stream);
       else
         m->deleter(m);
       break;
@@ -286,7 +286,7 @@ int main(int argc, char **argv) {
       break; /* the producer's last frame */
   }
   if (prev != NULL) {
-    rc = tb_release(prev, use_cuda ? stream : NULL);
+    rc = tb_lease_release(prev, use_cuda ? stream : NULL);
     if (rc < 0) {
       fprintf(stderr, "consumer: release: %s\n", tb_strerror(rc));
       failed = 1;

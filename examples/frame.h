@@ -13,7 +13,7 @@
 struct frame_meta {
   uint64_t frame_id;  /* 0, 1, 2, ... */
   uint64_t frames;    /* how many the producer will publish in all */
-  uint64_t t_pub_ns;  /* CLOCK_MONOTONIC just before tb_publish */
+  uint64_t t_pub_ns;  /* CLOCK_MONOTONIC just before tb_channel_publish */
   uint64_t checksum;  /* frame_checksum() of the tensor's bytes */
 };
 

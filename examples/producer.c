@@ -2,17 +2,17 @@
 /* Example producer: publishes frames (a float32 HxW tensor) on a channel,
  * zero copy, from a ring of broker buffers.
  *
- * Each frame is written into a host buffer made by tb_host_buffer_create(),
+ * Each frame is written into a host buffer made by tb_buffer_create_host(),
  * published with its frame id, a timestamp and a checksum as metadata, and
- * the buffer is rewritten only after tb_wait_free() says no consumer reads
- * that version any more.
+ * the buffer is rewritten only after tb_channel_wait_free() says no consumer
+ * reads that version any more.
  *
  * With --cuda the ring is K device buffers (cuMemAlloc) on GPU 0: each frame
  * is copied in from a host pattern with cuMemcpyHtoDAsync on the producer's
  * own stream and published as a kDLCUDA tensor with that stream, so
  * consumers' streams wait for the copy (the library records an IPC event on
- * it); before a buffer is rewritten, tb_wait_free(..., stream) makes the
- * stream wait for the consumers' done events. The host never waits for the
+ * it); before a buffer is rewritten, tb_channel_wait_free(..., stream) makes
+ * the stream wait for the consumers' done events. The host never waits for the
  * GPU. CUDA is reached through cuda_loader.c (dlopen of libcuda.so.1).
  *
  *   producer [--socket PATH] [--channel NAME] [--frames N] [--width W]
@@ -207,7 +207,7 @@ int main(int argc, char **argv) {
     }
   } else {
     for (long k = 0; k < ring; k++) {
-      rc = tb_host_buffer_create(c, bytes, 0, &bufs[k]);
+      rc = tb_buffer_create_host(c, bytes, 0, &bufs[k]);
       if (rc < 0)
         return fail(c, "create buffer", rc);
     }
@@ -227,7 +227,8 @@ int main(int argc, char **argv) {
        * same, and then the stream waits for the consumers' done events, so
        * the copy below cannot overwrite a frame a consumer's stream still
        * reads; the host does not wait for the GPU. */
-      rc = tb_wait_free(c, channel, versions[k], -1, use_cuda ? stream : NULL);
+      rc = tb_channel_wait_free(c, channel, versions[k], -1,
+                                use_cuda ? stream : NULL);
       if (rc < 0)
         return fail(c, "wait_free", rc);
     }
@@ -261,7 +262,7 @@ int main(int argc, char **argv) {
     if (use_cuda)
       po.stream = stream; /* consumers' streams wait for the copy on it */
     meta.t_pub_ns = now_ns();
-    rc = tb_publish(c, channel, &t, &po, &versions[k]);
+    rc = tb_channel_publish(c, channel, &t, &po, &versions[k]);
     if (rc < 0)
       return fail(c, "publish", rc);
 

@@ -5,7 +5,7 @@
     pip wheel --no-build-isolation -w dist ./python
 
 The extension is compiled from the tree this file sits in: python/src/native.c,
-the client library (client/*.c but tbctl.c) and the shared protocol code
+the client library (client/*.c) and the shared protocol code
 (proto/*.c plus tensorbroker.pb-c.c, which protoc-c generates here at build
 time, as CMake does; <tensorbroker/version.h> is made from the VERSION file
 here too). It links only libprotobuf-c and libc, and exports
@@ -129,7 +129,7 @@ def native_extension():
     libs = pkg_config("--libs") or ["-lprotobuf-c"]
     return Extension(
         "tensorbroker._native",
-        sources=["src/native.c"] + sources("client", {"tbctl.c"}) + sources("proto"),
+        sources=["src/native.c"] + sources("client") + sources("proto"),
         include_dirs=[os.path.join(ROOT, "include"), os.path.join(ROOT, "proto"),
                       os.path.join(ROOT, "client")] + [w[2:] for w in cflags],
         define_macros=[("_GNU_SOURCE", None), ("TB_BUILDING_LIBRARY", None)],

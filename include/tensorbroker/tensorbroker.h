@@ -15,6 +15,24 @@
  *    errors.
  *  - Strings passed in are copied; nothing passed in is kept after return
  *    unless stated.
+ *  - Names are tb_<object>_<verb> (tb_lease_acquire, tb_channel_publish) or
+ *    tb_<object>_<property> (tb_buffer_size); library-wide functions
+ *    (tb_version, tb_strerror, tb_err_name, tb_free) have no object. The
+ *    names of 0.1.0 stay as aliases, declared at the end of this file
+ *    ("older names"); docs/c-api.md maps each to its new name.
+ *  - Structs the caller fills and passes in (tb_*_options) start with a
+ *    size_t struct_size member that their _init function sets. Structs the
+ *    library fills for the caller are sized by a size_t struct_size
+ *    argument, placed just before the pointer it sizes: pass sizeof the
+ *    struct as your headers have it. The library writes exactly
+ *    struct_size bytes per struct (per entry of a list, whose entries lie
+ *    struct_size bytes apart): the fields it knows that fit, zero for the
+ *    rest, nothing past them. A struct_size smaller than the struct's
+ *    first version, not a multiple of its alignment, or above
+ *    TB_STRUCT_SIZE_MAX is TB_EINVAL, and then nothing is written. So a
+ *    program built against older headers keeps working with a newer
+ *    library, and a newer program with an older one sees zero in the
+ *    fields that library does not know (docs/c-api.md, "struct_size").
  *
  * Streams follow DLPack's integers: NULL (no stream given) takes the
  * connection's contract default, TB_STREAM_NO_SYNC (-1) means "do not
@@ -54,6 +72,9 @@ extern "C" {
 /* Channels one connect may name (tb_connect_options.channels). */
 #define TB_CONNECT_CHANNELS_MAX 16
 
+/* Largest struct_size a function accepts (see above). */
+#define TB_STRUCT_SIZE_MAX 65536
+
 /* ---- versions and errors ------------------------------------------------ */
 
 /* The library's version, "MAJOR.MINOR.PATCH". Static storage; any thread. */
@@ -73,7 +94,8 @@ TB_EXPORT const char *tb_err_name(int err);
 #define TB_STREAM_LEGACY ((void *)(intptr_t)1)
 #define TB_STREAM_PER_THREAD ((void *)(intptr_t)2)
 
-/* What a NULL stream means on a connection (DESIGN.md section 4). */
+/* What a NULL stream means on a connection (docs/cuda.md, "The stream
+ * contract"). */
 enum tb_stream_contract {
   TB_CONTRACT_SPEC = 0,       /* legacy default stream, as DLPack says */
   TB_CONTRACT_NO_SYNC = 1,    /* -1: the caller orders its own work */
@@ -90,13 +112,19 @@ TB_EXPORT int tb_contract_parse(const char *name, int *out);
 
 /* ---- memory kinds ------------------------------------------------------- */
 
-/* What memory a buffer is (tb_lease_info.memory_kind and the lists); the
- * values are the protocol's MemoryKind. */
+/* What memory a buffer is (the memory_kind fields of struct tb_lease_info
+ * and struct tb_lease_entry, which are int so that their size is fixed);
+ * the values are the protocol's MemoryKind. */
 enum tb_memory_kind {
   TB_MEMORY_NONE = 0,
   TB_MEMORY_HOST = 1,     /* a sealed memfd every process maps */
   TB_MEMORY_CUDA_IPC = 2, /* legacy CUDA IPC: dies with its producer */
 };
+
+/* "host", "cuda-ipc" (as tbctl and the Python binding show them); NULL for
+ * TB_MEMORY_NONE and any value this library does not know (a newer daemon
+ * may report kinds it does not). Static storage; any thread. */
+TB_EXPORT const char *tb_memory_kind_name(int kind);
 
 /* ---- connections ------------------------------------------------------- */
 
@@ -105,7 +133,7 @@ typedef struct tb_client tb_client;
 struct tb_connect_options {
   /* sizeof(struct tb_connect_options); lets later versions add fields. */
   size_t struct_size;
-  /* Socket path; NULL: tb_default_socket_path(). */
+  /* Socket path; NULL: tb_client_default_socket_path(). */
   const char *socket_path;
   /* Shown by `tbctl sessions`; NULL: the program name. At most 63 bytes. */
   const char *client_name;
@@ -160,14 +188,15 @@ TB_EXPORT void tb_connect_options_init(struct tb_connect_options *opts);
  * $XDG_RUNTIME_DIR/tensorbroker.sock, else
  * /run/tensorbroker/tensorbroker.sock. Writes a NUL-terminated path into buf.
  * Returns 0, or TB_ELIMIT when it does not fit in len bytes. */
-TB_EXPORT int tb_default_socket_path(char *buf, size_t len);
+TB_EXPORT int tb_client_default_socket_path(char *buf, size_t len);
 
 /* Connect to the daemon and open a session. opts may be NULL for defaults.
  * On success *out owns the connection; free it with tb_client_disconnect().
  * Fails with TB_ECONNECT when no daemon listens, TB_EVERSION when it speaks
  * another protocol, TB_ELIMIT when it refuses the session (one of its
  * limits, e.g. --max-sessions, is reached), TB_ETIMEDOUT when it does not
- * answer. On failure nothing is allocated, and tb_connect_error() tells why.
+ * answer. On failure nothing is allocated, and tb_client_connect_error() tells
+ * why.
  *
  * Reconnecting: when the daemon goes away (it stopped, was killed or
  * restarted), every call on the client fails with TB_EDISCONNECTED and
@@ -191,7 +220,7 @@ TB_EXPORT int tb_client_connect(const struct tb_connect_options *opts,
  * length of the full text; an empty string after a successful connect or
  * before any. The text is thread-local: each thread reads its own last
  * connect, and other calls never change it. Any thread. */
-TB_EXPORT size_t tb_connect_error(char *buf, size_t len);
+TB_EXPORT size_t tb_client_connect_error(char *buf, size_t len);
 
 /* Close the session. The daemon then ends every lease, buffer registration
  * and subscription the session held. Tensors acquired through this client
@@ -206,7 +235,7 @@ TB_EXPORT size_t tb_connect_error(char *buf, size_t len);
 TB_EXPORT void tb_client_disconnect(tb_client *c);
 
 /* The connection's socket. It becomes readable when a notice (or a reply)
- * arrives; poll it, then call tb_client_poll_notice(). Do not read from it or
+ * arrives; poll it, then call tb_notice_poll(). Do not read from it or
  * close it. */
 TB_EXPORT int tb_client_fd(const tb_client *c);
 
@@ -232,7 +261,7 @@ typedef struct tb_buffer tb_buffer;
 /* Create a shareable host buffer of size bytes (a memfd, sealed against
  * shrinking and growing), map it read-write in this process and register it
  * with the daemon. The application writes tensors into tb_buffer_data() and
- * publishes them with tb_publish(). Unless flags has
+ * publishes them with tb_channel_publish(). Unless flags has
  * TB_BUFFER_CONSUMERS_MAY_WRITE, the memfd is also sealed with
  * F_SEAL_FUTURE_WRITE once mapped here, so that the kernel gives consumers
  * no writable route to it while this mapping stays writable; that needs
@@ -240,7 +269,7 @@ typedef struct tb_buffer tb_buffer;
  * docs/memory-access.md). On success *out owns the buffer; free it
  * with tb_buffer_destroy(). The buffer belongs to c and must be destroyed
  * before c is disconnected, or is destroyed with it. */
-TB_EXPORT int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,
+TB_EXPORT int tb_buffer_create_host(tb_client *c, size_t size, unsigned flags,
                                     tb_buffer **out);
 
 /* Start of the buffer's mapping in this process (page-aligned). */
@@ -277,26 +306,27 @@ struct tb_publish_options {
 TB_EXPORT void tb_publish_options_init(struct tb_publish_options *opts);
 
 /* Publish t as the next version of channel. t's data must lie inside a buffer
- * created with tb_host_buffer_create() on this client (kDLCPU), or inside
- * CUDA device memory (kDLCUDA; see the CUDA section of the README). t is
- * borrowed: its shape and strides are copied, and its data must not be
- * rewritten until the daemon says the version is free (tb_wait_free()).
+ * created with tb_buffer_create_host() on this client (kDLCPU), or inside
+ * CUDA device memory (kDLCUDA; docs/cuda.md). t is borrowed: its shape and
+ * strides are copied, and its data must not be rewritten until the daemon
+ * says the version is free (tb_channel_wait_free()).
  * NULL strides mean compact row-major. Only one session may publish to a
  * channel at a time (TB_EBUSY otherwise); the channel is created on first
  * publish. opts may be NULL. Writes the new version number to *out_version
  * when out_version is not NULL. */
-TB_EXPORT int tb_publish(tb_client *c, const char *channel, const DLTensor *t,
-                         const struct tb_publish_options *opts,
-                         uint64_t *out_version);
+TB_EXPORT int tb_channel_publish(tb_client *c, const char *channel,
+                                 const DLTensor *t,
+                                 const struct tb_publish_options *opts,
+                                 uint64_t *out_version);
 
 /* Publish a copy of t, which may live in any host memory: the bytes are
  * copied into a new broker buffer (compact row-major) that the daemon frees
- * once the version is. Slower than tb_publish() by one copy and one buffer
- * registration; meant for data not produced in a broker buffer. */
-TB_EXPORT int tb_publish_copy(tb_client *c, const char *channel,
-                              const DLTensor *t,
-                              const struct tb_publish_options *opts,
-                              uint64_t *out_version);
+ * once the version is. Slower than tb_channel_publish() by one copy and one
+ * buffer registration; meant for data not produced in a broker buffer. */
+TB_EXPORT int tb_channel_publish_copy(tb_client *c, const char *channel,
+                                      const DLTensor *t,
+                                      const struct tb_publish_options *opts,
+                                      uint64_t *out_version);
 
 /* Wait until nobody reads version of channel any more, so that its buffer may
  * be rewritten. For CUDA versions, stream (NULL follows the contract) is made
@@ -308,8 +338,9 @@ TB_EXPORT int tb_publish_copy(tb_client *c, const char *channel,
  * events than the daemon keeps (--max-done-events): their reads cannot be
  * waited for, so the buffer must not be rewritten (every later call on that
  * version says the same while the client remembers it; docs/limits.md). */
-TB_EXPORT int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
-                           int timeout_ms, void *stream);
+TB_EXPORT int tb_channel_wait_free(tb_client *c, const char *channel,
+                                   uint64_t version, int timeout_ms,
+                                   void *stream);
 
 /* ---- acquiring ----------------------------------------------------------- */
 
@@ -341,22 +372,22 @@ struct tb_acquire_options {
   int device;
   /* TB_ACQUIRE_* flags below; unknown bits are TB_EINVAL. Default 0. */
   unsigned flags;
-  /* A tensor that tb_acquire() on this client returned, to release in the
+  /* A tensor that tb_lease_acquire() on this client returned, to release in the
    * same message as this acquire: a consumer's loop of "release the last
    * version, acquire the next" then costs one round trip to the daemon
    * instead of a one-way Release plus a round trip. The lease ends as
-   * tb_release(release, release_stream) would end it, before the acquire is
-   * looked at and whatever becomes of the acquire (timeout, error), and the
+   * tb_lease_release(release, release_stream) would end it, before the acquire
+   * is looked at and whatever becomes of the acquire (timeout, error), and the
    * tensor is freed: do not use it afterwards. If the call's own arguments
    * are refused (TB_EINVAL, TB_ENAME; also TB_EINVAL for a tensor not
    * acquired on this client) nothing is released. If the CUDA done event
    * cannot be recorded (TB_ECAPTURE, TB_ESTREAM, TB_ECUDA) the lease ends
-   * without one, as with tb_release(), and that error is returned without
+   * without one, as with tb_lease_release(), and that error is returned without
    * acquiring. A daemon older than this field gets the Release as its own
    * message first. Default NULL: nothing released. */
   DLManagedTensorVersioned *release;
   /* CUDA: the stream the released tensor was read on, for its done event;
-   * NULL follows the contract (tb_release()'s rules). Default NULL. */
+   * NULL follows the contract (tb_lease_release()'s rules). Default NULL. */
   void *release_stream;
 };
 
@@ -374,10 +405,10 @@ TB_EXPORT void tb_acquire_options_init(struct tb_acquire_options *opts);
 
 /* Take a lease on a version of channel and return it as a DLPack tensor that
  * points into the producer's memory (no copy). On success *out is owned by
- * the caller; calling (*out)->deleter(*out), or tb_release(), ends the lease.
- * The deleter may be called from any thread, also while another thread waits
- * in tb_acquire() on the same client, and after tb_client_disconnect() (then
- * it only unmaps). The tensor is read-only (flag
+ * the caller; calling (*out)->deleter(*out), or tb_lease_release(), ends the
+ * lease. The deleter may be called from any thread, also while another thread
+ * waits in tb_lease_acquire() on the same client, and after
+ * tb_client_disconnect() (then it only unmaps). The tensor is read-only (flag
  * DLPACK_FLAG_BITMASK_READ_ONLY, memory mapped PROT_READ) unless the producer
  * allowed writes.
  *
@@ -412,18 +443,18 @@ TB_EXPORT void tb_acquire_options_init(struct tb_acquire_options *opts);
  * timeout runs out, since a new producer may take the channel over and carry
  * on its numbering meanwhile; or EXACT of a version whose CUDA IPC memory
  * died with its producer), TB_ELIMIT (too many leases). */
-TB_EXPORT int tb_acquire(tb_client *c, const char *channel,
-                         const struct tb_acquire_options *opts,
-                         DLManagedTensorVersioned **out);
+TB_EXPORT int tb_lease_acquire(tb_client *c, const char *channel,
+                               const struct tb_acquire_options *opts,
+                               DLManagedTensorVersioned **out);
 
 /* When a CUDA lease ends, and on which streams (docs/cuda.md, "When a lease
  * ends"). A lease remembers every stream the consumer declared for it: the
- * stream given to tb_acquire() (opts->stream), to tb_lease_wait(), to
- * tb_lease_use() and to tb_release(); NULL counts as the contract's default
- * stream it stands for, TB_STREAM_NO_SYNC (-1) declares nothing. However
- * the lease ends - tb_release(), the tensor's deleter on any thread, the
- * release riding on an acquire, tb_client_disconnect() - the done event
- * the producer waits for is recorded after the work queued on ALL of them
+ * stream given to tb_lease_acquire() (opts->stream), to tb_lease_wait(), to
+ * tb_lease_use() and to tb_lease_release(); NULL counts as the contract's
+ * default stream it stands for, TB_STREAM_NO_SYNC (-1) declares nothing.
+ * However the lease ends - tb_lease_release(), the tensor's deleter on any
+ * thread, the release riding on an acquire, tb_client_disconnect() - the done
+ * event the producer waits for is recorded after the work queued on ALL of them
  * at that moment (one stream: recorded on it; several: on a stream of the
  * library's that waits for each), never on a stream the consumer did not
  * declare. Then:
@@ -435,8 +466,8 @@ TB_EXPORT int tb_acquire(tb_client *c, const char *channel,
  *    can be recorded after the real work queued on it before the capture
  *    (a record inside the capture would mark the graph's future launches
  *    instead). The lease is kept, and ended with its done event by the
- *    first call on the same client (tb_acquire, tb_release or a deleter of
- *    another tensor, tb_client_poll_notice, tb_wait_free,
+ *    first call on the same client (tb_lease_acquire, tb_lease_release or
+ *    a deleter of another tensor, tb_notice_poll, tb_channel_wait_free,
  *    tb_client_disconnect) that finds no remembered stream capturing. The
  *    capture is never touched. A graph that reads the tensor must be
  *    launched before the lease ends, on a stream the lease remembers.
@@ -455,23 +486,23 @@ TB_EXPORT int tb_acquire(tb_client *c, const char *channel,
  * succeeds; do not use it afterwards. If the done event cannot be recorded
  * (TB_ECAPTURE, TB_ESTREAM, TB_ECUDA) the lease still ends, without a done
  * event, and that error is returned. TB_EINVAL for a tensor that
- * tb_acquire() did not return (it is then left alone). Any thread.
+ * tb_lease_acquire() did not return (it is then left alone). Any thread.
  *
  * The tensor's plain deleter, t->deleter(t), ends the lease as
- * tb_release(t, NULL) does: on the streams the lease remembers. */
-TB_EXPORT int tb_release(DLManagedTensorVersioned *t, void *stream);
+ * tb_lease_release(t, NULL) does: on the streams the lease remembers. */
+TB_EXPORT int tb_lease_release(DLManagedTensorVersioned *t, void *stream);
 
 /* Make stream wait (again) for the producer's ready event of a tensor
- * returned by tb_acquire(), and remember stream as one that reads it (its
+ * returned by tb_lease_acquire(), and remember stream as one that reads it (its
  * done event will be recorded there): for consumers that acquire with
  * TB_STREAM_NO_SYNC and learn their stream later, as DLPack's __dlpack__
- * (stream=...) does. The stream rules are tb_acquire()'s: NULL follows the
- * contract, TB_STREAM_NO_SYNC does nothing, a capturing stream gets an
+ * (stream=...) does. The stream rules are tb_lease_acquire()'s: NULL follows
+ * the contract, TB_STREAM_NO_SYNC does nothing, a capturing stream gets an
  * external wait (replays wait for the producer's newest record on the same
  * stream), the legacy stream while this thread captures is TB_ECAPTURE.
  * TB_ELIMIT when the lease already remembers 8 streams. Host tensors: 0,
  * nothing to wait for. Any thread, also after tb_client_disconnect();
- * TB_EINVAL for a tensor not from tb_acquire(). */
+ * TB_EINVAL for a tensor not from tb_lease_acquire(). */
 TB_EXPORT int tb_lease_wait(const DLManagedTensorVersioned *t, void *stream);
 
 /* Remember stream as one that reads t, without waiting: its done event
@@ -492,10 +523,13 @@ struct tb_lease_info {
   uint32_t producer_pid;
 };
 
-/* Describe a tensor returned by tb_acquire(). TB_EINVAL for any other
- * tensor. */
-TB_EXPORT int tb_lease_info(const DLManagedTensorVersioned *t,
-                            struct tb_lease_info *out);
+/* Describe a tensor returned by tb_lease_acquire(): fill the first
+ * struct_size bytes of *out (sizeof(struct tb_lease_info); the struct_size
+ * rules at the top of this file). No call to the daemon; any thread, also
+ * after tb_client_disconnect(). TB_EINVAL for any other tensor, or a bad
+ * struct_size, and then *out is not written. */
+TB_EXPORT int tb_lease_get_info(const DLManagedTensorVersioned *t,
+                                size_t struct_size, struct tb_lease_info *out);
 
 /* ---- notices --------------------------------------------------------------- */
 
@@ -508,7 +542,8 @@ enum tb_notice_type {
                                    without closing its session" and maybe
                                    "; GPU work of version N may never
                                    finish", with N in version (else 0;
-                                   docs/cuda.md, crashes) */
+                                   docs/cuda.md, "What happens on a
+                                   crash") */
   TB_NOTICE_DAEMON_CLOSING = 5  /* reason */
 };
 
@@ -521,15 +556,18 @@ struct tb_notice {
 };
 
 /* Receive new-version notices for channel (which need not exist yet). */
-TB_EXPORT int tb_subscribe(tb_client *c, const char *channel);
-TB_EXPORT int tb_unsubscribe(tb_client *c, const char *channel);
+TB_EXPORT int tb_channel_subscribe(tb_client *c, const char *channel);
+TB_EXPORT int tb_channel_unsubscribe(tb_client *c, const char *channel);
 
-/* Take the oldest queued notice into *out. Waits up to timeout_ms for one
- * (<0 forever, 0 not at all); TB_EAGAIN when none came. The client keeps at
- * most 4096 notices; older ones are dropped first. Notices that only concern
- * the library (buffer retired) are also handled internally. */
-TB_EXPORT int tb_client_poll_notice(tb_client *c, struct tb_notice *out,
-                                    int timeout_ms);
+/* Take the oldest queued notice into the first struct_size bytes of *out
+ * (sizeof(struct tb_notice); the struct_size rules at the top of this
+ * file). Waits up to timeout_ms for one (<0 forever, 0 not at all);
+ * TB_EAGAIN when none came. The client keeps at most 4096 notices; older
+ * ones are dropped first. Notices that only concern the library (buffer
+ * retired) are also handled internally. TB_EINVAL for a bad struct_size,
+ * and then no notice is taken. */
+TB_EXPORT int tb_notice_poll(tb_client *c, size_t struct_size,
+                             struct tb_notice *out, int timeout_ms);
 
 /* ---- introspection -------------------------------------------------------- */
 
@@ -543,8 +581,8 @@ struct tb_channel_info {
   uint32_t subscribers;
   int closed;
   uint64_t publishes;
-  /* Added after 0.1.0 (filled by tb_list_channels_sized(), which the
-   * tb_list_channels() of these headers calls): */
+  /* Added after 0.1.0: filled when struct_size covers them (never by the
+   * 0.1.0 symbol tb_list_channels, see "older names"). */
   uint32_t waiters;           /* acquires parked on the name */
   /* No such channel: listed only because acquires wait on the name (it was
    * never published, or was dropped); the fields above but name and
@@ -575,7 +613,7 @@ struct tb_status {
   char socket_path[108];
 };
 
-/* One lease held in the daemon (tb_list_leases). */
+/* One lease held in the daemon (tb_lease_list). */
 struct tb_lease_entry {
   uint64_t lease_id;
   uint64_t session_id;       /* the session holding it */
@@ -601,10 +639,10 @@ enum tb_wait_what {
   TB_WAIT_ACQUIRE_LATEST = 0, /* an acquire: the channel's first version */
   TB_WAIT_ACQUIRE_NEXT = 1,   /* an acquire: a version after .version */
   TB_WAIT_ACQUIRE_EXACT = 2,  /* not parked by today's daemon */
-  TB_WAIT_FREE = 3            /* tb_wait_free(): version .version freed */
+  TB_WAIT_FREE = 3            /* tb_channel_wait_free(): .version freed */
 };
 
-/* One parked request in the daemon (tb_list_waits); a session has at most
+/* One parked request in the daemon (tb_wait_list); a session has at most
  * one. */
 struct tb_wait_entry {
   uint64_t session_id;
@@ -615,42 +653,44 @@ struct tb_wait_entry {
   uint64_t version;          /* NEXT: after this one; FREE: this one; else 0 */
   uint64_t age_ms;           /* since it was parked */
   int64_t timeout_ms;        /* left before it times out; -1: never */
-  /* TB_WAIT_FREE: the version's leases (tb_list_leases names them), and
+  /* TB_WAIT_FREE: the version's leases (tb_lease_list names them), and
    * whether it is still in the channel's history (then it is freed only
    * once newer versions push it out, whatever the leases). */
   uint32_t leases;
   int in_history;
 };
 
-/* Lists: *out is an array of *count entries allocated by the library; free
- * it with tb_free(). The daemon answers in pages that fit one message; the
- * library asks for every page, so the list is whole. Any thread.
- *
- * Functions that take struct_size write entries struct_size bytes apart:
- * pass sizeof the struct as your headers have it. Fields the library does
- * not know, or that do not fit in struct_size, are left zero; a
- * struct_size smaller than the struct's first version is TB_EINVAL. */
-TB_EXPORT int tb_list_channels_sized(tb_client *c, size_t struct_size,
-                                     struct tb_channel_info **out,
-                                     size_t *count);
-/* Programs built against 0.1.0 call this symbol and get its entries (up to
- * publishes, no waiting names); programs built against these headers call
- * tb_list_channels_sized() through the macro below. */
-TB_EXPORT int tb_list_channels(tb_client *c, struct tb_channel_info **out,
-                               size_t *count);
-#define tb_list_channels(c, o, n) tb_list_channels_sized(c, sizeof(**(o)), o, n)
-TB_EXPORT int tb_list_sessions(tb_client *c, struct tb_session_info **out,
-                               size_t *count);
-TB_EXPORT int tb_daemon_status(tb_client *c, struct tb_status *out);
+/* Lists: *out is an array of *count entries allocated by the library,
+ * struct_size bytes apart (the struct_size rules at the top of this file);
+ * free it with tb_free(). It is never NULL on success, also when *count is
+ * 0. The daemon answers in pages that fit one message; the library asks
+ * for every page, so the list is whole. On failure *out and *count are not
+ * written. Any thread (calls on one client are serialised). */
 
-/* Every lease the daemon holds, ascending by lease id; every parked
- * request (acquires waiting for a version, tb_wait_free() calls),
- * ascending by session id. TB_ENOTSUP from a daemon older than these
- * lists. */
-TB_EXPORT int tb_list_leases(tb_client *c, size_t struct_size,
-                             struct tb_lease_entry **out, size_t *count);
-TB_EXPORT int tb_list_waits(tb_client *c, size_t struct_size,
-                            struct tb_wait_entry **out, size_t *count);
+/* Every channel, ascending by name, and the names that exist only because
+ * acquires wait on them (waiting set). */
+TB_EXPORT int tb_channel_list(tb_client *c, size_t struct_size,
+                              struct tb_channel_info **out, size_t *count);
+
+/* Every session, ascending by session id (this one included). */
+TB_EXPORT int tb_session_list(tb_client *c, size_t struct_size,
+                              struct tb_session_info **out, size_t *count);
+
+/* Every lease the daemon holds, ascending by lease id. TB_ENOTSUP from a
+ * daemon older than the operator's view (no FEATURE_OPERATOR_VIEW). */
+TB_EXPORT int tb_lease_list(tb_client *c, size_t struct_size,
+                            struct tb_lease_entry **out, size_t *count);
+
+/* Every parked request (acquires waiting for a version,
+ * tb_channel_wait_free() calls), ascending by session id. TB_ENOTSUP as
+ * tb_lease_list(). */
+TB_EXPORT int tb_wait_list(tb_client *c, size_t struct_size,
+                           struct tb_wait_entry **out, size_t *count);
+
+/* The daemon's version and counters into the first struct_size bytes of
+ * *out (sizeof(struct tb_status)); *out is written only on success. */
+TB_EXPORT int tb_daemon_get_status(tb_client *c, size_t struct_size,
+                                   struct tb_status *out);
 
 /* Free closed channel `channel` and its versions now, rather than when its
  * retention ends or room is needed (docs/limits.md): it starts again at
@@ -669,7 +709,7 @@ TB_EXPORT int tb_channel_drop(tb_client *c, const char *channel);
  * a daemon that predates metrics (nothing is sent, the session goes on),
  * TB_ENOMEM, or the errors of any call. Any thread (calls on one client
  * are serialised). */
-TB_EXPORT int tb_daemon_metrics(tb_client *c, char **text, size_t *len);
+TB_EXPORT int tb_daemon_get_metrics(tb_client *c, char **text, size_t *len);
 
 /* Free memory returned by the library. NULL is accepted. */
 TB_EXPORT void tb_free(void *p);
@@ -679,6 +719,73 @@ TB_EXPORT void tb_free(void *p);
 /* 0 when the CUDA driver (libcuda.so.1) could be loaded and initialised and
  * has at least one device; TB_ENOCUDA otherwise. Any thread. */
 TB_EXPORT int tb_cuda_available(void);
+
+/* ---- older names ----------------------------------------------------------
+ * The names of 0.1.0, kept so that programs written or built against them
+ * keep working: each is a documented alias of its new name, with the same
+ * behaviour, errors and threading, and stays exported for as long as the
+ * library's major version does not change. New code uses the new names
+ * (docs/c-api.md has the table). Those that fill a struct take no
+ * struct_size: they fill the struct's first version, as 0.1.0 laid it out
+ * (today the whole struct but for struct tb_channel_info's waiters and
+ * waiting), whatever later headers add to it. */
+
+/* = tb_client_default_socket_path() */
+TB_EXPORT int tb_default_socket_path(char *buf, size_t len);
+/* = tb_client_connect_error() */
+TB_EXPORT size_t tb_connect_error(char *buf, size_t len);
+/* = tb_buffer_create_host() */
+TB_EXPORT int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,
+                                    tb_buffer **out);
+/* = tb_channel_publish() */
+TB_EXPORT int tb_publish(tb_client *c, const char *channel, const DLTensor *t,
+                         const struct tb_publish_options *opts,
+                         uint64_t *out_version);
+/* = tb_channel_publish_copy() */
+TB_EXPORT int tb_publish_copy(tb_client *c, const char *channel,
+                              const DLTensor *t,
+                              const struct tb_publish_options *opts,
+                              uint64_t *out_version);
+/* = tb_channel_wait_free() */
+TB_EXPORT int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
+                           int timeout_ms, void *stream);
+/* = tb_lease_acquire() */
+TB_EXPORT int tb_acquire(tb_client *c, const char *channel,
+                         const struct tb_acquire_options *opts,
+                         DLManagedTensorVersioned **out);
+/* = tb_lease_release() */
+TB_EXPORT int tb_release(DLManagedTensorVersioned *t, void *stream);
+/* = tb_lease_get_info(t, sizeof(struct tb_lease_info) of 0.1.0, out) */
+TB_EXPORT int tb_lease_info(const DLManagedTensorVersioned *t,
+                            struct tb_lease_info *out);
+/* = tb_channel_subscribe(), tb_channel_unsubscribe() */
+TB_EXPORT int tb_subscribe(tb_client *c, const char *channel);
+TB_EXPORT int tb_unsubscribe(tb_client *c, const char *channel);
+/* = tb_notice_poll(c, sizeof(struct tb_notice) of 0.1.0, out, timeout_ms) */
+TB_EXPORT int tb_client_poll_notice(tb_client *c, struct tb_notice *out,
+                                    int timeout_ms);
+/* = tb_channel_list() */
+TB_EXPORT int tb_list_channels_sized(tb_client *c, size_t struct_size,
+                                     struct tb_channel_info **out,
+                                     size_t *count);
+/* Programs built against 0.1.0 call this symbol and get 0.1.0's entries (up
+ * to publishes; no waiting names). Source that calls tb_list_channels() with
+ * these headers reaches tb_list_channels_sized() through the macro. */
+TB_EXPORT int tb_list_channels(tb_client *c, struct tb_channel_info **out,
+                               size_t *count);
+#define tb_list_channels(c, o, n) tb_list_channels_sized(c, sizeof(**(o)), o, n)
+/* = tb_session_list(c, sizeof(struct tb_session_info) of 0.1.0, out, count) */
+TB_EXPORT int tb_list_sessions(tb_client *c, struct tb_session_info **out,
+                               size_t *count);
+/* = tb_daemon_get_status(c, sizeof(struct tb_status) of 0.1.0, out) */
+TB_EXPORT int tb_daemon_status(tb_client *c, struct tb_status *out);
+/* = tb_lease_list(), tb_wait_list() */
+TB_EXPORT int tb_list_leases(tb_client *c, size_t struct_size,
+                             struct tb_lease_entry **out, size_t *count);
+TB_EXPORT int tb_list_waits(tb_client *c, size_t struct_size,
+                            struct tb_wait_entry **out, size_t *count);
+/* = tb_daemon_get_metrics() */
+TB_EXPORT int tb_daemon_metrics(tb_client *c, char **text, size_t *len);
 
 #ifdef __cplusplus
 }

@@ -7,14 +7,14 @@
  *
  * Objects:
  *  - Client: one tb_client. Calls release the GIL while they wait.
- *  - Buffer: a broker host buffer (tb_host_buffer_create) exposed through the
+ *  - Buffer: a broker host buffer (tb_buffer_create_host) exposed through the
  *    buffer protocol, writable; empty() in Python views it with NumPy.
  *  - Lease: one acquired version. It hands out DLPack capsules (versioned or
- *    legacy) and read-only buffer views. The tensor from tb_acquire lives in a
- *    reference-counted core: the Lease holds one reference and every capsule
- *    or buffer view handed out holds one, so the lease ends when the last of
- *    them lets go, whichever order that happens in and on whatever thread a
- *    consumer library runs its deleter.
+ *    legacy) and read-only buffer views. The tensor from tb_lease_acquire
+ *    lives in a reference-counted core: the Lease holds one reference and
+ *    every capsule or buffer view handed out holds one, so the lease ends
+ *    when the last of them lets go, whichever order that happens in and on
+ *    whatever thread a consumer library runs its deleter.
  */
 #define Py_LIMITED_API 0x030B0000
 #define PY_SSIZE_T_CLEAN
@@ -222,7 +222,7 @@ static bool byte_extent(const DLTensor *t, int64_t *lo, int64_t *hi) {
 /* ---- lease core -------------------------------------------------------- */
 
 struct lease_core {
-  DLManagedTensorVersioned *mt; /* from tb_acquire; ends the lease when freed */
+  DLManagedTensorVersioned *mt; /* from tb_lease_acquire; ends the lease when freed */
   atomic_int refs;
 };
 
@@ -326,10 +326,10 @@ static void lease_dealloc(LeaseObject *self) {
 
 static PyObject *lease_new_from(DLManagedTensorVersioned *mt) {
   struct tb_lease_info info;
-  int rc = tb_lease_info(mt, &info);
+  int rc = tb_lease_get_info(mt, sizeof(info), &info);
   if (rc < 0) {
     mt->deleter(mt);
-    return raise_tb(rc, "tb_lease_info");
+    return raise_tb(rc, "tb_lease_get_info");
   }
   struct lease_core *core = malloc(sizeof(*core));
   if (core == NULL) {
@@ -526,7 +526,7 @@ static PyObject *lease_release(LeaseObject *self, PyObject *args, PyObject *kw) 
     free(core);
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = tb_release(mt, s);
+    rc = tb_lease_release(mt, s);
     Py_END_ALLOW_THREADS
     if (rc < 0)
       return raise_tb(rc, NULL);
@@ -692,7 +692,7 @@ static PyGetSetDef lease_getset[] = {
     {"lease_id", (getter)lease_get_lease_id, NULL, "daemon's lease id", NULL},
     {"buffer_id", (getter)lease_get_buffer_id, NULL, "producer buffer id", NULL},
     {"producer_pid", (getter)lease_get_producer_pid, NULL, "producer's pid", NULL},
-    {"memory_kind", (getter)lease_get_memory_kind, NULL, "1 host memfd, 2 CUDA IPC", NULL},
+    {"memory_kind", (getter)lease_get_memory_kind, NULL, "1 host memfd, 2 CUDA IPC (enum tb_memory_kind in C)", NULL},
     {"channel", (getter)lease_get_channel, NULL, "channel name", NULL},
     {"metadata", (getter)lease_get_metadata, NULL, "user metadata (bytes)", NULL},
     {"shape", (getter)lease_get_shape, NULL, "tensor shape", NULL},
@@ -859,7 +859,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   if (rc < 0) {
     /* the socket path and why; read on the thread that connected */
     char why[512];
-    tb_connect_error(why, sizeof(why));
+    tb_client_connect_error(why, sizeof(why));
     raise_tb(rc, why);
     return -1;
   }
@@ -928,7 +928,7 @@ static PyObject *client_alloc(ClientObject *self, PyObject *args, PyObject *kw) 
   /* A zero-byte memfd cannot be mapped; an empty array still needs a home. */
   size_t size = nbytes > 0 ? (size_t)nbytes : 1;
   unsigned flags = may_write ? TB_BUFFER_CONSUMERS_MAY_WRITE : 0;
-  CLIENT_CALL(self, rc, err, tb_host_buffer_create(c_, size, flags, &b));
+  CLIENT_CALL(self, rc, err, tb_buffer_create_host(c_, size, flags, &b));
   if (rc < 0) {
     Py_DECREF(bo);
     return raise_tb(rc, err);
@@ -1103,9 +1103,9 @@ static PyObject *client_publish(ClientObject *self, PyObject *args, PyObject *kw
     t.device.device_id = 0;
     if (client_find_buffer(self, &t) != NULL) {
       zero_copy = true;
-      CLIENT_CALL(self, rc, err, tb_publish(c_, channel, &t, &opts, &version));
+      CLIENT_CALL(self, rc, err, tb_channel_publish(c_, channel, &t, &opts, &version));
     } else {
-      CLIENT_CALL(self, rc, err, tb_publish_copy(c_, channel, &t, &opts, &version));
+      CLIENT_CALL(self, rc, err, tb_channel_publish_copy(c_, channel, &t, &opts, &version));
     }
     break;
   }
@@ -1113,7 +1113,7 @@ static PyObject *client_publish(ClientObject *self, PyObject *args, PyObject *kw
     opts.stream = s;
     zero_copy = true;
     keep_pin = true;
-    CLIENT_CALL(self, rc, err, tb_publish(c_, channel, &t, &opts, &version));
+    CLIENT_CALL(self, rc, err, tb_channel_publish(c_, channel, &t, &opts, &version));
     break;
   default:
     raise_tb(TB_EDEVICE, "only host (kDLCPU) and CUDA (kDLCUDA) tensors can be published");
@@ -1262,7 +1262,7 @@ static PyObject *client_acquire(ClientObject *self, PyObject *args, PyObject *kw
   DLManagedTensorVersioned *mt = NULL, *rel = opts.release;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
-  CLIENT_CALL(self, rc, err, tb_acquire(c_, channel, &opts, &mt));
+  CLIENT_CALL(self, rc, err, tb_lease_acquire(c_, channel, &opts, &mt));
   if (rc == TB_ENAME && rel != NULL) {
     /* refused before anything was released: the Lease stays usable */
     struct lease_core *core = malloc(sizeof(*core));
@@ -1298,7 +1298,7 @@ static PyObject *client_wait_free(ClientObject *self, PyObject *args, PyObject *
     return NULL;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
-  CLIENT_CALL(self, rc, err, tb_wait_free(c_, channel, version, tmo, s));
+  CLIENT_CALL(self, rc, err, tb_channel_wait_free(c_, channel, version, tmo, s));
   if (rc < 0)
     return raise_tb(rc, err);
   Py_RETURN_NONE;
@@ -1312,7 +1312,8 @@ static PyObject *client_subscribe_common(ClientObject *self, PyObject *args, int
     return NULL;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
-  CLIENT_CALL(self, rc, err, sub ? tb_subscribe(c_, channel) : tb_unsubscribe(c_, channel));
+  CLIENT_CALL(self, rc, err,
+              sub ? tb_channel_subscribe(c_, channel) : tb_channel_unsubscribe(c_, channel));
   if (rc < 0)
     return raise_tb(rc, err);
   Py_RETURN_NONE;
@@ -1349,7 +1350,7 @@ static PyObject *client_poll_notice(ClientObject *self, PyObject *args, PyObject
   struct tb_notice n;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
-  CLIENT_CALL(self, rc, err, tb_client_poll_notice(c_, &n, tmo));
+  CLIENT_CALL(self, rc, err, tb_notice_poll(c_, sizeof(n), &n, tmo));
   if (rc == TB_EAGAIN)
     Py_RETURN_NONE;
   if (rc < 0)
@@ -1366,7 +1367,7 @@ static PyObject *client_channels(ClientObject *self, PyObject *unused) {
   size_t n = 0;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
-  CLIENT_CALL(self, rc, err, tb_list_channels(c_, &ci, &n));
+  CLIENT_CALL(self, rc, err, tb_channel_list(c_, sizeof(*ci), &ci, &n));
   if (rc < 0)
     return raise_tb(rc, err);
   PyObject *list = PyList_New(0);
@@ -1394,7 +1395,7 @@ static PyObject *client_sessions(ClientObject *self, PyObject *unused) {
   size_t n = 0;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
-  CLIENT_CALL(self, rc, err, tb_list_sessions(c_, &si, &n));
+  CLIENT_CALL(self, rc, err, tb_session_list(c_, sizeof(*si), &si, &n));
   if (rc < 0)
     return raise_tb(rc, err);
   PyObject *list = PyList_New(0);
@@ -1416,7 +1417,8 @@ static PyObject *client_sessions(ClientObject *self, PyObject *unused) {
 }
 
 static const char *memory_kind_name(int kind) {
-  return kind == 1 ? "host" : kind == 2 ? "cuda-ipc" : "?";
+  const char *name = tb_memory_kind_name(kind);
+  return name != NULL ? name : "?";
 }
 
 static PyObject *client_leases(ClientObject *self, PyObject *unused) {
@@ -1426,7 +1428,7 @@ static PyObject *client_leases(ClientObject *self, PyObject *unused) {
   size_t n = 0;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
-  CLIENT_CALL(self, rc, err, tb_list_leases(c_, sizeof(*le), &le, &n));
+  CLIENT_CALL(self, rc, err, tb_lease_list(c_, sizeof(*le), &le, &n));
   if (rc < 0)
     return raise_tb(rc, err);
   PyObject *list = PyList_New(0);
@@ -1466,7 +1468,7 @@ static PyObject *client_waits(ClientObject *self, PyObject *unused) {
   size_t n = 0;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
-  CLIENT_CALL(self, rc, err, tb_list_waits(c_, sizeof(*we), &we, &n));
+  CLIENT_CALL(self, rc, err, tb_wait_list(c_, sizeof(*we), &we, &n));
   if (rc < 0)
     return raise_tb(rc, err);
   PyObject *list = PyList_New(0);
@@ -1506,7 +1508,7 @@ static PyObject *client_status(ClientObject *self, PyObject *unused) {
   struct tb_status st;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
-  CLIENT_CALL(self, rc, err, tb_daemon_status(c_, &st));
+  CLIENT_CALL(self, rc, err, tb_daemon_get_status(c_, sizeof(st), &st));
   if (rc < 0)
     return raise_tb(rc, err);
   return Py_BuildValue("{s:s,s:I,s:K,s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:s}", "daemon_version",
@@ -1525,7 +1527,7 @@ static PyObject *client_metrics(ClientObject *self, PyObject *unused) {
   char *text = NULL;
   size_t len = 0;
   int rc;
-  CLIENT_CALL(self, rc, err, tb_daemon_metrics(c_, &text, &len));
+  CLIENT_CALL(self, rc, err, tb_daemon_get_metrics(c_, &text, &len));
   if (rc < 0)
     return raise_tb(rc, err);
   PyObject *s = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "replace");
@@ -1653,7 +1655,7 @@ static PyObject *mod_cuda_available(PyObject *m, PyObject *unused) {
 
 static PyObject *mod_default_socket(PyObject *m, PyObject *unused) {
   char buf[4096];
-  int rc = tb_default_socket_path(buf, sizeof(buf));
+  int rc = tb_client_default_socket_path(buf, sizeof(buf));
   if (rc < 0)
     return raise_tb(rc, NULL);
   return PyUnicode_FromString(buf);

@@ -7,6 +7,8 @@
 #  - tensorbrokerd and tbctl run and print VERSION's number; tbctl finds the
 #    installed library (its RPATH), and talks to the installed daemon;
 #  - tensorbroker.pc gives VERSION and paths inside the moved tree;
+#  - tools/tbctl.c builds from the moved tree's headers and library alone
+#    (it uses only the public API) and shows what the installed tbctl does;
 #  - examples/minimal.c (the README's program) and app.c build in five ways:
 #    CMake find_package with tensorbroker::tensorbroker and
 #    tensorbroker::tensorbroker_static, pkg-config (shared, and --static
@@ -106,6 +108,21 @@ for prog in minimal app; do
     $ldflags ||
     fail "pkg-config --static build of $prog"
 done
+
+step "tools/tbctl.c from the installed tree alone"
+# tbctl is a client of the public library only: its source builds with the
+# installed headers and -ltensorbroker (plus cJSON) and nothing of the
+# source tree, and shows the same daemon as the installed tbctl
+# shellcheck disable=SC2046
+"$cc" -o "$tmp/tbctl_user" "$src/tools/tbctl.c" -I"$P/include" \
+  $("$pkgconfig" --cflags libcjson) -L"$libdir" -ltensorbroker \
+  $("$pkgconfig" --libs libcjson) -Wl,-rpath,"$libdir" $ldflags ||
+  fail "tools/tbctl.c does not build against the installed tree alone"
+"$tmp/tbctl_user" --json channels >"$tmp/channels_user.json" ||
+  fail "tbctl built by a user: channels"
+"$P/bin/tbctl" --json channels >"$tmp/channels.json" || fail "tbctl channels"
+cmp "$tmp/channels_user.json" "$tmp/channels.json" ||
+  fail "the two tbctl show different channels"
 
 step "build: CMake find_package"
 "$cmake" -S "$src/tests/install/consumer" -B "$tmp/cmake" \

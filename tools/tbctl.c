@@ -116,14 +116,8 @@ static void fmt_bytes(char *buf, size_t len, uint64_t n) {
 }
 
 static const char *kind_name(int kind) {
-  switch (kind) {
-  case 1:
-    return "host";
-  case 2:
-    return "cuda-ipc";
-  default:
-    return "?";
-  }
+  const char *name = tb_memory_kind_name(kind);
+  return name != NULL ? name : "?";
 }
 
 /* The width of a text column: its heading's, or its longest entry's. */
@@ -134,7 +128,7 @@ static int col_width(int w, const char *s) {
 
 static int cmd_status(tb_client *c, int json) {
   struct tb_status st;
-  int rc = tb_daemon_status(c, &st);
+  int rc = tb_daemon_get_status(c, sizeof(st), &st);
 
   if (rc < 0)
     return fail(c, "status", rc);
@@ -177,7 +171,7 @@ static const char *channel_state(const struct tb_channel_info *ch) {
 static int cmd_channels(tb_client *c, int json) {
   struct tb_channel_info *ch = NULL;
   size_t n = 0;
-  int rc = tb_list_channels(c, &ch, &n), w = 7;
+  int rc = tb_channel_list(c, sizeof(*ch), &ch, &n), w = 7;
 
   if (rc < 0)
     return fail(c, "channels", rc);
@@ -223,7 +217,7 @@ static int cmd_channels(tb_client *c, int json) {
 static int cmd_sessions(tb_client *c, int json) {
   struct tb_session_info *s = NULL;
   size_t n = 0;
-  int rc = tb_list_sessions(c, &s, &n);
+  int rc = tb_session_list(c, sizeof(*s), &s, &n);
   uint64_t self = tb_client_session_id(c);
 
   if (rc < 0)
@@ -270,7 +264,7 @@ static int cmd_sessions(tb_client *c, int json) {
 static int cmd_leases(tb_client *c, int json) {
   struct tb_lease_entry *l = NULL;
   size_t n = 0;
-  int rc = tb_list_leases(c, sizeof(*l), &l, &n), wn = 4, wc = 7;
+  int rc = tb_lease_list(c, sizeof(*l), &l, &n), wn = 4, wc = 7;
 
   if (rc < 0)
     return fail(c, "leases", rc);
@@ -341,7 +335,7 @@ static const char *wait_what(int what) {
 static int cmd_waits(tb_client *c, int json) {
   struct tb_wait_entry *w = NULL;
   size_t n = 0;
-  int rc = tb_list_waits(c, sizeof(*w), &w, &n), wn = 4, wc = 7;
+  int rc = tb_wait_list(c, sizeof(*w), &w, &n), wn = 4, wc = 7;
 
   if (rc < 0)
     return fail(c, "waits", rc);
@@ -416,7 +410,7 @@ static int cmd_drop(tb_client *c, const char *channel, int json) {
 static int cmd_metrics(tb_client *c) {
   char *text = NULL;
   size_t len = 0;
-  int rc = tb_daemon_metrics(c, &text, &len);
+  int rc = tb_daemon_get_metrics(c, &text, &len);
 
   if (rc < 0)
     return fail(c, "metrics", rc);
@@ -508,7 +502,7 @@ int main(int argc, char **argv) {
   }
 
   if (socket_path == NULL) {
-    if (tb_default_socket_path(path, sizeof(path)) < 0) {
+    if (tb_client_default_socket_path(path, sizeof(path)) < 0) {
       fprintf(stderr, "tbctl: default socket path too long\n");
       return 2;
     }
@@ -521,7 +515,7 @@ int main(int argc, char **argv) {
   rc = tb_client_connect(&o, &c);
   if (rc < 0) {
     char why[512];
-    tb_connect_error(why, sizeof(why));
+    tb_client_connect_error(why, sizeof(why));
     fprintf(stderr, "tbctl: %s (%s)\n", why, tb_err_name(rc));
     return 1;
   }
