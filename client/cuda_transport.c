@@ -3,7 +3,7 @@
  * tensor lives in and its registration, the producer's pool of ready events,
  * the consumer's cache of opened events, its done events, and the stream
  * contract applied on both sides. The driver calls themselves are in
- * cuda_ipc.c; this file decides when to make them and talks to the daemon.
+ * client/cuda/; this file decides when to make them and talks to the daemon.
  *
  * Host exchange never reaches this file's CUDA calls: every entry point is
  * only called for kDLCUDA tensors, CUDA_IPC buffers or versions that carry
@@ -18,7 +18,7 @@
 #include <unistd.h>
 #include <utlist.h>
 
-#include "cuda_ipc.h"
+#include "cuda/cuda.h"
 
 #define TB__EVENT_CACHE_MAX 256 /* opened foreign events per client */
 #define TB__READY_EVENTS_MAX 256 /* producer streams per client */
