@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The connection: socket, Hello, request/reply matching by request_id,
  * notices, last-error text, and timeouts via poll(). */
-#include "client_internal.h"
+#include "kind.h"
 
 #include <errno.h>
 #include <grp.h>
@@ -147,7 +147,7 @@ void tb__conn_unref(struct tb__conn *k) {
 
 void tb__conn_free(struct tb__conn *k) {
   free(k->spare_lease);
-  tb__cuda_conn_free(k->cuda);
+  tb__kinds_conn_free(k);
   if (k->fd >= 0)
     close(k->fd);
   pthread_mutex_destroy(&k->lock);
@@ -220,7 +220,7 @@ static void handle_notice(struct tb_client *c,
     copy_str(n.channel, sizeof(n.channel), no->new_version->channel);
     n.version = no->new_version->version;
     if (no->new_version->buffer != NULL)
-      tb__cuda_prefetch(c, no->new_version->buffer,
+      tb__kind_prefetch(c, no->new_version->buffer,
                         no->new_version->ready_event);
     break;
   case TENSORBROKER__V1__NOTICE__BODY_VERSION_FREE:
@@ -787,8 +787,7 @@ static int hello_send(struct tb_client *c, const char *name, int contract,
   h.stream_contract = (Tensorbroker__V1__StreamContract)contract;
   /* Advertised without probing the driver, so that a host-only client never
    * loads CUDA; a CUDA acquire without a driver fails with TB_ENOCUDA. */
-  h.memory_kinds = (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) |
-                   (1u << TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC);
+  h.memory_kinds = tb__kinds_mask();
   h.library_version = (char *)TB_VERSION_STRING;
   h.prefetch = c->prefetch != 0;
   h.says_goodbye = 1; /* tb_client_disconnect says it */
@@ -977,9 +976,9 @@ static int client_connect(const struct tb_connect_options *opts,
   rc = hello_send(c, name, o.stream_contract, o.channels, n_channels,
                   &hello_id);
   if (rc == 0) {
-    tb__cuda_connect_begin(c); /* its request follows the Hello */
+    tb__kinds_connect_begin(c); /* their requests follow the Hello */
     rc = hello_reply(c, hello_id);
-    tb__cuda_connect_end(c, rc == 0);
+    tb__kinds_connect_end(c, rc == 0);
   }
   if (rc < 0) {
     /* closed before saying hello (TB_EDISCONNECTED): TB_ECONNECT */
@@ -1034,7 +1033,7 @@ void tb_client_disconnect(tb_client *c) {
     return;
   k = c->conn;
   tb__buffers_free_all(c);
-  tb__cuda_client_free(c);
+  tb__kinds_client_free(c);
   tb__hints_free(c);
   tb__freed_free_all(c);
   pthread_mutex_lock(&k->lock);

@@ -9,7 +9,7 @@
  * only called for kDLCUDA tensors, CUDA_IPC buffers or versions that carry
  * done events, and each returns TB_ENOCUDA when the driver cannot be
  * loaded. */
-#include "client_internal.h"
+#include "kind_ipc.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -18,7 +18,7 @@
 #include <unistd.h>
 #include <utlist.h>
 
-#include "cuda/cuda.h"
+#include "cuda.h"
 
 #define TB__EVENT_CACHE_MAX 256 /* opened foreign events per client */
 #define TB__READY_EVENTS_MAX 256 /* producer streams per client */
@@ -130,7 +130,7 @@ struct done_pending {
 struct tb__cuda_client {
   struct tb__cuda_reg *regs;
   struct tb__cuda_ev *ready;
-  int has_done; /* a done event is registered (k->cuda->done not empty) */
+  int has_done; /* a done event is registered (the connection's done list is not empty) */
   /* A done event made ahead by tb__cuda_acquire_early, not registered
    * yet (ev NULL: none); done_event_begin takes it for its device. */
   struct {
@@ -172,11 +172,11 @@ struct tb__cuda_join_ev {
                    * takes the record current when it is enqueued */
 };
 
-/* k->cuda, created on first use. Caller holds k->lock. */
+/* The connection's CUDA state, created on first use. Caller holds k->lock. */
 static struct tb__cuda_conn *conn_cuda_locked(struct tb__conn *k) {
-  if (k->cuda == NULL)
-    k->cuda = calloc(1, sizeof(*k->cuda));
-  return k->cuda;
+  if (K_CUDA(k) == NULL)
+    k->kind[TB_MEMORY_CUDA_IPC] = calloc(1, sizeof(struct tb__cuda_conn));
+  return K_CUDA(k);
 }
 
 static int cuda_client(struct tb_client *c, struct tb__cuda_client **out) {
@@ -185,12 +185,12 @@ static int cuda_client(struct tb_client *c, struct tb__cuda_client **out) {
   if (tb__cuda_load(&cu) != 0)
     return tb__set_error(c, TB_ENOCUDA, "CUDA not available: %s",
                          tb__cuda_why());
-  if (c->cuda == NULL) {
-    c->cuda = calloc(1, sizeof(*c->cuda));
-    if (c->cuda == NULL)
+  if (C_CUDA(c) == NULL) {
+    c->kind[TB_MEMORY_CUDA_IPC] = calloc(1, sizeof(struct tb__cuda_client));
+    if (C_CUDA(c) == NULL)
       return TB_ENOMEM;
   }
-  *out = c->cuda;
+  *out = C_CUDA(c);
   return 0;
 }
 
@@ -267,20 +267,7 @@ static int register_alloc(struct tb_client *c, const struct tb__cuda_alloc *a,
 }
 
 static void unregister_buffer(struct tb_client *c, uint64_t id) {
-  Tensorbroker__V1__BufferUnregister bu =
-      TENSORBROKER__V1__BUFFER_UNREGISTER__INIT;
-  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  tb__server_message *m = NULL;
-  int fds[TB__MAX_FDS], nfds = 0;
-
-  bu.buffer_id = id;
-  r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER;
-  r.buffer_unregister = &bu;
-  if (tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds) == 0) {
-    for (int i = 0; i < nfds; i++)
-      close(fds[i]);
-    tb__msg_free(c, m);
-  }
+  (void)tb__buffer_unregister(c, id);
 }
 
 /* ---- producer ---- */
@@ -423,22 +410,20 @@ static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
   return 0;
 }
 
-int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
-                             void *stream, uint64_t *buffer_id,
-                             uint64_t *byte_offset, uint64_t *ready_event_id,
-                             int *ready_complete,
-                             Tensorbroker__V1__Device *dev, uint8_t *uuid) {
+/* kind.h, publish: the allocation holding start, registered once; the
+ * ready event of (device, stream) recorded. */
+static int ipc_publish(struct tb_client *c, const DLTensor *t, uintptr_t start,
+                       uint64_t elem_bits, uint64_t flags, void *stream,
+                       struct tb__kind_publish *out) {
   struct tb__cuda_client *cc = NULL;
   struct tb__cuda_stream s;
   struct tb__cuda_alloc a;
   struct tb__cuda_reg *reg = NULL;
   struct tb__cuda_ev *e = NULL;
-  uint64_t elem_bits, lo, hi, off;
-  uintptr_t start;
   char why[256] = "";
   int rc;
 
-  *ready_complete = 0;
+  out->ready_complete = 0;
   rc = cuda_client(c, &cc);
   if (rc < 0)
     return rc;
@@ -446,23 +431,13 @@ int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
                                sizeof(why));
   if (rc < 0)
     return tb__set_error(c, rc, "%s", why);
-  rc = tb__dtype_check(t->dtype.code, t->dtype.bits, t->dtype.lanes,
-                       &elem_bits);
-  if (rc < 0)
-    return tb__set_error(c, rc, "unsupported dtype");
-  start = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
   rc = tb__cuda_locate((const void *)start, 0, &a, why, sizeof(why));
   if (rc < 0)
     return tb__set_error(c, rc, "%s", why);
-  off = (uint64_t)(start - (uintptr_t)a.base);
-  rc = tb__layout_extent(t->ndim, t->shape, t->strides, elem_bits, 0, off,
-                         &lo, &hi, why, sizeof(why));
+  rc = tb__tensor_fits(c, t, elem_bits, flags, start, (uintptr_t)a.base,
+                       a.size, "allocation");
   if (rc < 0)
-    return tb__set_error(c, rc, "%s", why);
-  if (hi > a.size)
-    return tb__set_error(c, TB_ELAYOUT,
-                         "tensor reaches byte %llu of its %zu-byte allocation",
-                         (unsigned long long)hi, a.size);
+    return rc;
   rc = alloc_registration(c, cc, &a, &reg);
   if (rc < 0)
     return rc;
@@ -473,21 +448,21 @@ int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
     /* skipped on an idle stream once it has a record: a consumer that
      * captures a graph still finds a recorded event to wait on */
     int skipped = 0;
-    rc = tb__cuda_record(e->ev, &s, e->recorded, ready_complete, &skipped,
-                         why, sizeof(why));
+    rc = tb__cuda_record(e->ev, &s, e->recorded, &out->ready_complete,
+                         &skipped, why, sizeof(why));
     if (rc < 0)
       return tb__set_error(c, rc, "%s", why);
     if (!skipped)
       e->recorded = 1;
   }
-  memcpy(uuid, reg->uuid, TB__UUID_SIZE);
-  dev->type = kDLCUDA;
-  dev->id = reg->device;
-  dev->uuid.data = uuid;
-  dev->uuid.len = TB__UUID_SIZE;
-  *buffer_id = reg->buffer_id;
-  *byte_offset = off;
-  *ready_event_id = e ? e->event_id : 0;
+  memcpy(out->uuid, reg->uuid, TB__UUID_SIZE);
+  out->dev.type = kDLCUDA;
+  out->dev.id = reg->device;
+  out->dev.uuid.data = out->uuid;
+  out->dev.uuid.len = TB__UUID_SIZE;
+  out->buffer_id = reg->buffer_id;
+  out->byte_offset = (uint64_t)(start - (uintptr_t)a.base);
+  out->ready_event_id = e ? e->event_id : 0;
   return 0;
 }
 
@@ -637,9 +612,9 @@ struct tb__cuda_view {
 
 int tb__cuda_map_open(struct tb_client *c,
                       const Tensorbroker__V1__BufferInfo *bi,
-                      struct tb__map **out) {
+                      struct tb__cuda_map **out) {
   struct tb__cuda_client *cc = NULL;
-  struct tb__map *m;
+  struct tb__cuda_map *m;
   char why[256] = "";
   int rc, ordinal;
 
@@ -656,19 +631,19 @@ int tb__cuda_map_open(struct tb_client *c,
   m = calloc(1, sizeof(*m));
   if (m == NULL)
     return TB_ENOMEM;
-  m->buffer_id = bi->buffer_id;
-  m->generation = bi->generation;
-  m->kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
-  m->writable = bi->writable != 0;
+  m->m.buffer_id = bi->buffer_id;
+  m->m.generation = bi->generation;
+  m->m.ops = &tb__kind_cuda_ipc;
+  m->m.writable = bi->writable != 0;
   m->device = ordinal;
   memcpy(m->uuid, bi->device->uuid.data, TB__UUID_SIZE);
   memcpy(m->handle, bi->cuda_ipc_handle.data, TB__CUDA_IPC_HANDLE_SIZE);
-  m->size = (size_t)bi->size;
+  m->m.size = (size_t)bi->size;
   *out = m;
   return 0;
 }
 
-void tb__cuda_map_close(struct tb__map *m) {
+void tb__cuda_map_close(struct tb__cuda_map *m) {
   struct tb__cuda_view *v, *tmp;
 
   LL_FOREACH_SAFE(m->views, v, tmp) {
@@ -682,7 +657,7 @@ void tb__cuda_map_close(struct tb__map *m) {
 /* The view of m for device dev, whose context ctx is current, opened
  * there on first use (cuIpcOpenMemHandle with lazy peer access: dev may be
  * another device than the memory's). */
-static int view_in(struct tb_client *c, struct tb__map *m, int dev,
+static int view_in(struct tb_client *c, struct tb__cuda_map *m, int dev,
                    tb_cu_context ctx, struct tb__cuda_view **out) {
   struct tb__cuda_view *v;
   char why[256] = "";
@@ -697,7 +672,8 @@ static int view_in(struct tb_client *c, struct tb__map *m, int dev,
   v = calloc(1, sizeof(*v));
   if (v == NULL)
     return TB_ENOMEM;
-  rc = tb__cuda_open_mem_here(m->handle, m->device, m->size, &v->p, &v->local,
+  rc = tb__cuda_open_mem_here(m->handle, m->device, m->m.size, &v->p,
+                              &v->local,
                               why, sizeof(why));
   if (rc < 0) {
     free(v);
@@ -711,7 +687,7 @@ static int view_in(struct tb_client *c, struct tb__map *m, int dev,
 }
 
 /* view_in for the current context's device. */
-static int view_here(struct tb_client *c, struct tb__map *m,
+static int view_here(struct tb_client *c, struct tb__cuda_map *m,
                      struct tb__cuda_view **out) {
   tb_cu_context ctx = NULL;
   char why[256] = "";
@@ -745,6 +721,7 @@ static void prefetch(struct tb_client *c,
                      const Tensorbroker__V1__EventInfo *ready) {
   struct tb__conn *k = c->conn;
   struct tb__cuda_view *v;
+  struct tb__cuda_map *cm;
   struct tb__map *m;
   tb_cu_context ctx = NULL;
   tb_cu_event ev;
@@ -767,15 +744,15 @@ static void prefetch(struct tb_client *c,
   error_keep(c, &ke);
   /* the mapping an acquire on this thread's device would make (view_in,
    * as acquire_default does), kept in the cache without a lease */
-  rc = tb__cuda_map_open(c, bi, &m);
+  rc = tb__cuda_map_open(c, bi, &cm);
   if (rc == 0) {
-    rc = view_in(c, m, dev, ctx, &v);
+    rc = view_in(c, cm, dev, ctx, &v);
     if (rc < 0) {
-      tb__map_release_memory(m);
+      tb__map_release_memory(&cm->m);
     } else {
-      tb__map_insert(k, m);
+      tb__map_insert(k, &cm->m);
       pthread_mutex_lock(&k->lock);
-      tb__map_put_locked(k, m);
+      tb__map_put_locked(k, &cm->m);
       pthread_mutex_unlock(&k->lock);
     }
   }
@@ -823,16 +800,16 @@ static int done_event_begin(struct tb_client *c, int device,
 
   pd->e = NULL;
   pthread_mutex_lock(&k->lock);
-  if (k->cuda == NULL)
-    k->cuda = calloc(1, sizeof(*k->cuda));
-  if (k->cuda != NULL) {
-    LL_FOREACH(k->cuda->done, e) {
+  if (K_CUDA(k) == NULL)
+    k->kind[TB_MEMORY_CUDA_IPC] = calloc(1, sizeof(struct tb__cuda_conn));
+  if (K_CUDA(k) != NULL) {
+    LL_FOREACH(K_CUDA(k)->done, e) {
       if (e->device == device)
         found = 1;
     }
   }
   pthread_mutex_unlock(&k->lock);
-  if (k->cuda == NULL)
+  if (K_CUDA(k) == NULL)
     return TB_ENOMEM;
   if (found)
     return 0;
@@ -842,12 +819,12 @@ static int done_event_begin(struct tb_client *c, int device,
   e = calloc(1, sizeof(*e));
   if (e == NULL)
     return TB_ENOMEM;
-  if (c->cuda != NULL && c->cuda->spare.ev != NULL &&
-      c->cuda->spare.device == device) {
+  if (C_CUDA(c) != NULL && C_CUDA(c)->spare.ev != NULL &&
+      C_CUDA(c)->spare.device == device) {
     /* made while this acquire's request was in flight */
-    e->ev = c->cuda->spare.ev;
-    memcpy(handle, c->cuda->spare.handle, sizeof(handle));
-    c->cuda->spare.ev = NULL;
+    e->ev = C_CUDA(c)->spare.ev;
+    memcpy(handle, C_CUDA(c)->spare.handle, sizeof(handle));
+    C_CUDA(c)->spare.ev = NULL;
   } else {
     rc = tb__cuda_device_enter(device, &dc, why, sizeof(why));
     if (rc < 0) {
@@ -879,15 +856,17 @@ void tb__cuda_acquire_early(struct tb_client *c) {
 
   /* only a client without any done event yet: a warm acquire pays nothing
    * (another device's done event is made by the acquire that needs it) */
-  if (c->cuda != NULL && (c->cuda->has_done || c->cuda->spare.ev != NULL))
+  if (C_CUDA(c) != NULL && (C_CUDA(c)->has_done || C_CUDA(c)->spare.ev != NULL))
     return;
   /* never the first to load the driver, nor to make a context current */
   if (!tb__cuda_loaded() ||
       tb__cuda_current_device(&dev, NULL, why, sizeof(why)) < 0)
     return;
-  if (c->cuda == NULL && (c->cuda = calloc(1, sizeof(*c->cuda))) == NULL)
+  if (C_CUDA(c) == NULL &&
+      (c->kind[TB_MEMORY_CUDA_IPC] =
+           calloc(1, sizeof(struct tb__cuda_client))) == NULL)
     return;
-  cc = c->cuda;
+  cc = C_CUDA(c);
   /* a failure here is met again, and reported, by the acquire itself */
   if (own_event_create(&cc->spare.ev, cc->spare.handle, why, sizeof(why)) < 0)
     cc->spare.ev = NULL;
@@ -910,10 +889,10 @@ static int done_event_finish(struct tb_client *c, struct done_pending *pd) {
     return rc;
   }
   pthread_mutex_lock(&k->lock);
-  LL_PREPEND(k->cuda->done, e);
+  LL_PREPEND(K_CUDA(k)->done, e);
   pthread_mutex_unlock(&k->lock);
-  if (c->cuda != NULL)
-    c->cuda->has_done = 1;
+  if (C_CUDA(c) != NULL)
+    C_CUDA(c)->has_done = 1;
   return 0;
 }
 
@@ -950,10 +929,10 @@ void tb__cuda_connect_end(struct tb_client *c, int hello_ok) {
   struct done_pending pd;
   struct kept_error ke;
 
-  if (c->cuda == NULL || c->cuda->connect.e == NULL)
+  if (C_CUDA(c) == NULL || C_CUDA(c)->connect.e == NULL)
     return;
-  pd = c->cuda->connect;
-  c->cuda->connect.e = NULL;
+  pd = C_CUDA(c)->connect;
+  C_CUDA(c)->connect.e = NULL;
   if (!hello_ok) { /* the connection is being given up: no reply to read */
     own_event_destroy(pd.e->ev);
     free(pd.e);
@@ -1000,7 +979,7 @@ static int lease_stream_add(struct tb__cuda_acq *a,
 }
 
 /* Make s wait for the version's ready event (none, or a no-sync s: 0). */
-static int wait_ready(struct tb_client *c, const struct tb__map *m,
+static int wait_ready(struct tb_client *c, const struct tb__cuda_map *m,
                       const Tensorbroker__V1__EventInfo *ready,
                       const struct tb__cuda_stream *s) {
   const uint8_t *uuid = m->uuid;
@@ -1028,8 +1007,8 @@ static int record_done(struct tb__conn *k, int device,
 
   *id = 0;
   pthread_mutex_lock(&k->lock);
-  if (k->cuda != NULL) {
-    LL_FOREACH(k->cuda->done, e) {
+  if (K_CUDA(k) != NULL) {
+    LL_FOREACH(K_CUDA(k)->done, e) {
       if (e->device == device)
         found = e;
     }
@@ -1048,7 +1027,7 @@ static int record_done(struct tb__conn *k, int device,
  * device is made current when no context is (a current context on another
  * device is used as it is, through peer access), the mapping is the one
  * of the current context's device. */
-static int acquire_default(struct tb_client *c, struct tb__map *m,
+static int acquire_default(struct tb_client *c, struct tb__cuda_map *m,
                            const Tensorbroker__V1__EventInfo *ready,
                            const struct tb__cuda_stream *s,
                            struct tb__cuda_acq *out) {
@@ -1086,7 +1065,7 @@ static int acquire_default(struct tb_client *c, struct tb__map *m,
  * current. can: the consumer's device can reach the memory's by peer
  * access (then the source is read through the consumer's own mapping,
  * else through a mapping in the memory device's context). */
-static int acquire_copy(struct tb_client *c, struct tb__map *m,
+static int acquire_copy(struct tb_client *c, struct tb__cuda_map *m,
                         const Tensorbroker__V1__EventInfo *ready,
                         const struct tb__cuda_stream *s, int device, int can,
                         uint64_t lo, uint64_t hi, struct tb__cuda_acq *out) {
@@ -1142,7 +1121,7 @@ static int acquire_copy(struct tb_client *c, struct tb__map *m,
   return 0;
 }
 
-int tb__cuda_acquire(struct tb_client *c, struct tb__map *m,
+int tb__cuda_acquire(struct tb_client *c, struct tb__cuda_map *m,
                      const Tensorbroker__V1__EventInfo *ready, void *stream,
                      int device, unsigned flags, uint64_t lo, uint64_t hi,
                      struct tb__cuda_acq *out) {
@@ -1394,9 +1373,9 @@ int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
   *done_event_id = 0;
   *implicit = 0;
   rc = lease_release_stream(k, a, stream, implicit, why, sizeof(why));
-  if (rc < 0 || a->n_streams == 0 || k->cuda == NULL)
+  if (rc < 0 || a->n_streams == 0 || K_CUDA(k) == NULL)
     return rc;
-  LL_FOREACH(k->cuda->done, e) {
+  LL_FOREACH(K_CUDA(k)->done, e) {
     if (e->device == a->done_device)
       found = e;
   }
@@ -1491,7 +1470,7 @@ int tb__cuda_copy_wait(struct tb__conn *k, struct tb__cuda_acq *a, int device,
 /* ---- teardown ---- */
 
 void tb__cuda_client_free(struct tb_client *c) {
-  struct tb__cuda_client *cc = c->cuda;
+  struct tb__cuda_client *cc = C_CUDA(c);
   struct tb__cuda_reg *reg, *rtmp;
   struct tb__cuda_ev *e, *etmp;
 
@@ -1510,7 +1489,7 @@ void tb__cuda_client_free(struct tb_client *c) {
   if (cc->spare.ev != NULL)
     own_event_destroy(cc->spare.ev);
   free(cc);
-  c->cuda = NULL;
+  c->kind[TB_MEMORY_CUDA_IPC] = NULL;
 }
 
 void tb__cuda_conn_free(struct tb__cuda_conn *cc) {
@@ -1575,3 +1554,128 @@ int tb__cuda_lease_wait(struct tb__conn *k, struct tb__cuda_acq *a,
     tb__cuda_device_leave(&dc);
   return rc;
 }
+
+/* ---- the kind's table (kind.h) ---- */
+
+_Static_assert(sizeof(struct tb__cuda_lease) <= TB__KIND_LEASE_STATE,
+               "a lease has no room for the CUDA kind's state");
+
+static int ipc_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
+                   const int *fds, int nfds, struct tb__map **out) {
+  struct tb__cuda_map *m = NULL;
+  int rc = tb__cuda_map_open(c, bi, &m);
+
+  if (rc == 0)
+    *out = &m->m;
+  return rc;
+}
+
+static void ipc_unmap(struct tb__map *m) {
+  tb__cuda_map_close((struct tb__cuda_map *)m);
+  free(m);
+}
+
+static int ipc_acquire(struct tb_client *c, struct tb__map *map,
+                       const Tensorbroker__V1__AcquireReply *ar,
+                       const struct tb_acquire_options *o, void *state,
+                       struct tb__kind_acq *out) {
+  struct tb__cuda_map *m = (struct tb__cuda_map *)map;
+  struct tb__cuda_lease *l = state;
+  const Tensorbroker__V1__EventInfo *re = ar->ready_event;
+  uint64_t lo = 0, hi = 0;
+  int rc;
+
+  if (o->flags & TB_ACQUIRE_COPY_TO_DEVICE) {
+    /* the bytes of the buffer the tensor touches: what a copy copies */
+    const Tensorbroker__V1__Layout *lay = ar->layout;
+    uint64_t elem_bits = 0;
+    char why[160];
+    rc = tb__dtype_check(lay->dtype_code, lay->dtype_bits, lay->dtype_lanes,
+                         &elem_bits);
+    if (rc == 0)
+      rc = tb__layout_extent((int32_t)lay->n_shape, lay->shape,
+                             lay->n_strides == lay->n_shape ? lay->strides
+                                                            : NULL,
+                             elem_bits, lay->flags, lay->byte_offset, &lo,
+                             &hi, why, sizeof(why));
+    if (rc < 0)
+      return tb__set_error(c, TB_EPROTO, "daemon sent a bad layout");
+  }
+  rc = tb__cuda_acquire(c, m, re, o->stream, o->device, o->flags, lo, hi,
+                        &l->acq);
+  if (rc < 0)
+    return rc;
+  if (re != NULL && re->event_id != 0 &&
+      re->cuda_ipc_event_handle.len == TB__CUDA_IPC_HANDLE_SIZE) {
+    l->ready_event_id = re->event_id;
+    l->ready_complete = re->complete != 0;
+    memcpy(l->ready_handle, re->cuda_ipc_event_handle.data,
+           TB__CUDA_IPC_HANDLE_SIZE);
+    if (re->device != NULL && re->device->uuid.len == TB__UUID_SIZE)
+      memcpy(l->ready_uuid, re->device->uuid.data, TB__UUID_SIZE);
+    else
+      memcpy(l->ready_uuid, m->uuid, TB__UUID_SIZE);
+  }
+  /* a peer mapping keeps the memory device's ordinal (where the data
+   * lives, as this process numbers it); a copy is on the consumer's */
+  out->base = l->acq.base;
+  out->device.device_type = kDLCUDA;
+  out->device.device_id = l->acq.copy != 0 ? o->device : m->device;
+  out->implicit = l->acq.implicit;
+  out->copied = l->acq.copy != 0;
+  out->done_event_id = l->acq.done_event_id;
+  return 0;
+}
+
+static int ipc_ready_wait(struct tb__conn *k, void *state, const DLTensor *t,
+                          void *stream) {
+  struct tb__cuda_lease *l = state;
+
+  if (l->acq.copy != 0) /* the copy is what the stream must wait for */
+    return tb__cuda_copy_wait(k, &l->acq, t->device.device_id, stream);
+  return tb__cuda_lease_wait(k, &l->acq, l->ready_event_id, l->ready_handle,
+                             l->ready_uuid, l->ready_complete, stream);
+}
+
+static int ipc_use_locked(struct tb__conn *k, void *state, void *stream) {
+  return tb__cuda_lease_use_locked(k, &((struct tb__cuda_lease *)state)->acq,
+                                   stream);
+}
+
+static int ipc_done_record_locked(struct tb__conn *k, void *state,
+                                  void *stream, uint64_t *done_event_id,
+                                  int *implicit) {
+  return tb__cuda_lease_end_locked(k, &((struct tb__cuda_lease *)state)->acq,
+                                   stream, done_event_id, implicit);
+}
+
+static int ipc_copy_free(struct tb__conn *k, void *state, void *stream) {
+  return tb__cuda_copy_free(k, &((struct tb__cuda_lease *)state)->acq, stream);
+}
+
+static void ipc_conn_free(struct tb__conn *k) {
+  tb__cuda_conn_free(K_CUDA(k));
+  k->kind[TB_MEMORY_CUDA_IPC] = NULL;
+}
+
+const struct tb__kind_ops tb__kind_cuda_ipc = {
+    .name = "cuda-ipc",
+    .kind = TB_MEMORY_CUDA_IPC,
+    .dl_device = kDLCUDA,
+    .lease_state = sizeof(struct tb__cuda_lease),
+    .publish = ipc_publish,
+    .done_wait = tb__cuda_wait_done,
+    .map = ipc_map,
+    .unmap = ipc_unmap,
+    .acquire = ipc_acquire,
+    .ready_wait = ipc_ready_wait,
+    .use_locked = ipc_use_locked,
+    .done_record_locked = ipc_done_record_locked,
+    .copy_free = ipc_copy_free,
+    .prefetch = tb__cuda_prefetch,
+    .acquire_early = tb__cuda_acquire_early,
+    .connect_begin = tb__cuda_connect_begin,
+    .connect_end = tb__cuda_connect_end,
+    .client_free = tb__cuda_client_free,
+    .conn_free = ipc_conn_free,
+};
