@@ -8,7 +8,7 @@
  * recorded by the producer and waited on by the consumer, with a 64-byte
  * message through the socket each way. */
 #include "bench.h"
-#include "client_internal.h"
+#include "stats.h" /* tb__acquire_counters */
 #include "gpu.h"
 #include "kernels_ptx.h"
 

@@ -57,7 +57,7 @@ struct tb__map;
 struct tb__lease;
 struct tb__kind_ops;
 
-/* ---- the refcounted connection (conn.c) ---- */
+/* ---- the refcounted connection (conn.c; its socket: rpc.c) ---- */
 struct tb__conn {
   pthread_mutex_t lock; /* fd use for one-way sends, closed, maps, kinds */
   int refs;             /* under lock: the client plus one per tensor */
@@ -92,7 +92,7 @@ void tb__conn_unref(struct tb__conn *k);
 int tb__conn_unref_locked(struct tb__conn *k);
 void tb__conn_free(struct tb__conn *k);
 
-/* Send a one-way request (request_id 0) without the call lock. Returns 0,
+/* rpc.c: send a one-way request (request_id 0) without the call lock. Returns 0,
  * TB_EDISCONNECTED, or 0 silently when the client was disconnected (the
  * daemon already ended everything the message could end). Caller holds
  * k->lock. */
@@ -127,6 +127,7 @@ struct tb_buffer {
 
 struct tb_client {
   pthread_mutex_t call_lock; /* serialises request/reply and socket reads */
+  const struct tb__rpc_hooks *hooks; /* client.c's, set at connect */
   struct tb__conn *conn;
   uint64_t next_request_id;
   uint64_t session_id;
@@ -172,7 +173,7 @@ struct tb_client {
 
   /* The socket connected to, and its file's identity then: when the daemon
    * goes away, a socket file with another identity at the same path means
-   * it restarted (conn.c, describe_loss()). sock_path is "" when the
+   * it restarted (rpc.c, describe_loss()). sock_path is "" when the
    * socket could not be stat()ed. */
   char sock_path[108];
   dev_t sock_dev;
@@ -181,7 +182,16 @@ struct tb_client {
   char lost_why[256]; /* why the connection died, "" while it lives */
 };
 
-/* ---- request/reply (conn.c); all with c->call_lock held ---- */
+/* ---- the RPC core (rpc.c); all with c->call_lock held ---- */
+
+/* What the RPC core hands up (client.c fills them): a notice read while
+ * waiting, and a reply nobody waits for any more (its call timed out) or
+ * a one-way request's refusal. */
+struct tb__rpc_hooks {
+  void (*notice)(struct tb_client *c, const Tensorbroker__V1__Notice *no);
+  void (*stale_reply)(struct tb_client *c,
+                      const Tensorbroker__V1__Reply *rep);
+};
 
 /* Set the last-error text (printf-style), return err. */
 int tb__set_error(struct tb_client *c, int err, const char *fmt, ...)
@@ -214,46 +224,25 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
 int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
                     tb__server_message **out, int *fds, int *nfds);
 
-/* The calling thread's, for tb-bench's account of where a cold acquire's
- * time goes (CLOCK_MONOTONIC nanoseconds). Counting starts in a thread
- * when it first reads the counters (before that they stay 0 and acquires
- * read no clock for them); tb__acquire_counting() says whether it has. */
-struct tb_acquire_counters {
-  unsigned long calls;            /* tb_acquire calls that sent a request */
-  unsigned long long wait_ns;     /* from sending it to holding the decoded
-                                     reply, less tb__cuda_acquire_early's
-                                     work meanwhile (notices read in the
-                                     wait, and their prefetch, and the open
-                                     of a buffer named at connect,
-                                     included) */
-  unsigned long long after_ns;    /* successful ones: from the reply to the
-                                     return */
-  unsigned long long prefetch_ns; /* in tb__cuda_prefetch (any call) */
-  unsigned long long send_ns;     /* sending the Acquire (in wait_ns) */
-  unsigned long long reply_ns;    /* from the last notice handled in the
-                                     wait (or the send) to holding the
-                                     reply (in wait_ns) */
-  unsigned long long empty_reads; /* polling reads in the wait that found
-                                     nothing */
-  unsigned long long blocking;    /* blocking reads in the wait (after
-                                     polling found nothing, or without
-                                     polling) */
-};
-void tb__acquire_counters(struct tb_acquire_counters *out);
-void tb__count_prefetch(uint64_t ns);
-/* In an acquire's wait that counts (tb__acq_waiting): a notice was
- * handled; a polling read found nothing (blocking 0) or a blocking read was
- * made (1). Callers test tb__acq_waiting first, so that a read costs no
- * call when nothing counts. */
-extern _Thread_local int tb__acq_waiting;
-void tb__count_notice_done(void);
-void tb__count_read(int blocking);
-int tb__acquire_counting(void);
 
 /* How many of c's waits polled before sleeping (spin_us): for tests. */
 uint64_t tb__client_polled_waits(const struct tb_client *c);
 /* Pretend the daemon said HelloReply.features: for tests of older daemons. */
 void tb__client_set_features(struct tb_client *c, uint32_t features);
+
+/* tb__call for a request whose reply carries no data and no descriptors. */
+int tb__call_simple(struct tb_client *c, tb__request *r);
+
+/* The Hello in two halves, so that connect can send the memory kinds'
+ * requests (a CUDA done event's registration) before it waits: send it
+ * (memory_kinds: Hello.memory_kinds), then read the reply, keeping the
+ * session's id, limits and features; the HelloReply in *out (free with
+ * tb__msg_free). */
+int tb__hello_send(struct tb_client *c, const char *name, int contract,
+                   const char *const *channels, size_t n_channels,
+                   uint32_t memory_kinds, uint64_t *id);
+int tb__hello_reply(struct tb_client *c, uint64_t id,
+                    tb__server_message **out);
 
 /* Free a message that tb__call returned. */
 void tb__msg_free(struct tb_client *c, tb__server_message *m);
@@ -275,7 +264,7 @@ int tb__freed_take(struct tb_client *c, const char *channel, uint64_t version,
 void tb__freed_clear(struct tb__freed *f);
 void tb__freed_free_all(struct tb_client *c);
 
-/* ---- host.c ---- */
+/* ---- kind_host.c: the producer's host buffers ---- */
 /* The buffer of c whose mapping holds [p, p + len), or NULL. */
 struct tb_buffer *tb__buffer_find(struct tb_client *c, const void *p,
                                   size_t len);

@@ -3,6 +3,7 @@
  * mapping; its deleter (or tb_release) ends the lease with a one-way
  * Release that needs no call lock. */
 #include "kind.h"
+#include "stats.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -379,36 +380,6 @@ static int build_tensor(struct tb_client *c,
   return 0;
 }
 
-/* Where this thread's acquires spend their time (tb__acquire_counters):
- * per thread, so that counting costs no shared cache line, and only in a
- * thread that has asked for the counters, so that an application's
- * acquires read no clocks for it. */
-static _Thread_local struct tb_acquire_counters acq;
-static _Thread_local int acq_on;
-
-#define ACQ_NOW() (acq_on ? tb__now_ns() : 0)
-
-static _Thread_local uint64_t acq_mark; /* the last notice handled */
-_Thread_local int tb__acq_waiting;       /* in an acquire's await_reply */
-
-void tb__count_prefetch(uint64_t ns) { acq.prefetch_ns += ns; }
-
-void tb__count_notice_done(void) { acq_mark = tb__now_ns(); }
-
-void tb__count_read(int blocking) {
-  if (blocking)
-    acq.blocking++;
-  else
-    acq.empty_reads++;
-}
-
-int tb__acquire_counting(void) { return acq_on; }
-
-void tb__acquire_counters(struct tb_acquire_counters *out) {
-  acq_on = 1;
-  *out = acq;
-}
-
 int tb_acquire(tb_client *c, const char *channel,
                const struct tb_acquire_options *opts,
                DLManagedTensorVersioned **out) {
@@ -493,7 +464,7 @@ int tb_acquire(tb_client *c, const char *channel,
   aq.implicit_stream = 0;
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
   r.acquire = &aq;
-  t0 = ACQ_NOW();
+  t0 = tb__stat_now();
   if (o.release != NULL) {
     int rides = (c->features &
                  TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE) != 0;
@@ -519,23 +490,18 @@ int tb_acquire(tb_client *c, const char *channel,
     }
     goto out_unlock;
   }
-  t1 = ACQ_NOW();
+  t1 = tb__stat_now();
   tb__kinds_acquire_early(c); /* while the daemon answers */
-  t2 = ACQ_NOW();
+  t2 = tb__stat_now();
   /* also while the daemon answers, and counted in the wait, as opening
    * ahead in it is (channels named at connect) */
   if (c->n_hints > 0)
     tb__hint_open(c, channel);
-  acq_mark = ACQ_NOW();
-  tb__acq_waiting = acq_on;
+  tb__stat_wait_begin(tb__stat_now());
   rc = tb__await_reply(c, id, o.timeout_ms < 0 ? -1 : o.timeout_ms, &m, fds,
                        &nfds);
-  tb__acq_waiting = 0;
-  t3 = ACQ_NOW();
-  acq.calls++;
-  acq.wait_ns += (t1 - t0) + (t3 - t2);
-  acq.send_ns += t1 - t0;
-  acq.reply_ns += t3 - acq_mark;
+  t3 = tb__stat_now();
+  tb__stat_wait_end(t0, t1, t2, t3);
   if (rc < 0)
     goto out_unlock;
 
@@ -614,7 +580,7 @@ int tb_acquire(tb_client *c, const char *channel,
   }
   *out = &l->m;
   rc = 0;
-  acq.after_ns += ACQ_NOW() - t3;
+  tb__stat_after(t3);
   goto out_free_reply;
 
 out_put_map:

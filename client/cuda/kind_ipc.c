@@ -10,6 +10,7 @@
  * done events, and each returns TB_ENOCUDA when the driver cannot be
  * loaded. */
 #include "kind_ipc.h"
+#include "stats.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -776,11 +777,10 @@ static void prefetch(struct tb_client *c,
 void tb__cuda_prefetch(struct tb_client *c,
                        const Tensorbroker__V1__BufferInfo *bi,
                        const Tensorbroker__V1__EventInfo *ready) {
-  uint64_t t0 = tb__acquire_counting() ? tb__now_ns() : 0;
+  uint64_t t0 = tb__stat_now();
 
   prefetch(c, bi, ready);
-  if (t0 != 0)
-    tb__count_prefetch(tb__now_ns() - t0);
+  tb__stat_prefetch(t0);
 }
 
 /* The consumer's done event for a device, created in a context of that
