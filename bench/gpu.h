@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* tb-bench: CUDA through the project's driver table (client/cuda_driver.h),
+/* tb-bench: CUDA through the project's driver table (client/cuda/driver.h),
  * plus the few driver calls that table does not carry, looked up here.
  * Only ever called in child processes: the parent never initialises CUDA,
  * so it can keep forking CUDA users. */
 #ifndef TB_BENCH_GPU_H
 #define TB_BENCH_GPU_H
 
-#include "cuda_driver.h"
+#include "cuda/driver.h"
 
 struct tbb_gpu {
   const struct tb_cuda *cu;

@@ -3,12 +3,12 @@
  *
  * Every CUDA user is a forked child that initialises the driver itself; the
  * parent never does (CUDA does not survive fork). The raw baselines use the
- * driver API through the project's table (client/cuda_driver.h) and skip the
+ * driver API through the project's table (client/cuda/driver.h) and skip the
  * daemon: handles go over a socketpair once, then readiness is an IPC event
  * recorded by the producer and waited on by the consumer, with a 64-byte
  * message through the socket each way. */
 #include "bench.h"
-#include "client_internal.h"
+#include "stats.h" /* tb__acquire_counters */
 #include "gpu.h"
 #include "kernels_ptx.h"
 

@@ -8,7 +8,7 @@
  *    holder of call_lock reads the socket.
  *  - struct tb__conn is refcounted and shared with every acquired tensor. It
  *    holds the socket (for one-way sends), the consumer mapping cache and the
- *    consumer's CUDA done events, under its own small lock. A tensor deleter
+ *    memory kinds' consumer state, under its own small lock. A tensor deleter
  *    only ever takes conn->lock, never call_lock, so it may run on any thread,
  *    also while another thread is parked in a long tb_acquire(), and after
  *    tb_client_disconnect() (then it sends nothing and only unmaps).
@@ -49,16 +49,17 @@ extern _Thread_local int tb__hash_oom;
 #define TB__ARENAS 3        /* decoded messages alive at once without malloc */
 #define TB__ARENA_SIZE 4096 /* first block of each */
 
+/* Room for each memory kind's state in a client and a connection, indexed
+ * by enum tb_memory_kind (kind.c checks its table fits). */
+#define TB__KINDS 4
+
 struct tb__map;
 struct tb__lease;
-struct tb__cuda_acq;
-struct tb__cuda_client;
-struct tb__cuda_conn;
-struct tb__cuda_view;
+struct tb__kind_ops;
 
-/* ---- the refcounted connection (conn.c) ---- */
+/* ---- the refcounted connection (conn.c; its socket: rpc.c) ---- */
 struct tb__conn {
-  pthread_mutex_t lock; /* fd use for one-way sends, closed, maps, cuda */
+  pthread_mutex_t lock; /* fd use for one-way sends, closed, maps, kinds */
   int refs;             /* under lock: the client plus one per tensor */
   int fd;
   int closed; /* disconnected by the application: send nothing more */
@@ -68,7 +69,9 @@ struct tb__conn {
   struct tb__map *maps; /* mapcache.c, uthash by buffer id */
   size_t nmaps;
   uint64_t map_clock; /* LRU stamps for the mapping cache */
-  struct tb__cuda_conn *cuda; /* cuda_transport.c; NULL until CUDA is used */
+  /* each memory kind's state of the connection (its conn_free frees it),
+   * by enum tb_memory_kind; NULL until the kind is used */
+  void *kind[TB__KINDS];
   /* One ended lease's memory kept for the next acquire (lease.c), taken
    * and put back with __atomic_exchange_n; freed with the connection. */
   void *spare_lease;
@@ -81,7 +84,7 @@ struct tb__conn {
 };
 
 /* Take / drop a reference. The last drop frees the mapping cache and the
- * CUDA state; the socket was closed by tb_client_disconnect(). */
+ * kinds' state; the socket was closed by tb_client_disconnect(). */
 void tb__conn_ref(struct tb__conn *k);
 void tb__conn_unref(struct tb__conn *k);
 /* The same drop with k->lock held: returns 1 when it was the last, and
@@ -89,7 +92,7 @@ void tb__conn_unref(struct tb__conn *k);
 int tb__conn_unref_locked(struct tb__conn *k);
 void tb__conn_free(struct tb__conn *k);
 
-/* Send a one-way request (request_id 0) without the call lock. Returns 0,
+/* rpc.c: send a one-way request (request_id 0) without the call lock. Returns 0,
  * TB_EDISCONNECTED, or 0 silently when the client was disconnected (the
  * daemon already ended everything the message could end). Caller holds
  * k->lock. */
@@ -124,6 +127,7 @@ struct tb_buffer {
 
 struct tb_client {
   pthread_mutex_t call_lock; /* serialises request/reply and socket reads */
+  const struct tb__rpc_hooks *hooks; /* client.c's, set at connect */
   struct tb__conn *conn;
   uint64_t next_request_id;
   uint64_t session_id;
@@ -157,7 +161,9 @@ struct tb_client {
   size_t fr_head, fr_len;
 
   struct tb_buffer *buffers;
-  struct tb__cuda_client *cuda; /* cuda_transport.c; NULL until used */
+  /* each memory kind's state of the client (its client_free frees it), by
+   * enum tb_memory_kind; NULL until the kind is used */
+  void *kind[TB__KINDS];
   /* hint.c: channels named at connect, their HelloReply entries */
   Tensorbroker__V1__NewVersion **hints;
   size_t n_hints;
@@ -167,7 +173,7 @@ struct tb_client {
 
   /* The socket connected to, and its file's identity then: when the daemon
    * goes away, a socket file with another identity at the same path means
-   * it restarted (conn.c, describe_loss()). sock_path is "" when the
+   * it restarted (rpc.c, describe_loss()). sock_path is "" when the
    * socket could not be stat()ed. */
   char sock_path[108];
   dev_t sock_dev;
@@ -176,7 +182,16 @@ struct tb_client {
   char lost_why[256]; /* why the connection died, "" while it lives */
 };
 
-/* ---- request/reply (conn.c); all with c->call_lock held ---- */
+/* ---- the RPC core (rpc.c); all with c->call_lock held ---- */
+
+/* What the RPC core hands up (client.c fills them): a notice read while
+ * waiting, and a reply nobody waits for any more (its call timed out) or
+ * a one-way request's refusal. */
+struct tb__rpc_hooks {
+  void (*notice)(struct tb_client *c, const Tensorbroker__V1__Notice *no);
+  void (*stale_reply)(struct tb_client *c,
+                      const Tensorbroker__V1__Reply *rep);
+};
 
 /* Set the last-error text (printf-style), return err. */
 int tb__set_error(struct tb_client *c, int err, const char *fmt, ...)
@@ -193,11 +208,12 @@ int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
              int n_send_fds, long extra_ms, tb__server_message **out,
              int *fds, int *nfds);
 
-/* BufferRegister br, passing fd along (-1: none); the daemon's id for the
- * buffer in *id. */
+/* buffer.c: BufferRegister br, passing fd along (-1: none); the daemon's
+ * id for the buffer in *id. BufferUnregister of id. */
 int tb__buffer_register(struct tb_client *c,
                         Tensorbroker__V1__BufferRegister *br, int fd,
                         uint64_t *id);
+int tb__buffer_unregister(struct tb_client *c, uint64_t id);
 
 /* tb__call in two halves, for a request whose reply is collected later
  * (the daemon answers a session's requests in order): send r and return its
@@ -208,46 +224,25 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
 int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
                     tb__server_message **out, int *fds, int *nfds);
 
-/* The calling thread's, for tb-bench's account of where a cold acquire's
- * time goes (CLOCK_MONOTONIC nanoseconds). Counting starts in a thread
- * when it first reads the counters (before that they stay 0 and acquires
- * read no clock for them); tb__acquire_counting() says whether it has. */
-struct tb_acquire_counters {
-  unsigned long calls;            /* tb_acquire calls that sent a request */
-  unsigned long long wait_ns;     /* from sending it to holding the decoded
-                                     reply, less tb__cuda_acquire_early's
-                                     work meanwhile (notices read in the
-                                     wait, and their prefetch, and the open
-                                     of a buffer named at connect,
-                                     included) */
-  unsigned long long after_ns;    /* successful ones: from the reply to the
-                                     return */
-  unsigned long long prefetch_ns; /* in tb__cuda_prefetch (any call) */
-  unsigned long long send_ns;     /* sending the Acquire (in wait_ns) */
-  unsigned long long reply_ns;    /* from the last notice handled in the
-                                     wait (or the send) to holding the
-                                     reply (in wait_ns) */
-  unsigned long long empty_reads; /* polling reads in the wait that found
-                                     nothing */
-  unsigned long long blocking;    /* blocking reads in the wait (after
-                                     polling found nothing, or without
-                                     polling) */
-};
-void tb__acquire_counters(struct tb_acquire_counters *out);
-void tb__count_prefetch(uint64_t ns);
-/* In an acquire's wait that counts (tb__acq_waiting): a notice was
- * handled; a polling read found nothing (blocking 0) or a blocking read was
- * made (1). Callers test tb__acq_waiting first, so that a read costs no
- * call when nothing counts. */
-extern _Thread_local int tb__acq_waiting;
-void tb__count_notice_done(void);
-void tb__count_read(int blocking);
-int tb__acquire_counting(void);
 
 /* How many of c's waits polled before sleeping (spin_us): for tests. */
 uint64_t tb__client_polled_waits(const struct tb_client *c);
 /* Pretend the daemon said HelloReply.features: for tests of older daemons. */
 void tb__client_set_features(struct tb_client *c, uint32_t features);
+
+/* tb__call for a request whose reply carries no data and no descriptors. */
+int tb__call_simple(struct tb_client *c, tb__request *r);
+
+/* The Hello in two halves, so that connect can send the memory kinds'
+ * requests (a CUDA done event's registration) before it waits: send it
+ * (memory_kinds: Hello.memory_kinds), then read the reply, keeping the
+ * session's id, limits and features; the HelloReply in *out (free with
+ * tb__msg_free). */
+int tb__hello_send(struct tb_client *c, const char *name, int contract,
+                   const char *const *channels, size_t n_channels,
+                   uint32_t memory_kinds, uint64_t *id);
+int tb__hello_reply(struct tb_client *c, uint64_t id,
+                    tb__server_message **out);
 
 /* Free a message that tb__call returned. */
 void tb__msg_free(struct tb_client *c, tb__server_message *m);
@@ -269,7 +264,7 @@ int tb__freed_take(struct tb_client *c, const char *channel, uint64_t version,
 void tb__freed_clear(struct tb__freed *f);
 void tb__freed_free_all(struct tb_client *c);
 
-/* ---- host.c ---- */
+/* ---- kind_host.c: the producer's host buffers ---- */
 /* The buffer of c whose mapping holds [p, p + len), or NULL. */
 struct tb_buffer *tb__buffer_find(struct tb_client *c, const void *p,
                                   size_t len);
@@ -280,21 +275,12 @@ void tb__buffers_free_all(struct tb_client *c);
 struct tb__map {
   uint64_t buffer_id; /* hash key */
   uint32_t generation;
-  int kind; /* 1 host memfd, 2 CUDA IPC */
+  const struct tb__kind_ops *ops; /* the buffer's memory kind: its unmap
+                                   * undoes the mapping and frees this
+                                   * entry, which the kind may embed */
   int refs; /* leases using it, under conn->lock */
   int retired;
   int writable;
-  void *host;             /* host mapping */
-  uint64_t dev;           /* unused (CUDA mappings are in views) */
-  int local;              /* unused */
-  int device;             /* CUDA: ordinal in this process of the memory's
-                           * device (matched by uuid) */
-  uint8_t uuid[TB__UUID_SIZE];
-  /* CUDA: the IPC handle, opened lazily once per consumer device (a
-   * mapping opened in one device's context is never handed to another
-   * device): cuda_transport.c, closed by tb__cuda_map_close. */
-  uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
-  struct tb__cuda_view *views;
   size_t size;
   uint64_t stamp; /* last use, for eviction */
   UT_hash_handle hh;
@@ -313,7 +299,7 @@ void tb__map_put_locked(struct tb__conn *k, struct tb__map *m);
 void tb__map_retire(struct tb__conn *k, uint64_t id, uint32_t gen);
 /* Unmap everything unused (disconnect); caller holds k->lock. */
 void tb__map_drop_unused_locked(struct tb__conn *k);
-/* Undo a mapping (munmap or CUDA close). */
+/* Undo a mapping and free the entry (its kind's unmap). */
 void tb__map_release_memory(struct tb__map *m);
 
 /* ---- lease.c ---- */
@@ -325,77 +311,11 @@ void tb__leases_retry(struct tb__conn *k);
  * release would, before the session closes. Caller holds k->lock. */
 void tb__leases_end_all_locked(struct tb__conn *k);
 
-/* ---- cuda_transport.c: everything that touches CUDA ---- */
-
-/* Producer: fill the buffer id, layout byte offset and ready event of a
- * kDLCUDA publish, and whether the work the event marks had already
- * finished (Publish.ready_complete); see cuda_transport.c. */
-int tb__cuda_publish_prepare(struct tb_client *c, const DLTensor *t,
-                             void *stream, uint64_t *buffer_id,
-                             uint64_t *byte_offset, uint64_t *ready_event_id,
-                             int *ready_complete,
-                             Tensorbroker__V1__Device *dev, uint8_t *uuid);
-/* tb_lease_wait: make stream (resolved under k's contract) wait for a
- * lease's ready event, and remember it in a (tb__cuda_lease_use_locked).
- * Takes only k->lock; any thread. */
-int tb__cuda_lease_wait(struct tb__conn *k, struct tb__cuda_acq *a,
-                        uint64_t event_id, const uint8_t *handle,
-                        const uint8_t *uuid, int complete, void *stream);
-/* Producer: make stream wait on the consumers' done events. */
-int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
-                       void *stream);
-
-/* Consumer: map a CUDA_IPC buffer (new cache entry, not yet inserted). */
-int tb__cuda_map_open(struct tb_client *c,
-                      const Tensorbroker__V1__BufferInfo *bi,
-                      struct tb__map **out);
-/* What a CUDA acquire produced (cuda_transport.c). */
-/* A stream a consumer declared for a lease: to acquire, tb_lease_wait,
- * tb_lease_use or tb_release (docs/cuda.md, "When a lease ends"). The done
- * event is recorded on every one of them when the lease ends. */
-#define TB__LEASE_STREAMS 8 /* declared ones; the release stream has one more */
-struct tb__lease_stream {
-  void *stream;         /* tb_cu_stream: legacy, per-thread or a CUstream */
-  void *ctx;            /* tb_cu_context the stream runs in */
-  int device;           /* the context's device ordinal */
-  pthread_t thread;     /* per-thread default stream: whose it is */
-};
-
-struct tb__cuda_acq {
-  /* the streams the consumer declared, in the order it declared them */
-  unsigned n_streams;
-  struct tb__lease_stream streams[TB__LEASE_STREAMS + 1];
-  uint64_t base;   /* the buffer's byte 0 as this consumer addresses it */
-  int done_device; /* device whose done event the release records */
-  int enter;       /* 1: a consumer device was given; default streams at
-                    * release and tb_lease_wait are that device's */
-  int implicit;    /* the contract chose the stream */
-  /* TB_ACQUIRE_COPY_TO_DEVICE across devices (copy != 0): */
-  uint64_t copy;          /* the allocation on the consumer's device */
-  void *copy_ctx;         /* its context (tb_cu_context) */
-  int copy_pooled;        /* cuMemAllocAsync'ed: freed with cuMemFreeAsync */
-  void *copy_event;       /* plain event recorded after the copy */
-  uint64_t done_event_id; /* done event recorded after the copy, 0: none */
-};
-
-/* Consumer, while an Acquire's request is in flight: when the driver is
- * loaded and a context is current, make the done event this client will
- * need for that device (if it has none yet), so that a new client's first
- * CUDA acquire does not create it after the reply. Quiet on failure. */
-void tb__cuda_acquire_early(struct tb_client *c);
-/* tb_client_connect, between sending the Hello and reading its reply
- * (unless no_prefetch): when this thread has a CUDA context current
- * (tb__cuda_context_current), make the done event of the current device
- * and send its registration; tb__cuda_connect_end reads the reply (or,
- * hello_ok 0, drops the event). The client's first CUDA acquire then makes
- * one request, not two, and connect waits for one round trip (docs/cuda.md,
- * "Ready at connect"). Quiet on failure. */
-void tb__cuda_connect_begin(struct tb_client *c);
-void tb__cuda_connect_end(struct tb_client *c, int hello_ok);
-/* Channels named at connect (hint.c). tb__hints_keep: connect, keep the
- * HelloReply's latest CUDA buffers (quiet on failure). tb__hint_open: an
- * acquire on channel, after its request went out: open that channel's
- * kept buffer and ready event (tb__cuda_prefetch) and forget it.
+/* ---- hint.c: channels named at connect ----
+ * tb__hints_keep: connect, keep the HelloReply's latest buffers of kinds
+ * that open ahead (quiet on failure). tb__hint_open: an acquire on
+ * channel, after its request went out: open that channel's kept buffer and
+ * ready event (the kind's prefetch) and forget it.
  * tb__hints_retire: a BufferRetired notice; the buffer is not opened. */
 void tb__hints_keep(struct tb_client *c,
                     const Tensorbroker__V1__HelloReply *hr);
@@ -403,56 +323,9 @@ void tb__hint_open(struct tb_client *c, const char *channel);
 void tb__hints_retire(struct tb_client *c, uint64_t buffer_id,
                       uint32_t generation);
 void tb__hints_free(struct tb_client *c);
-/* Consumer, on a NewVersion notice that carries a buffer (Hello.prefetch):
- * when the driver is loaded and a context is current, open the buffer for
- * the current device into the mapping cache, and the ready event (unless
- * complete) into the event cache, so that the acquire that follows finds
- * both. Quiet: a failure is left for that acquire to meet and report. */
-void tb__cuda_prefetch(struct tb_client *c,
-                       const Tensorbroker__V1__BufferInfo *bi,
-                       const Tensorbroker__V1__EventInfo *ready);
-/* Consumer: make the mapping (or copy) for the consumer's device, make
- * the acquire stream wait on the ready event, make sure a done event is
- * registered for the device. device -1: the memory's own device (or the
- * current context's, as before); flags: TB_ACQUIRE_*. [lo, hi): the bytes of
- * the buffer the tensor touches (what a copy copies). */
-int tb__cuda_acquire(struct tb_client *c, struct tb__map *m,
-                     const Tensorbroker__V1__EventInfo *ready, void *stream,
-                     int device, unsigned flags, uint64_t lo, uint64_t hi,
-                     struct tb__cuda_acq *out);
-/* Consumer: a lease ends. stream (the release's; NULL: the streams the
- * lease remembers, or the contract's default when it remembers none) joins
- * the remembered ones, and the done event of a->done_device is recorded
- * after the work of all of them (one stream: on it; several: on a stream
- * of the library's that waits for each). Writes the registered event id, 0
- * when there is nothing to wait for (no stream declared, or all idle).
- * TB__LEASE_LATER when a remembered stream is capturing a graph (nothing
- * can be recorded after its real work until the capture ends): the caller
- * keeps the lease and asks again later, with stream NULL. Other errors:
- * the lease ends without a done event. Caller holds k->lock. */
+
+/* A lease's end must wait (kind.h, done_record_locked): kept on
+ * conn->later and asked again. */
 #define TB__LEASE_LATER 1
-int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
-                              void *stream, uint64_t *done_event_id,
-                              int *implicit);
-/* Consumer: remember stream (resolved under k's contract; -1 adds
- * nothing) as one that reads the lease. TB_ELIMIT beyond
- * TB__LEASE_STREAMS. Caller holds k->lock. */
-int tb__cuda_lease_use_locked(struct tb__conn *k, struct tb__cuda_acq *a,
-                              void *stream);
-/* Consumer: free a copy made by tb__cuda_acquire on the stream its lease
- * remembers (stream: the release's, as for tb__cuda_lease_end_locked;
- * nothing remembered and no-sync: the copy's device's legacy stream),
- * destroy its event. */
-int tb__cuda_copy_free(struct tb__conn *k, struct tb__cuda_acq *a,
-                       void *stream);
-/* tb_lease_wait for a copy: make stream wait for the copy's event. */
-int tb__cuda_copy_wait(struct tb__conn *k, struct tb__cuda_acq *a,
-                       int device, void *stream);
-/* Free the client's (producer, event cache) and the connection's CUDA
- * state. */
-void tb__cuda_client_free(struct tb_client *c);
-void tb__cuda_conn_free(struct tb__cuda_conn *cc);
-/* Release an unused CUDA mapping. */
-void tb__cuda_map_close(struct tb__map *m);
 
 #endif /* TB_CLIENT_INTERNAL_H */

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Channels named at connect (tb_connect_options.channels): the newest CUDA
- * buffer of each, as the HelloReply brought it, kept until the client's
+/* Channels named at connect (tb_connect_options.channels): the newest
+ * buffer of each whose memory kind opens ahead (kind.h, prefetch: CUDA), as
+ * the HelloReply brought it, kept until the client's
  * first acquire on that channel opens it while the daemon answers that
  * acquire (docs/cuda.md, "Channels named at connect"). Under call_lock. */
-#include "client_internal.h"
+#include "kind.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -30,9 +31,12 @@ void tb__hints_keep(struct tb_client *c,
   for (size_t i = 0; i < n; i++) {
     const Tensorbroker__V1__NewVersion *nv = hr->latest[i];
 
-    if (nv == NULL || nv->channel == NULL || nv->buffer == NULL ||
-        nv->buffer->kind !=
-            TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)
+    const struct tb__kind_ops *ops;
+
+    if (nv == NULL || nv->channel == NULL || nv->buffer == NULL)
+      continue;
+    ops = tb__kind((int)nv->buffer->kind);
+    if (ops == NULL || ops->prefetch == NULL)
       continue;
     size_t len = tensorbroker__v1__new_version__get_packed_size(nv);
     uint8_t *buf = malloc(len);
@@ -56,7 +60,7 @@ void tb__hint_open(struct tb_client *c, const char *channel) {
   if (i == c->n_hints)
     return;
   nv = c->hints[i];
-  tb__cuda_prefetch(c, nv->buffer, nv->ready_event);
+  tb__kind_prefetch(c, nv->buffer, nv->ready_event);
   /* once: a later acquire on the channel finds the mapping, or opens what
    * its reply names */
   hint_remove(c, i);

@@ -2,12 +2,11 @@
 /* Leases: tb_acquire builds a DLManagedTensorVersioned over a cached
  * mapping; its deleter (or tb_release) ends the lease with a one-way
  * Release that needs no call lock. */
-#include "client_internal.h"
+#include "kind.h"
+#include "stats.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 #include <utlist.h>
 
@@ -24,14 +23,10 @@ struct tb__lease {
   uint32_t producer_pid;
   int implicit; /* the acquire relied on the contract's default stream */
   uint64_t buffer_id;
-  int kind;
-  /* CUDA: the consumer device's done event, mapping or copy */
-  struct tb__cuda_acq cuda;
-  /* CUDA: the producer's ready event, for tb_lease_wait (0: none) */
-  uint64_t ready_event_id;
-  int ready_complete; /* finished at publish: only a capture waits */
-  uint8_t ready_handle[TB__CUDA_IPC_HANDLE_SIZE];
-  uint8_t ready_uuid[TB__UUID_SIZE];
+  const struct tb__kind_ops *ops; /* the buffer's memory kind */
+  int copied; /* a private copy: its lease ended at acquire (kind.h) */
+  /* the kind's state of the lease (kind.h: lease_state bytes) */
+  _Alignas(max_align_t) unsigned char state[TB__KIND_LEASE_STATE];
   void *metadata;
   size_t metadata_len;
   char *channel;
@@ -114,8 +109,8 @@ static int lease_drop_locked(struct tb__conn *k, struct tb__lease *l) {
   return tb__conn_unref_locked(k);
 }
 
-/* Record the done event of a CUDA lease (the CUDA transport decides on
- * which streams) and send its Release, or with aq put the Release's fields
+/* Record the done event of a lease (its memory kind decides on which
+ * streams) and send its Release, or with aq put the Release's fields
  * into that Acquire. Returns TB__LEASE_LATER, without sending anything,
  * when the end must wait for a capture; an error when the done event
  * could not be recorded (the Release then went without one). Caller holds
@@ -126,9 +121,9 @@ static int lease_send_end_locked(struct tb__conn *k, struct tb__lease *l,
   uint64_t done = 0;
   int implicit = l->implicit, rc = 0, src;
 
-  if (l->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
+  if (l->ops->done_record_locked != NULL) {
     int imp = 0;
-    rc = tb__cuda_lease_end_locked(k, &l->cuda, stream, &done, &imp);
+    rc = l->ops->done_record_locked(k, l->state, stream, &done, &imp);
     if (rc == TB__LEASE_LATER)
       return rc;
     if (rc < 0)
@@ -191,7 +186,7 @@ void tb__leases_end_all_locked(struct tb__conn *k) {
   }
 }
 
-/* End a lease: record the CUDA done event on the streams the lease
+/* End a lease: record the done event on the streams the lease
  * remembers (and stream), send the one-way Release, drop the mapping
  * reference, free the tensor. With aq (the release rides on that Acquire:
  * tb_acquire_options.release, the daemon permitting) the Release's fields
@@ -206,9 +201,9 @@ static int lease_end(struct tb__lease *l, void *stream,
   struct tb__conn *k = l->conn;
   int rc = 0, last;
 
-  if (l->cuda.copy != 0) {
+  if (l->copied) {
     /* a copy: its lease ended when the copy was enqueued */
-    rc = tb__cuda_copy_free(k, &l->cuda, stream);
+    rc = l->ops->copy_free(k, l->state, stream);
     tb__conn_unref(k);
     free(l);
     return rc;
@@ -254,14 +249,9 @@ int tb_lease_wait(const DLManagedTensorVersioned *t, void *stream) {
     return TB_EINVAL;
   /* the tensor stays const to the caller; its lease records the stream */
   l = (struct tb__lease *)(uintptr_t)t;
-  if (l->kind != TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)
+  if (l->ops->ready_wait == NULL)
     return 0; /* host memory is ready when published */
-  if (l->cuda.copy != 0) /* the copy is what the stream must wait for */
-    return tb__cuda_copy_wait(l->conn, &l->cuda,
-                              l->m.dl_tensor.device.device_id, stream);
-  return tb__cuda_lease_wait(l->conn, &l->cuda, l->ready_event_id,
-                             l->ready_handle, l->ready_uuid,
-                             l->ready_complete, stream);
+  return l->ops->ready_wait(l->conn, l->state, &l->m.dl_tensor, stream);
 }
 
 int tb_lease_use(const DLManagedTensorVersioned *t, void *stream) {
@@ -271,10 +261,10 @@ int tb_lease_use(const DLManagedTensorVersioned *t, void *stream) {
   if (t == NULL || t->deleter != tb__lease_deleter)
     return TB_EINVAL;
   l = (struct tb__lease *)(uintptr_t)t;
-  if (l->kind != TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)
+  if (l->ops->use_locked == NULL)
     return 0;
   pthread_mutex_lock(&l->conn->lock);
-  rc = tb__cuda_lease_use_locked(l->conn, &l->cuda, stream);
+  rc = l->ops->use_locked(l->conn, l->state, stream);
   pthread_mutex_unlock(&l->conn->lock);
   return rc;
 }
@@ -293,39 +283,8 @@ int tb_lease_info(const DLManagedTensorVersioned *t,
   out->metadata_len = l->metadata_len;
   out->channel = l->channel;
   out->buffer_id = l->buffer_id;
-  out->memory_kind = l->kind;
+  out->memory_kind = l->ops->kind;
   out->producer_pid = l->producer_pid;
-  return 0;
-}
-
-/* Map a host memfd the daemon attached: read-only unless the producer
- * granted writes. MAP_SHARED, so we see the producer's bytes. */
-static int map_host(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
-                    int fd, struct tb__map **out) {
-  struct tb__map *m;
-  void *p;
-
-  if (bi->size == 0 || bi->size > SIZE_MAX)
-    return tb__set_error(c, TB_EPROTO, "buffer of %llu bytes",
-                         (unsigned long long)bi->size);
-  m = calloc(1, sizeof(*m));
-  if (m == NULL)
-    return TB_ENOMEM;
-  p = mmap(NULL, (size_t)bi->size,
-           bi->writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd,
-           0);
-  if (p == MAP_FAILED) {
-    free(m);
-    return tb__set_error(c, TB_ESYS, "mmap of buffer %llu: %s",
-                         (unsigned long long)bi->buffer_id, strerror(errno));
-  }
-  m->buffer_id = bi->buffer_id;
-  m->generation = bi->generation;
-  m->kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
-  m->writable = bi->writable != 0;
-  m->host = p;
-  m->size = (size_t)bi->size;
-  *out = m;
   return 0;
 }
 
@@ -344,9 +303,8 @@ static void abandon_lease(struct tb_client *c, uint64_t lease_id) {
 
 static int build_tensor(struct tb_client *c,
                         const Tensorbroker__V1__AcquireReply *ar,
-                        struct tb__map *map, int implicit,
-                        const struct tb__cuda_acq *cuda, int device,
-                        struct tb__lease **out) {
+                        struct tb__map *map, const struct tb__kind_acq *ka,
+                        const void *state, struct tb__lease **out) {
   const Tensorbroker__V1__Layout *lay = ar->layout;
   size_t ndim = lay->n_shape, chlen = ar->channel ? strlen(ar->channel) : 0;
   size_t sz = sizeof(struct tb__lease) + 2 * ndim * sizeof(int64_t) +
@@ -363,15 +321,16 @@ static int build_tensor(struct tb_client *c,
   l->m.manager_ctx = l;
   l->m.deleter = tb__lease_deleter;
   l->m.flags = lay->flags;
-  if (!map->writable && (cuda == NULL || cuda->copy == 0))
+  if (!map->writable && !ka->copied)
     l->m.flags |= TB_DLPACK_FLAG_BITMASK_READ_ONLY;
   l->conn = c->conn;
   l->map = map;
   l->buffer_id = map->buffer_id;
-  l->kind = map->kind;
-  if (cuda != NULL)
-    l->cuda = *cuda;
-  if (l->cuda.copy != 0) {
+  l->ops = map->ops;
+  l->copied = ka->copied;
+  if (map->ops->lease_state > 0)
+    memcpy(l->state, state, map->ops->lease_state);
+  if (l->copied) {
     /* our own writable copy on the consumer's device */
     l->m.flags &= ~(uint64_t)TB_DLPACK_FLAG_BITMASK_READ_ONLY;
     l->m.flags |= TB_DLPACK_FLAG_BITMASK_IS_COPIED;
@@ -379,33 +338,12 @@ static int build_tensor(struct tb_client *c,
   l->lease_id = ar->lease_id;
   l->version = ar->version;
   l->producer_pid = ar->buffer->producer_pid;
-  l->implicit = implicit;
-  if (ar->ready_event != NULL && ar->ready_event->event_id != 0 &&
-      ar->ready_event->cuda_ipc_event_handle.len == TB__CUDA_IPC_HANDLE_SIZE) {
-    const Tensorbroker__V1__EventInfo *re = ar->ready_event;
-    l->ready_event_id = re->event_id;
-    l->ready_complete = re->complete != 0;
-    memcpy(l->ready_handle, re->cuda_ipc_event_handle.data,
-           TB__CUDA_IPC_HANDLE_SIZE);
-    if (re->device != NULL && re->device->uuid.len == TB__UUID_SIZE)
-      memcpy(l->ready_uuid, re->device->uuid.data, TB__UUID_SIZE);
-    else
-      memcpy(l->ready_uuid, map->uuid, TB__UUID_SIZE);
-  }
+  l->implicit = ka->implicit;
 
   /* byte_offset is folded into data (byte_offset = 0): every DLPack
    * consumer reads data, not all of them honour byte_offset. */
-  if (map->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
-    /* a peer mapping keeps the memory device's ordinal (where the data
-     * lives, as this process numbers it); a copy is on the consumer's */
-    t->data = (void *)(uintptr_t)(cuda->base + lay->byte_offset);
-    t->device.device_type = kDLCUDA;
-    t->device.device_id = cuda->copy != 0 ? device : map->device;
-  } else {
-    t->data = (uint8_t *)map->host + lay->byte_offset;
-    t->device.device_type = kDLCPU;
-    t->device.device_id = 0;
-  }
+  t->data = (void *)(uintptr_t)(ka->base + lay->byte_offset);
+  t->device = ka->device;
   t->byte_offset = 0;
   t->ndim = (int)ndim;
   t->dtype.code = (uint8_t)lay->dtype_code;
@@ -442,36 +380,6 @@ static int build_tensor(struct tb_client *c,
   return 0;
 }
 
-/* Where this thread's acquires spend their time (tb__acquire_counters):
- * per thread, so that counting costs no shared cache line, and only in a
- * thread that has asked for the counters, so that an application's
- * acquires read no clocks for it. */
-static _Thread_local struct tb_acquire_counters acq;
-static _Thread_local int acq_on;
-
-#define ACQ_NOW() (acq_on ? tb__now_ns() : 0)
-
-static _Thread_local uint64_t acq_mark; /* the last notice handled */
-_Thread_local int tb__acq_waiting;       /* in an acquire's await_reply */
-
-void tb__count_prefetch(uint64_t ns) { acq.prefetch_ns += ns; }
-
-void tb__count_notice_done(void) { acq_mark = tb__now_ns(); }
-
-void tb__count_read(int blocking) {
-  if (blocking)
-    acq.blocking++;
-  else
-    acq.empty_reads++;
-}
-
-int tb__acquire_counting(void) { return acq_on; }
-
-void tb__acquire_counters(struct tb_acquire_counters *out) {
-  acq_on = 1;
-  *out = acq;
-}
-
 int tb_acquire(tb_client *c, const char *channel,
                const struct tb_acquire_options *opts,
                DLManagedTensorVersioned **out) {
@@ -483,9 +391,11 @@ int tb_acquire(tb_client *c, const char *channel,
   tb__server_message *m = NULL;
   struct tb__map *map = NULL;
   struct tb__lease *l = NULL;
-  struct tb__cuda_acq cuda;
-  int fds[TB__MAX_FDS], nfds = 0, rc, implicit = 0;
-  uint64_t lo = 0, hi = 0, id = 0, t0, t1, t2, t3;
+  const struct tb__kind_ops *ops;
+  struct tb__kind_acq ka;
+  _Alignas(max_align_t) unsigned char state[TB__KIND_LEASE_STATE];
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+  uint64_t id = 0, t0, t1, t2, t3;
   char why[160];
 
   if (c == NULL || out == NULL)
@@ -507,7 +417,7 @@ int tb_acquire(tb_client *c, const char *channel,
     if (!TB__AO_HAS(n, release_stream))
       o.release_stream = NULL;
   }
-  memset(&cuda, 0, sizeof(cuda));
+  memset(&ka, 0, sizeof(ka));
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   tb__leases_retry(c->conn);
@@ -554,7 +464,7 @@ int tb_acquire(tb_client *c, const char *channel,
   aq.implicit_stream = 0;
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
   r.acquire = &aq;
-  t0 = ACQ_NOW();
+  t0 = tb__stat_now();
   if (o.release != NULL) {
     int rides = (c->features &
                  TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE) != 0;
@@ -580,23 +490,18 @@ int tb_acquire(tb_client *c, const char *channel,
     }
     goto out_unlock;
   }
-  t1 = ACQ_NOW();
-  tb__cuda_acquire_early(c); /* while the daemon answers */
-  t2 = ACQ_NOW();
+  t1 = tb__stat_now();
+  tb__kinds_acquire_early(c); /* while the daemon answers */
+  t2 = tb__stat_now();
   /* also while the daemon answers, and counted in the wait, as opening
    * ahead in it is (channels named at connect) */
   if (c->n_hints > 0)
     tb__hint_open(c, channel);
-  acq_mark = ACQ_NOW();
-  tb__acq_waiting = acq_on;
+  tb__stat_wait_begin(tb__stat_now());
   rc = tb__await_reply(c, id, o.timeout_ms < 0 ? -1 : o.timeout_ms, &m, fds,
                        &nfds);
-  tb__acq_waiting = 0;
-  t3 = ACQ_NOW();
-  acq.calls++;
-  acq.wait_ns += (t1 - t0) + (t3 - t2);
-  acq.send_ns += t1 - t0;
-  acq.reply_ns += t3 - acq_mark;
+  t3 = tb__stat_now();
+  tb__stat_wait_end(t0, t1, t2, t3);
   if (rc < 0)
     goto out_unlock;
 
@@ -616,86 +521,57 @@ int tb_acquire(tb_client *c, const char *channel,
     goto out_abandon;
   }
 
-  map = tb__map_get(c->conn, bi->buffer_id, bi->generation);
-  if (bi->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD) {
-    if (map == NULL) {
-      if (!bi->fd_attached || nfds < 1) {
-        rc = tb__set_error(c, TB_EPROTO,
-                           "buffer %llu not mapped and no memfd attached",
-                           (unsigned long long)bi->buffer_id);
-        goto out_abandon;
-      }
-      rc = map_host(c, bi, fds[0], &map);
-      if (rc < 0)
-        goto out_abandon;
-      tb__map_insert(c->conn, map);
-    }
-  } else if (bi->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC) {
-    if (map == NULL) {
-      rc = tb__cuda_map_open(c, bi, &map);
-      if (rc < 0)
-        goto out_abandon;
-      tb__map_insert(c->conn, map);
-    }
-    if (o.flags & TB_ACQUIRE_COPY_TO_DEVICE) {
-      const Tensorbroker__V1__Layout *lay = ar->layout;
-      uint64_t elem_bits = 0;
-      rc = tb__dtype_check(lay->dtype_code, lay->dtype_bits, lay->dtype_lanes,
-                           &elem_bits);
-      if (rc == 0)
-        rc = tb__layout_extent((int32_t)lay->n_shape, lay->shape,
-                               lay->n_strides == lay->n_shape ? lay->strides
-                                                              : NULL,
-                               elem_bits, lay->flags, lay->byte_offset, &lo,
-                               &hi, why, sizeof(why));
-      if (rc < 0) {
-        rc = tb__set_error(c, TB_EPROTO, "daemon sent a bad layout");
-        goto out_put_map;
-      }
-    }
-    rc = tb__cuda_acquire(c, map, ar->ready_event, o.stream, o.device,
-                          o.flags, lo, hi, &cuda);
-    if (rc < 0)
-      goto out_put_map;
-    implicit = cuda.implicit;
-  } else {
+  ops = tb__kind((int)bi->kind);
+  if (ops == NULL) {
     rc = tb__set_error(c, TB_ENOTSUP, "memory kind %d not supported",
                        (int)bi->kind);
     goto out_abandon;
   }
+  map = tb__map_get(c->conn, bi->buffer_id, bi->generation);
+  if (map == NULL) {
+    rc = ops->map(c, bi, fds, nfds, &map);
+    if (rc < 0)
+      goto out_abandon;
+    tb__map_insert(c->conn, map);
+  }
+  if (ops->lease_state > 0)
+    memset(state, 0, ops->lease_state);
+  rc = ops->acquire(c, map, ar, &o, state, &ka);
+  if (rc < 0)
+    goto out_put_map;
 
-  rc = build_tensor(c, ar, map, implicit, &cuda, o.device, &l);
+  rc = build_tensor(c, ar, map, &ka, state, &l);
   if (rc < 0) {
-    if (cuda.copy != 0) {
+    if (ka.copied) {
       /* the copy was enqueued with its done event: end the lease with it */
-      (void)tb__cuda_copy_free(c->conn, &cuda, o.stream);
+      (void)ops->copy_free(c->conn, state, o.stream);
       pthread_mutex_lock(&c->conn->lock);
-      (void)send_release_locked(c->conn, ar->lease_id, cuda.done_event_id,
-                                implicit);
+      (void)send_release_locked(c->conn, ar->lease_id, ka.done_event_id,
+                                ka.implicit);
       tb__map_put_locked(c->conn, map);
       pthread_mutex_unlock(&c->conn->lock);
       goto out_free_reply;
     }
     goto out_put_map;
   }
-  if (cuda.copy != 0) {
+  if (ka.copied) {
     /* Copied: the producer's memory is no longer read once the done event
      * (recorded after the copy) completes, so the lease ends now. */
     pthread_mutex_lock(&c->conn->lock);
-    rc = send_release_locked(c->conn, ar->lease_id, cuda.done_event_id,
-                             implicit);
+    rc = send_release_locked(c->conn, ar->lease_id, ka.done_event_id,
+                             ka.implicit);
     tb__map_put_locked(c->conn, map);
     pthread_mutex_unlock(&c->conn->lock);
     l->map = NULL;
     if (rc < 0) {
-      (void)tb__cuda_copy_free(c->conn, &cuda, o.stream);
+      (void)ops->copy_free(c->conn, state, o.stream);
       free(l);
       rc = tb__set_error(c, rc, "cannot end the lease after the copy");
       goto out_free_reply;
     }
   }
   tb__conn_ref(c->conn);
-  if (l->cuda.copy == 0) {
+  if (!l->copied) {
     /* held: disconnect ends it with its done event */
     pthread_mutex_lock(&c->conn->lock);
     DL_APPEND(c->conn->leases, l);
@@ -704,7 +580,7 @@ int tb_acquire(tb_client *c, const char *channel,
   }
   *out = &l->m;
   rc = 0;
-  acq.after_ns += ACQ_NOW() - t3;
+  tb__stat_after(t3);
   goto out_free_reply;
 
 out_put_map:

@@ -1,24 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Consumer mapping cache: one mapping per daemon buffer (id + generation),
- * shared by every lease on that buffer, so a buffer is mapped (or its CUDA
- * IPC handle opened) once. Entries are refcounted by leases under
+ * shared by every lease on that buffer, so a buffer is mapped (by its
+ * memory kind: kind.h) once. Entries are refcounted by leases under
  * conn->lock; a retired buffer is unmapped once unused; beyond
  * TB__MAPCACHE_MAX entries the least recently used unused ones are dropped
  * and the daemon told (Forget), so it attaches the memfd again next time. */
 #include "client_internal.h"
 
 #include <stdlib.h>
-#include <sys/mman.h>
+
+#include "kind.h"
 
 _Thread_local int tb__hash_oom;
 
-void tb__map_release_memory(struct tb__map *m) {
-  if (m->kind == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC)
-    tb__cuda_map_close(m);
-  else if (m->host != NULL)
-    munmap(m->host, m->size);
-  free(m);
-}
+void tb__map_release_memory(struct tb__map *m) { m->ops->unmap(m); }
 
 static void drop_locked(struct tb__conn *k, struct tb__map *m) {
   HASH_DEL(k->maps, m);

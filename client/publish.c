@@ -2,7 +2,7 @@
 /* Publishing: tb_publish (zero copy from a broker buffer or CUDA memory),
  * tb_publish_copy, and the producer's side of buffer reuse, tb_wait_free,
  * with the table of VersionFree notices it consults first. */
-#include "client_internal.h"
+#include "kind.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -112,62 +112,17 @@ void tb__freed_free_all(struct tb_client *c) {
 
 /* ---- publish ---- */
 
-/* ndim and dtype of a tensor to publish; the storage bits of one element
- * into *elem_bits. */
-static int tensor_check(struct tb_client *c, const DLTensor *t,
-                        uint64_t *elem_bits) {
-  int rc;
-
-  if (t->ndim < 0 || (uint32_t)t->ndim > c->max_ndim)
-    return tb__set_error(c, t->ndim < 0 ? TB_ELAYOUT : TB_ELIMIT,
-                         "ndim %d outside 0..%u", t->ndim,
-                         (unsigned)c->max_ndim);
-  rc = tb__dtype_check(t->dtype.code, t->dtype.bits, t->dtype.lanes,
-                       elem_bits);
-  if (rc < 0)
-    return tb__set_error(c, rc, "unsupported dtype code %u bits %u lanes %u",
-                         t->dtype.code, t->dtype.bits, t->dtype.lanes);
-  return 0;
-}
-
-int tb__buffer_register(struct tb_client *c,
-                        Tensorbroker__V1__BufferRegister *br, int fd,
-                        uint64_t *id) {
-  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  tb__server_message *m = NULL;
-  int fds[TB__MAX_FDS], nfds = 0, rc;
-
-  r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
-  r.buffer_register = br;
-  rc = tb__call(c, &r, fd >= 0 ? &fd : NULL, fd >= 0, 0, &m, fds, &nfds);
-  if (rc < 0)
-    return rc;
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
-  if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_BUFFER_REGISTER ||
-      m->reply->buffer_register == NULL ||
-      m->reply->buffer_register->buffer_id == 0) {
-    tb__msg_free(c, m);
-    return tb__set_error(c, TB_EPROTO, "BufferRegister answered without an id");
-  }
-  *id = m->reply->buffer_register->buffer_id;
-  tb__msg_free(c, m);
-  return 0;
-}
-
 /* Send Publish and read the version. Holds call_lock. */
 static int send_publish(struct tb_client *c, const char *channel,
                         const DLTensor *t, const struct tb_publish_options *o,
-                        uint64_t buffer_id, uint64_t byte_offset,
-                        uint64_t ready_event_id, int ready_complete,
-                        Tensorbroker__V1__Device *dev, uint64_t *version) {
+                        struct tb__kind_publish *kp, uint64_t *version) {
   Tensorbroker__V1__Publish pb = TENSORBROKER__V1__PUBLISH__INIT;
   Tensorbroker__V1__Layout lay = TENSORBROKER__V1__LAYOUT__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
   tb__server_message *m = NULL;
   int fds[TB__MAX_FDS], nfds = 0, rc;
 
-  lay.device = dev;
+  lay.device = &kp->dev;
   lay.dtype_code = t->dtype.code;
   lay.dtype_bits = t->dtype.bits;
   lay.dtype_lanes = t->dtype.lanes;
@@ -177,13 +132,13 @@ static int send_publish(struct tb_client *c, const char *channel,
     lay.n_strides = (size_t)t->ndim;
     lay.strides = t->strides;
   }
-  lay.byte_offset = byte_offset;
+  lay.byte_offset = kp->byte_offset;
   lay.flags = o->flags;
   pb.channel = (char *)channel;
-  pb.buffer_id = buffer_id;
+  pb.buffer_id = kp->buffer_id;
   pb.layout = &lay;
-  pb.ready_event_id = ready_event_id;
-  pb.ready_complete = ready_event_id != 0 && ready_complete;
+  pb.ready_event_id = kp->ready_event_id;
+  pb.ready_complete = kp->ready_event_id != 0 && kp->ready_complete;
   pb.metadata.data = (uint8_t *)o->metadata;
   pb.metadata.len = o->metadata_len;
   pb.history_depth = o->history_depth;
@@ -219,43 +174,29 @@ static int check_common(struct tb_client *c, const char *channel,
   return 0;
 }
 
-static int publish_host_locked(struct tb_client *c, const char *channel,
-                               const DLTensor *t,
-                               const struct tb_publish_options *o,
-                               uint64_t *version) {
-  Tensorbroker__V1__Device dev = TENSORBROKER__V1__DEVICE__INIT;
-  struct tb_buffer *b;
-  uint64_t elem_bits, lo, hi;
+/* The tensor checked once (tensor.c), then published by the kind of
+ * memory its device type names (kind.h). */
+static int publish_locked(struct tb_client *c, const char *channel,
+                          const DLTensor *t, const struct tb_publish_options *o,
+                          uint64_t *version) {
+  const struct tb__kind_ops *ops = tb__kind_for_device(t->device.device_type);
+  struct tb__kind_publish kp;
+  uint64_t elem_bits;
   uintptr_t start;
   int rc;
 
-  if (o->stream != NULL)
-    return tb__set_error(c, TB_ESTREAM, "host tensors take no stream (NULL)");
-  char why[160];
-
-  rc = tensor_check(c, t, &elem_bits);
+  if (ops == NULL || ops->publish == NULL)
+    return tb__set_error(c, TB_EDEVICE, "device type %d not supported",
+                         (int)t->device.device_type);
+  rc = tb__tensor_check(c, t, &elem_bits, &start);
   if (rc < 0)
     return rc;
-  if ((uintptr_t)t->data > UINTPTR_MAX - t->byte_offset)
-    return tb__set_error(c, TB_ELAYOUT, "data + byte_offset overflows");
-  start = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
-  b = tb__buffer_find(c, (const void *)start, 0);
-  if (b == NULL)
-    return tb__set_error(c, TB_EINVAL,
-                         "tensor data is not inside a buffer of this client "
-                         "(use tb_host_buffer_create or tb_publish_copy)");
-  rc = tb__layout_extent(t->ndim, t->shape, t->strides, elem_bits, o->flags,
-                         start - (uintptr_t)b->data, &lo, &hi, why,
-                         sizeof(why));
+  memset(&kp, 0, sizeof(kp));
+  kp.dev = (Tensorbroker__V1__Device)TENSORBROKER__V1__DEVICE__INIT;
+  rc = ops->publish(c, t, start, elem_bits, o->flags, o->stream, &kp);
   if (rc < 0)
-    return tb__set_error(c, rc, "%s", why);
-  if (hi > b->size)
-    return tb__set_error(c, TB_ELAYOUT,
-                         "tensor reaches byte %llu of its %zu-byte buffer",
-                         (unsigned long long)hi, b->size);
-  dev.type = kDLCPU;
-  return send_publish(c, channel, t, o, b->id, start - (uintptr_t)b->data, 0,
-                      0, &dev, version);
+    return rc;
+  return send_publish(c, channel, t, o, &kp, version);
 }
 
 int tb_publish(tb_client *c, const char *channel, const DLTensor *t,
@@ -273,27 +214,7 @@ int tb_publish(tb_client *c, const char *channel, const DLTensor *t,
   rc = check_common(c, channel, t, &o);
   if (rc < 0)
     goto out_unlock;
-  if (t->device.device_type == kDLCPU) {
-    rc = publish_host_locked(c, channel, t, &o, &version);
-  } else if (t->device.device_type == kDLCUDA) {
-    Tensorbroker__V1__Device dev = TENSORBROKER__V1__DEVICE__INIT;
-    uint8_t uuid[TB__UUID_SIZE];
-    uint64_t elem_bits, buffer_id = 0, offset = 0, ev = 0;
-    int complete = 0;
-
-    rc = tensor_check(c, t, &elem_bits);
-    if (rc < 0)
-      goto out_unlock;
-    rc = tb__cuda_publish_prepare(c, t, o.stream, &buffer_id, &offset, &ev,
-                                  &complete, &dev, uuid);
-    if (rc < 0)
-      goto out_unlock;
-    rc = send_publish(c, channel, t, &o, buffer_id, offset, ev, complete,
-                      &dev, &version);
-  } else {
-    rc = tb__set_error(c, TB_EDEVICE, "device type %d not supported",
-                       (int)t->device.device_type);
-  }
+  rc = publish_locked(c, channel, t, &o, &version);
   if (rc == 0 && out_version != NULL)
     *out_version = version;
 out_unlock:
@@ -331,6 +252,7 @@ int tb_publish_copy(tb_client *c, const char *channel, const DLTensor *t,
   struct tb_publish_options o;
   struct tb_buffer *b = NULL;
   uint64_t elem_bits, lo = 0, hi = 0, bytes;
+  uintptr_t start;
   DLTensor copy;
   int rc;
 
@@ -346,7 +268,7 @@ int tb_publish_copy(tb_client *c, const char *channel, const DLTensor *t,
   if (rc == 0 && o.stream != NULL)
     rc = tb__set_error(c, TB_ESTREAM, "host tensors take no stream (NULL)");
   if (rc == 0)
-    rc = tensor_check(c, t, &elem_bits);
+    rc = tb__tensor_check(c, t, &elem_bits, &start);
   if (rc == 0) {
     /* the compact size, overflow-checked */
     char why[160];
@@ -473,7 +395,7 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
   rc = 0;
   /* Host versions carry no done events and never touch CUDA. */
   if (f.n_done > 0)
-    rc = tb__cuda_wait_done(c, &f, stream);
+    rc = tb__kinds_done_wait(c, &f, stream);
   tb__freed_clear(&f);
 out_unlock:
   pthread_mutex_unlock(&c->call_lock);

@@ -5,7 +5,7 @@
     pip wheel --no-build-isolation -w dist ./python
 
 The extension is compiled from the tree this file sits in: python/src/native.c,
-the client library (client/*.c) and the shared protocol code
+the client library (client/**/*.c) and the shared protocol code
 (proto/*.c plus tensorbroker.pb-c.c, which protoc-c generates here at build
 time, as CMake does; <tensorbroker/version.h> is made from the VERSION file
 here too). It links only libprotobuf-c and libc, and exports
@@ -122,7 +122,9 @@ class BuildExt(build_ext):
 
 def native_extension():
     def sources(sub, skip=()):
-        found = sorted(glob.glob(os.path.join(ROOT, sub, "*.c")))
+        # recursive: the client's CUDA layer is in client/cuda/
+        found = sorted(glob.glob(os.path.join(ROOT, sub, "**", "*.c"),
+                                 recursive=True))
         return [os.path.relpath(p, HERE) for p in found
                 if os.path.basename(p) not in skip]
     cflags = pkg_config("--cflags-only-I") or []

@@ -39,7 +39,7 @@
 
 #include <cmocka.h>
 
-#include "cuda_driver.h"
+#include "cuda/driver.h"
 #include "fake_libcuda.h"
 #include "harness.h"
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Build-time check: client/cuda_driver.h declares by hand the few driver
+/* Build-time check: client/cuda/driver.h declares by hand the few driver
  * types, constants and function signatures libtensorbroker uses (it must
  * build without the CUDA toolkit). Where cuda.h is installed, this file
  * checks them against it; a mismatch is a compile error.
@@ -14,7 +14,7 @@
 
 #include <cuda.h>
 
-#include "cuda_driver.h"
+#include "cuda/driver.h"
 
 #define SAME(a, b)                                                           \
   _Static_assert(sizeof(a) == sizeof(b) && _Alignof(a) == _Alignof(b),      \
@@ -25,7 +25,7 @@
   _Static_assert(IS(__typeof__(&sym), shape cu_args),                        \
                  "cuda.h: " #sym " is not " #shape);                         \
   _Static_assert(IS(__typeof__(((struct tb_cuda *)0)->member), shape tb_args), \
-                 "cuda_driver.h: member " #member " is not " #shape)
+                 "cuda/driver.h: member " #member " is not " #shape)
 
 /* Types used in the same positions. */
 SAME(CUresult, tb_cu_result);

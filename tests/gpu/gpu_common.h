@@ -19,7 +19,7 @@
 
 #include <tensorbroker/tensorbroker.h>
 
-#include "cuda_driver.h"
+#include "cuda/driver.h"
 #include "harness.h"
 
 /* Exit 77 (ctest: skipped) unless a child process can load CUDA and see a

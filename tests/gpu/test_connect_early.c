@@ -40,7 +40,7 @@
 
 #include <cmocka.h>
 
-#include "client_internal.h" /* tb__acquire_counters */
+#include "stats.h" /* tb__acquire_counters */
 #include "gpu_common.h"
 
 #define N (1u << 20)

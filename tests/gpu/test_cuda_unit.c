@@ -12,7 +12,7 @@
 
 #include <tensorbroker/tensorbroker.h>
 
-#include "cuda_ipc.h"
+#include "cuda/cuda.h"
 
 static void resolve_null(void **state) {
   struct tb__cuda_stream s;

@@ -778,7 +778,7 @@ static void test_busy_poll(void **state) {
 
 /* ---- polling by default: 50 us while the process may use 4+ CPUs ---- */
 
-/* the library's count of c's waits that polled first (client/conn.c) */
+/* the library's count of c's waits that polled first (client/rpc.c) */
 uint64_t tb__client_polled_waits(const tb_client *c);
 
 #define QUIET_WAITS 100 /* waits for a notice that never comes, 2 ms each */

@@ -186,7 +186,7 @@ const char *tb__cuda_err_name(tb_cu_result r);
  * show that a cache hit made no cuIpcOpenMemHandle call or that a finished
  * version made no cuStreamWaitEvent, and tb-bench can say where a cold
  * acquire's time went (the _ns members: total time inside those calls,
- * CLOCK_MONOTONIC). */
+ * CLOCK_MONOTONIC; measured only in the TB_STATS build, stats.h, else 0). */
 struct tb_cuda_counters {
   unsigned long ipc_open_mem;
   unsigned long ipc_close_mem;

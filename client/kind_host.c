@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Producer host buffers: a sealed memfd, mapped read-write here and
- * registered with the daemon (which keeps a dup, so the bytes outlive us). */
-#include "client_internal.h"
+/* The host memory kind (kind.h): a producer's buffer is a sealed memfd,
+ * mapped read-write here and registered with the daemon (which keeps a dup,
+ * so the bytes outlive us); a consumer maps the memfd the daemon attaches,
+ * read-only unless the producer granted writes. Host memory is ready when
+ * published: no events, no streams. */
+#include "kind.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -143,27 +146,15 @@ size_t tb_buffer_size(const tb_buffer *b) { return b ? b->size : 0; }
 uint64_t tb_buffer_id(const tb_buffer *b) { return b ? b->id : 0; }
 
 int tb_buffer_destroy(tb_buffer *b) {
-  Tensorbroker__V1__BufferUnregister bu =
-      TENSORBROKER__V1__BUFFER_UNREGISTER__INIT;
-  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
   struct tb_client *c;
-  tb__server_message *m = NULL;
-  int fds[TB__MAX_FDS], nfds = 0, rc;
+  int rc;
 
   if (b == NULL)
     return 0;
   c = b->c;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
-  bu.buffer_id = b->id;
-  r.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER;
-  r.buffer_unregister = &bu;
-  rc = tb__call(c, &r, NULL, 0, 0, &m, fds, &nfds);
-  if (rc == 0) {
-    for (int i = 0; i < nfds; i++)
-      close(fds[i]);
-    tb__msg_free(c, m);
-  }
+  rc = tb__buffer_unregister(c, b->id);
   DL_DELETE(c->buffers, b);
   munmap(b->data, b->size);
   free(b);
@@ -193,3 +184,98 @@ void tb__buffers_free_all(struct tb_client *c) {
     free(b);
   }
 }
+
+/* ---- the kind's table (kind.h) ---- */
+
+/* A consumer's mapping-cache entry of a host buffer. */
+struct host_map {
+  struct tb__map m;
+  void *p; /* the mapping */
+};
+
+/* kind.h, publish: the tensor must lie in one of c's buffers. */
+static int host_publish(struct tb_client *c, const DLTensor *t,
+                        uintptr_t start, uint64_t elem_bits, uint64_t flags,
+                        void *stream, struct tb__kind_publish *out) {
+  struct tb_buffer *b;
+  int rc;
+
+  if (stream != NULL)
+    return tb__set_error(c, TB_ESTREAM, "host tensors take no stream (NULL)");
+  b = tb__buffer_find(c, (const void *)start, 0);
+  if (b == NULL)
+    return tb__set_error(c, TB_EINVAL,
+                         "tensor data is not inside a buffer of this client "
+                         "(use tb_host_buffer_create or tb_publish_copy)");
+  rc = tb__tensor_fits(c, t, elem_bits, flags, start, (uintptr_t)b->data,
+                       b->size, "buffer");
+  if (rc < 0)
+    return rc;
+  out->dev.type = kDLCPU;
+  out->buffer_id = b->id;
+  out->byte_offset = start - (uintptr_t)b->data;
+  return 0;
+}
+
+/* Map a host memfd the daemon attached: read-only unless the producer
+ * granted writes. MAP_SHARED, so we see the producer's bytes. */
+static int host_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
+                    const int *fds, int nfds, struct tb__map **out) {
+  struct host_map *m;
+  void *p;
+
+  if (!bi->fd_attached || nfds < 1)
+    return tb__set_error(c, TB_EPROTO,
+                         "buffer %llu not mapped and no memfd attached",
+                         (unsigned long long)bi->buffer_id);
+  if (bi->size == 0 || bi->size > SIZE_MAX)
+    return tb__set_error(c, TB_EPROTO, "buffer of %llu bytes",
+                         (unsigned long long)bi->size);
+  m = calloc(1, sizeof(*m));
+  if (m == NULL)
+    return TB_ENOMEM;
+  p = mmap(NULL, (size_t)bi->size,
+           bi->writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED,
+           fds[0], 0);
+  if (p == MAP_FAILED) {
+    free(m);
+    return tb__set_error(c, TB_ESYS, "mmap of buffer %llu: %s",
+                         (unsigned long long)bi->buffer_id, strerror(errno));
+  }
+  m->m.buffer_id = bi->buffer_id;
+  m->m.generation = bi->generation;
+  m->m.ops = &tb__kind_host;
+  m->m.writable = bi->writable != 0;
+  m->m.size = (size_t)bi->size;
+  m->p = p;
+  *out = &m->m;
+  return 0;
+}
+
+static void host_unmap(struct tb__map *m) {
+  struct host_map *h = (struct host_map *)m;
+
+  if (h->p != NULL)
+    munmap(h->p, m->size);
+  free(h);
+}
+
+static int host_acquire(struct tb_client *c, struct tb__map *m,
+                        const Tensorbroker__V1__AcquireReply *ar,
+                        const struct tb_acquire_options *o, void *state,
+                        struct tb__kind_acq *out) {
+  out->base = (uint64_t)(uintptr_t)((struct host_map *)m)->p;
+  out->device.device_type = kDLCPU;
+  out->device.device_id = 0;
+  return 0;
+}
+
+const struct tb__kind_ops tb__kind_host = {
+    .name = "host",
+    .kind = TB_MEMORY_HOST,
+    .dl_device = kDLCPU,
+    .publish = host_publish,
+    .map = host_map,
+    .unmap = host_unmap,
+    .acquire = host_acquire,
+};

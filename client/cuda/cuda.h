@@ -1,20 +1,32 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Internal: the CUDA half of the legacy-IPC transport, free of RPC.
+/* Internal: the CUDA layer of the client, free of RPC (client/cuda/:
+ * driver.c the driver table, context.c contexts and capture mode,
+ * stream.c the stream contract, event.c events, ipc.c legacy IPC memory,
+ * copy.c copies across devices).
  *
- * These functions only talk to the driver (cuda_driver.h); the client core
- * (publish, acquire, release, wait_free) decides when to call them, keeps
- * the per-client caches and talks to the daemon. All return 0 or a negative
+ * These functions only talk to the driver (driver.h); the CUDA memory kind
+ * (kind_ipc.c and the files it uses) decides when to call them, keeps the
+ * per-client caches and talks to the daemon. Three habits hold throughout:
+ *  - Work happens in the context the object belongs to: a pointer's context
+ *    (CU_POINTER_ATTRIBUTE_CONTEXT), an explicit stream's (cuStreamGetCtx).
+ *    When that is not the calling thread's current context we make it current
+ *    for the call and restore the previous one before returning.
+ *  - Driver calls that are not stream work (IPC open/close, event create)
+ *    run with the thread's capture mode exchanged to RELAXED, so that they
+ *    are allowed while the application captures a graph in GLOBAL mode (as
+ *    PyTorch does around cudaMalloc during capture).
+ *  - Nothing here synchronises the host with the GPU. All return 0 or a negative
  * TB_E* code; on TB_ECUDA/TB_EDEVICE/TB_ECAPTURE/TB_ESTREAM they write a
  * one-line reason into why (may be NULL). Thread-safe. */
-#ifndef TB_CUDA_IPC_H
-#define TB_CUDA_IPC_H
+#ifndef TB_CUDA_H
+#define TB_CUDA_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include <tensorbroker/dlpack.h>
 
-#include "cuda_driver.h"
+#include "driver.h"
 
 /* Where a device pointer lives: its allocation (base, size), the device
  * (ordinal in this process and 16-byte UUID). */
@@ -230,4 +242,48 @@ int tb__cuda_copy_peer(const struct tb__cuda_stream *s, tb_cu_deviceptr src,
 int tb__cuda_free_copy(tb_cu_deviceptr p, tb_cu_context ctx, int pooled,
                        const struct tb__cuda_stream *s);
 
-#endif /* TB_CUDA_IPC_H */
+/* ---- shared by the files of this folder ---- */
+
+/* Write a one-line reason into why (may be NULL). */
+void tb__cu_why(char *why, size_t whylen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A failed driver call: TB_ECUDA with "call failed: CUDA_ERROR_NAME". */
+int tb__cu_fail(char *why, size_t whylen, const char *call, tb_cu_result r);
+/* tb__cuda_load, with the reason in why on failure. */
+int tb__cu_get(const struct tb_cuda **cu, char *why, size_t whylen);
+
+/* context.c: make want current for a call (NULL or current: nothing), and
+ * restore the previous context after it. */
+struct tb__cu_ctx_saved {
+  tb_cu_context prev;
+  int switched;
+};
+int tb__cu_ctx_enter(const struct tb_cuda *cu, tb_cu_context want,
+                     struct tb__cu_ctx_saved *saved, char *why,
+                     size_t whylen);
+void tb__cu_ctx_leave(const struct tb_cuda *cu,
+                      const struct tb__cu_ctx_saved *saved);
+/* context.c: exchange this thread's capture mode to RELAXED (returns the
+ * previous mode, -1 when it could not), and back. */
+int tb__cu_relaxed_enter(const struct tb_cuda *cu);
+void tb__cu_relaxed_leave(const struct tb_cuda *cu, int saved);
+
+/* stream.c: make s's context current for work on it (saved puts the
+ * thread's back); with what, also return its capture state (0 or 1),
+ * leaving the context again on error. Whether every operation enqueued on
+ * a non-blocking stream has finished (stream_idle). Create in ctx a
+ * non-blocking stream (stream not NULL) or else a plain event
+ * (create_in). */
+int tb__cu_stream_enter(const struct tb__cuda_stream *s, const char *what,
+                        const struct tb_cuda **cu,
+                        struct tb__cu_ctx_saved *saved, char *why,
+                        size_t whylen);
+int tb__cu_stream_idle(const struct tb_cuda *cu, tb_cu_stream s);
+int tb__cu_create_in(tb_cu_context ctx, tb_cu_stream *stream,
+                     tb_cu_event *event, char *why, size_t whylen);
+/* event.c: TB_ECUDA/TB_EDEVICE unless a context is current (what: for the
+ * message). */
+int tb__cu_need_ctx(const struct tb_cuda *cu, const char *what, char *why,
+                    size_t whylen);
+
+#endif /* TB_CUDA_H */

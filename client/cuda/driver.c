@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The CUDA driver API, loaded at run time (see cuda_driver.h).
+/* The CUDA driver API, loaded at run time (see driver.h).
  *
  * libcuda.so.1 is opened once per process with dlopen. Each member of
  * struct tb_cuda is resolved with cuGetProcAddress_v2 for the CUDA 12.0 API,
@@ -25,7 +25,7 @@
 
 #include <tensorbroker/tensorbroker.h>
 
-#include "cuda_driver.h"
+#include "cuda.h"
 
 /* cuGetProcAddress_v2 (CUDA 12.0+), cuda.h:
  *   CUresult cuGetProcAddress_v2(const char *symbol, void **pfn,
@@ -133,6 +133,10 @@ static atomic_ulong tb_cnt_open_mem, tb_cnt_close_mem, tb_cnt_open_event,
 static atomic_ullong tb_ns_open_mem, tb_ns_open_event, tb_ns_stream_wait,
     tb_ns_event_create, tb_ns_event_record;
 
+/* The calls are counted in every build (tests read the counts); their
+ * time only in the TB_STATS build tb-bench links (stats.h): elsewhere no
+ * clock is read around a driver call. */
+#ifdef TB_STATS
 static unsigned long long tb_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -147,6 +151,16 @@ static tb_cu_result tb_timed(atomic_ulong *cnt, atomic_ullong *ns,
   atomic_fetch_add(cnt, 1);
   return r;
 }
+#else
+static unsigned long long tb_now_ns(void) { return 0; }
+
+static tb_cu_result tb_timed(atomic_ulong *cnt, atomic_ullong *ns,
+                             unsigned long long t0, tb_cu_result r) {
+  (void)ns, (void)t0;
+  atomic_fetch_add(cnt, 1);
+  return r;
+}
+#endif
 
 static tb_cu_result tb_tr_ipc_open_mem(tb_cu_deviceptr *p,
                                        tb_cu_ipc_mem_handle h,
@@ -364,4 +378,28 @@ void tb__cuda_counters(struct tb_cuda_counters *out) {
 TB_EXPORT int tb_cuda_available(void) {
   const struct tb_cuda *cu;
   return tb__cuda_load(&cu);
+}
+
+/* ---- error text shared by the files of client/cuda/ (cuda.h) ---- */
+
+void tb__cu_why(char *why, size_t whylen, const char *fmt, ...) {
+  if (why == NULL || whylen == 0)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, whylen, fmt, ap);
+  va_end(ap);
+}
+
+/* A failed driver call: TB_ECUDA with "call: CUDA_ERROR_NAME". */
+int tb__cu_fail(char *why, size_t whylen, const char *call, tb_cu_result r) {
+  tb__cu_why(why, whylen, "%s failed: %s", call, tb__cuda_err_name(r));
+  return TB_ECUDA;
+}
+
+int tb__cu_get(const struct tb_cuda **cu, char *why, size_t whylen) {
+  int rc = tb__cuda_load(cu);
+  if (rc != 0)
+    tb__cu_why(why, whylen, "%s", tb__cuda_why());
+  return rc;
 }

@@ -1,0 +1,330 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The streams of a CUDA IPC lease: those the consumer declared (acquire,
+ * tb_lease_wait, tb_lease_use, tb_release), joined on a stream of ours when
+ * there are several, and the done event recorded after them when the
+ * lease ends; the copy of TB_ACQUIRE_COPY_TO_DEVICE freed after them.
+ * (kind_ipc.h) */
+#include "kind_ipc.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <utlist.h>
+
+#include "cuda.h"
+
+/* Remember s (resolved) as a stream that reads the lease a, unless it is
+ * no-sync or remembered already; room: how many a may hold. */
+int tb__ci_lease_stream_add(struct tb__cuda_acq *a,
+                            const struct tb__cuda_stream *s, unsigned room,
+                            char *why, size_t whylen) {
+  struct tb__lease_stream e;
+  tb_cu_context ctx = NULL;
+  int rc;
+
+  if (s->no_sync)
+    return 0;
+  memset(&e, 0, sizeof(e));
+  rc = tb__cuda_stream_ident(s, &ctx, &e.device, why, whylen);
+  if (rc < 0)
+    return rc;
+  e.stream = s->stream;
+  e.ctx = ctx;
+  e.thread = pthread_self();
+  for (unsigned i = 0; i < a->n_streams; i++) {
+    const struct tb__lease_stream *o = &a->streams[i];
+    if (o->stream == e.stream && o->ctx == e.ctx &&
+        (e.stream != TB_CU_STREAM_PER_THREAD ||
+         pthread_equal(o->thread, e.thread)))
+      return 0;
+  }
+  if (a->n_streams >= room) {
+    if (why != NULL)
+      snprintf(why, whylen, "a lease remembers at most %d streams that "
+               "read it", TB__LEASE_STREAMS);
+    return TB_ELIMIT;
+  }
+  a->streams[a->n_streams++] = e;
+  return 0;
+}
+
+/* The stream to use for a remembered one, from the thread at hand: a
+ * per-thread default stream of another thread cannot be named here, but
+ * the legacy stream of the same context waits for it (per-thread default
+ * streams are blocking streams). */
+static struct tb__cuda_stream lease_stream_of(const struct tb__lease_stream *e) {
+  struct tb__cuda_stream s = {(tb_cu_stream)e->stream, 0, 0,
+                              (tb_cu_context)e->ctx};
+
+  if (s.stream == TB_CU_STREAM_PER_THREAD &&
+      !pthread_equal(e->thread, pthread_self()))
+    s.stream = TB_CU_STREAM_LEGACY;
+  return s;
+}
+
+/* The join stream for device, created on first use. Caller holds k->lock. */
+static int join_get_locked(struct tb__cuda_conn *cc, int device,
+                           struct tb__cuda_join **out, char *why,
+                           size_t whylen) {
+  struct tb__cuda_devctx dc;
+  struct tb__cuda_join *j;
+  int rc;
+
+  LL_FOREACH(cc->joins, j) {
+    if (j->device == device) {
+      *out = j;
+      return 0;
+    }
+  }
+  j = calloc(1, sizeof(*j));
+  if (j == NULL)
+    return TB_ENOMEM;
+  rc = tb__cuda_device_enter(device, &dc, why, whylen);
+  if (rc == 0) {
+    rc = tb__cuda_stream_create(dc.ctx, &j->stream, why, whylen);
+    j->ctx = dc.ctx;
+    tb__cuda_device_leave(&dc);
+  }
+  if (rc < 0) {
+    free(j);
+    return rc;
+  }
+  j->device = device;
+  LL_PREPEND(cc->joins, j);
+  *out = j;
+  return 0;
+}
+
+/* The plain event that joins streams of ctx. Caller holds k->lock. */
+static int join_ev_get_locked(struct tb__cuda_conn *cc, tb_cu_context ctx,
+                              tb_cu_event *out, char *why, size_t whylen) {
+  struct tb__cuda_join_ev *je;
+  int rc;
+
+  LL_FOREACH(cc->join_evs, je) {
+    if (je->ctx == ctx) {
+      *out = je->ev;
+      return 0;
+    }
+  }
+  je = calloc(1, sizeof(*je));
+  if (je == NULL)
+    return TB_ENOMEM;
+  rc = tb__cuda_plain_event_create(ctx, &je->ev, why, whylen);
+  if (rc < 0) {
+    free(je);
+    return rc;
+  }
+  je->ctx = ctx;
+  LL_PREPEND(cc->join_evs, je);
+  *out = je->ev;
+  return 0;
+}
+
+/* Where the end of a lease is ordered: the one stream it remembers (when
+ * it runs on the done event's device), or the join stream of that device
+ * after it waited for every remembered stream. *target is no_sync when
+ * nothing is remembered. TB__LEASE_LATER when a stream captures (or the
+ * legacy stream cannot be touched because one does). The streams must
+ * still exist: CUDA cannot tell a destroyed stream's handle from a live
+ * one (docs/cuda.md, "When a lease ends"). Caller holds k->lock. */
+static int lease_target_locked(struct tb__conn *k, struct tb__cuda_acq *a,
+                               struct tb__cuda_stream *target, char *why,
+                               size_t whylen) {
+  struct tb__cuda_conn *cc;
+  struct tb__cuda_join *j;
+  unsigned i;
+  int rc;
+
+  target->no_sync = 1;
+  for (i = 0; i < a->n_streams; i++) {
+    struct tb__cuda_stream s = lease_stream_of(&a->streams[i]);
+    /* Nothing records after a capturing stream's real work until the
+     * capture ends: an event recorded into the capture would mark the
+     * graph's future launches, not the reads already queued. */
+    if (tb__cuda_capturing(&s, "recording the done event", why, whylen) != 0)
+      return TB__LEASE_LATER;
+  }
+  if (a->n_streams == 0)
+    return 0;
+  if (a->n_streams == 1 && a->streams[0].device == a->done_device) {
+    *target = lease_stream_of(&a->streams[0]);
+    return 0;
+  }
+  cc = tb__ci_conn_cuda_locked(k);
+  if (cc == NULL)
+    return TB_ENOMEM;
+  rc = join_get_locked(cc, a->done_device, &j, why, whylen);
+  if (rc < 0)
+    return rc;
+  target->stream = j->stream;
+  target->ctx = j->ctx;
+  target->no_sync = 0;
+  target->implicit = 0;
+  for (i = 0; i < a->n_streams && rc == 0; i++) {
+    struct tb__cuda_stream s = lease_stream_of(&a->streams[i]);
+    tb_cu_event ev;
+    rc = join_ev_get_locked(cc, s.ctx, &ev, why, whylen);
+    if (rc == 0)
+      rc = tb__cuda_record(ev, &s, 0, NULL, NULL, why, whylen);
+    if (rc == 0)
+      rc = tb__cuda_wait(target, ev, why, whylen);
+  }
+  return rc;
+}
+
+/* The release's own stream joins the remembered ones: an explicit one
+ * always (1 more than the declared maximum fits), NULL only when the lease
+ * remembers none (the contract's default then). */
+static int lease_release_stream(struct tb__conn *k, struct tb__cuda_acq *a,
+                                void *stream, int *implicit, char *why,
+                                size_t whylen) {
+  struct tb__cuda_stream s;
+  int rc;
+
+  if (stream == NULL && a->n_streams > 0)
+    return 0;
+  rc = tb__cuda_stream_resolve(k->contract, stream, &s, why, whylen);
+  if (rc < 0)
+    return rc;
+  *implicit = s.implicit;
+  return tb__ci_lease_stream_add(a, &s, TB__LEASE_STREAMS + 1, why, whylen);
+}
+
+int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
+                              void *stream, uint64_t *done_event_id,
+                              int *implicit) {
+  struct tb__cuda_stream target;
+  struct tb__cuda_ev *e, *found = NULL;
+  char why[256] = "";
+  int rc, complete = 0;
+
+  *done_event_id = 0;
+  *implicit = 0;
+  rc = lease_release_stream(k, a, stream, implicit, why, sizeof(why));
+  if (rc < 0 || a->n_streams == 0 || K_CUDA(k) == NULL)
+    return rc;
+  LL_FOREACH(K_CUDA(k)->done, e) {
+    if (e->device == a->done_device)
+      found = e;
+  }
+  if (found == NULL)
+    return 0;
+  rc = lease_target_locked(k, a, &target, why, sizeof(why));
+  if (rc != 0 || target.no_sync)
+    return rc;
+  /* One done event per device, re-recorded for every release: a producer
+   * that waits on it after a later re-record waits for later work, which
+   * is later than needed but never too early. When the consumer's work
+   * had already finished (its stream idle) the release carries no done
+   * event: the producer has nothing to wait for. */
+  rc = tb__cuda_record(found->ev, &target, 1, &complete, NULL, why,
+                       sizeof(why));
+  if (rc < 0)
+    return rc;
+  if (!complete)
+    *done_event_id = found->event_id;
+  return 0;
+}
+
+int tb__cuda_lease_use_locked(struct tb__conn *k, struct tb__cuda_acq *a,
+                              void *stream) {
+  struct tb__cuda_stream s;
+  struct tb__cuda_devctx dc;
+  int rc;
+
+  rc = tb__cuda_stream_resolve(k->contract, stream, &s, NULL, 0);
+  if (rc < 0 || s.no_sync)
+    return rc;
+  /* a consumer device was given: the default streams are that device's */
+  if (a->enter) {
+    rc = tb__cuda_device_enter(a->done_device, &dc, NULL, 0);
+    if (rc < 0)
+      return rc;
+  }
+  rc = tb__ci_lease_stream_add(a, &s, TB__LEASE_STREAMS, NULL, 0);
+  if (a->enter)
+    tb__cuda_device_leave(&dc);
+  return rc;
+}
+
+int tb__cuda_copy_free(struct tb__conn *k, struct tb__cuda_acq *a,
+                       void *stream) {
+  struct tb__cuda_stream target = {TB_CU_STREAM_LEGACY, 0, 0, NULL};
+  int rc, frc, imp = 0;
+
+  pthread_mutex_lock(&k->lock);
+  rc = lease_release_stream(k, a, stream, &imp, NULL, 0);
+  if (rc == 0 && a->n_streams > 0) {
+    rc = lease_target_locked(k, a, &target, NULL, 0);
+    if (rc == TB__LEASE_LATER) {
+      /* a capture is under way: free_copy frees in relaxed mode */
+      target = lease_stream_of(&a->streams[0]);
+      rc = 0;
+    }
+  }
+  pthread_mutex_unlock(&k->lock);
+  if (target.no_sync) /* nothing to order after: the copy's legacy stream */
+    target = (struct tb__cuda_stream){TB_CU_STREAM_LEGACY, 0, 0, NULL};
+  frc = tb__cuda_free_copy(a->copy, (tb_cu_context)a->copy_ctx,
+                           a->copy_pooled, rc < 0 ? NULL : &target);
+  tb__cuda_event_destroy((tb_cu_event)a->copy_event);
+  return rc < 0 ? rc : frc;
+}
+
+int tb__cuda_copy_wait(struct tb__conn *k, struct tb__cuda_acq *a, int device,
+                       void *stream) {
+  const struct tb_cuda *cu;
+  struct tb__cuda_stream s;
+  struct tb__cuda_devctx dc;
+  int rc;
+
+  if (tb__cuda_load(&cu) != 0)
+    return TB_ENOCUDA;
+  rc = tb__cuda_stream_resolve(k->contract, stream, &s, NULL, 0);
+  if (rc < 0 || s.no_sync)
+    return rc;
+  rc = tb__cuda_device_enter(device, &dc, NULL, 0);
+  if (rc < 0)
+    return rc;
+  pthread_mutex_lock(&k->lock);
+  rc = tb__ci_lease_stream_add(a, &s, TB__LEASE_STREAMS, NULL, 0);
+  pthread_mutex_unlock(&k->lock);
+  if (rc == 0)
+    rc = tb__cuda_wait(&s, (tb_cu_event)a->copy_event, NULL, 0);
+  tb__cuda_device_leave(&dc);
+  return rc;
+}
+
+int tb__cuda_lease_wait(struct tb__conn *k, struct tb__cuda_acq *a,
+                        uint64_t event_id, const uint8_t *handle,
+                        const uint8_t *uuid, int complete, void *stream) {
+  const struct tb_cuda *cu;
+  struct tb__cuda_stream s;
+  struct tb__cuda_devctx dc;
+  char why[256] = "";
+  int rc;
+
+  if (tb__cuda_load(&cu) != 0)
+    return TB_ENOCUDA;
+  rc = tb__cuda_stream_resolve(k->contract, stream, &s, why, sizeof(why));
+  if (rc < 0 || s.no_sync)
+    return rc;
+  /* a consumer device was given: the default streams are that device's */
+  if (a->enter) {
+    rc = tb__cuda_device_enter(a->done_device, &dc, why, sizeof(why));
+    if (rc < 0)
+      return rc;
+  }
+  pthread_mutex_lock(&k->lock);
+  rc = tb__ci_lease_stream_add(a, &s, TB__LEASE_STREAMS, why, sizeof(why));
+  pthread_mutex_unlock(&k->lock);
+  if (rc == 0 && event_id != 0)
+    rc = tb__ci_wait_event(k, event_id, handle, uuid, complete, &s, why,
+                    sizeof(why));
+  if (a->enter)
+    tb__cuda_device_leave(&dc);
+  return rc;
+}

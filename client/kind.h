@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Internal: memory kinds, the client's transports.
+ *
+ * A memory kind is one way bytes reach another process: a host memfd
+ * (kind_host.c), legacy CUDA IPC (cuda/kind_ipc.c). Each fills one
+ * struct tb__kind_ops, a table of what the lease, mapping, publish and
+ * connection code needs from it (in the style of nng's transports); that
+ * code finds the table with tb__kind(kind) or tb__kind_for_device() and
+ * never names a kind. An operation a kind does not need is NULL, and the
+ * callers treat NULL as "nothing to do" (host memory is ready when
+ * published: it has no ready_wait). Adding a kind is its own files plus one
+ * row in kind.c's table (docs/internals.md, "Memory kinds in the
+ * client"). */
+#ifndef TB_KIND_H
+#define TB_KIND_H
+
+#include "client_internal.h"
+
+/* Bytes a lease keeps for its kind (the CUDA kind's streams and events:
+ * 456 bytes on x86-64, as much as the lease held for CUDA before, so that
+ * a lease's size, and which leases the connection's spare can hold, stay
+ * what they were); each kind checks that its state fits. */
+#define TB__KIND_LEASE_STATE 464
+
+/* What a kind's acquire hands the lease code. */
+struct tb__kind_acq {
+  uint64_t base;   /* the buffer's byte 0 as this process addresses it */
+  DLDevice device; /* where the tensor's data is */
+  int implicit;    /* the call relied on the contract's default stream */
+  /* The tensor is a private copy (DLPack IS_COPIED): the lease ended when
+   * the copy was made, with this done event (0: none). */
+  int copied;
+  uint64_t done_event_id;
+};
+
+/* What a kind's publish hands the publish code for the Publish request. */
+struct tb__kind_publish {
+  uint64_t buffer_id;
+  uint64_t byte_offset; /* of the tensor's first byte in the buffer */
+  uint64_t ready_event_id;
+  int ready_complete;
+  Tensorbroker__V1__Device dev;
+  uint8_t uuid[TB__UUID_SIZE]; /* dev.uuid's storage */
+};
+
+struct tb__kind_ops {
+  const char *name;
+  int kind;      /* enum tb_memory_kind, the protocol's MemoryKind */
+  int dl_device; /* the DLDeviceType a producer publishes this kind from */
+  /* Bytes of lease state the kind uses (<= TB__KIND_LEASE_STATE). */
+  size_t lease_state;
+
+  /* ---- producer (call_lock held) ---- */
+  /* Publish t, already checked (tb__tensor_check: elem_bits, start): find
+   * the memory holding start, check the tensor fits it
+   * (tb__tensor_fits), register it if new, mark its readiness on stream.
+   * Errors are set on c. */
+  int (*publish)(struct tb_client *c, const DLTensor *t, uintptr_t start,
+                 uint64_t elem_bits, uint64_t flags, void *stream,
+                 struct tb__kind_publish *out);
+  /* tb_wait_free: make stream wait for the consumers' done events. */
+  int (*done_wait)(struct tb_client *c, const struct tb__freed *f,
+                   void *stream);
+
+  /* ---- consumer ---- */
+  /* Map buffer bi (the reply's descriptors in fds) into a new mapping-cache
+   * entry, not inserted yet (call_lock held). */
+  int (*map)(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
+             const int *fds, int nfds, struct tb__map **out);
+  /* Undo a mapping and free the entry (any thread, conn->lock held or the
+   * connection being freed). */
+  void (*unmap)(struct tb__map *m);
+  /* The tensor of acquire reply ar over mapping m: where its bytes are as
+   * this process addresses them, its readiness ordered on the acquire's
+   * stream; the kind's lease state into state (lease_state bytes, zeroed).
+   * call_lock held. */
+  int (*acquire)(struct tb_client *c, struct tb__map *m,
+                 const Tensorbroker__V1__AcquireReply *ar,
+                 const struct tb_acquire_options *o, void *state,
+                 struct tb__kind_acq *out);
+  /* tb_lease_wait: make stream wait until the tensor t is ready. Any
+   * thread; takes only k->lock. */
+  int (*ready_wait)(struct tb__conn *k, void *state, const DLTensor *t,
+                    void *stream);
+  /* tb_lease_use: remember stream as one that reads the lease. k->lock
+   * held. */
+  int (*use_locked)(struct tb__conn *k, void *state, void *stream);
+  /* A lease ends: record its done event after the reads on its streams
+   * (and stream); *done_event_id 0: nothing to wait for. TB__LEASE_LATER:
+   * not now (a capture), ask again with stream NULL. k->lock held. */
+  int (*done_record_locked)(struct tb__conn *k, void *state, void *stream,
+                            uint64_t *done_event_id, int *implicit);
+  /* A copy's lease (tb__kind_acq.copied) ends: free the copy after the
+   * reads on stream and the lease's streams. Takes k->lock. */
+  int (*copy_free)(struct tb__conn *k, void *state, void *stream);
+  /* A version's buffer named ahead (a NewVersion notice, a channel named
+   * at connect): open it into the mapping cache now, quietly. */
+  void (*prefetch)(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
+                   const Tensorbroker__V1__EventInfo *ready);
+
+  /* ---- a connection's life ---- */
+  /* An Acquire is in flight (its kind not known yet): work done ahead. */
+  void (*acquire_early)(struct tb_client *c);
+  /* connect, between sending the Hello and reading its reply; and after. */
+  void (*connect_begin)(struct tb_client *c);
+  void (*connect_end)(struct tb_client *c, int hello_ok);
+  /* Free the kind's state of the client (disconnect) and of the
+   * refcounted connection (its last reference). */
+  void (*client_free)(struct tb_client *c);
+  void (*conn_free)(struct tb__conn *k);
+};
+
+/* The table of kind (enum tb_memory_kind), NULL for a kind this library
+ * does not know. */
+const struct tb__kind_ops *tb__kind(int kind);
+/* The table of the kind a producer's tensor on this DLDeviceType is
+ * published as, NULL for none. */
+const struct tb__kind_ops *tb__kind_for_device(int dl_device_type);
+/* Hello.memory_kinds: every kind this library can map. */
+uint32_t tb__kinds_mask(void);
+
+/* The operations every kind takes part in, called for each that has one. */
+void tb__kinds_acquire_early(struct tb_client *c);
+void tb__kinds_connect_begin(struct tb_client *c);
+void tb__kinds_connect_end(struct tb_client *c, int hello_ok);
+void tb__kinds_client_free(struct tb_client *c);
+void tb__kinds_conn_free(struct tb__conn *k);
+/* Prefetch bi when its kind does that (quiet). */
+void tb__kind_prefetch(struct tb_client *c,
+                       const Tensorbroker__V1__BufferInfo *bi,
+                       const Tensorbroker__V1__EventInfo *ready);
+/* tb_wait_free's done events: interprocess events of the kind that made
+ * them (today only CUDA IPC's, whatever device memory they guard): the
+ * first kind in the table with done_wait waits for them. */
+int tb__kinds_done_wait(struct tb_client *c, const struct tb__freed *f,
+                        void *stream);
+
+extern const struct tb__kind_ops tb__kind_host;
+extern const struct tb__kind_ops tb__kind_cuda_ipc;
+
+/* ---- tensor.c: the one check of a tensor to publish ---- */
+
+/* ndim (against the daemon's max_ndim), dtype, and data + byte_offset: the
+ * storage bits of one element into *elem_bits, the address of its first
+ * byte into *start. Errors are set on c. */
+int tb__tensor_check(struct tb_client *c, const DLTensor *t,
+                     uint64_t *elem_bits, uintptr_t *start);
+/* The tensor's elements, laid out as flags say, lie inside the size bytes
+ * at base (what: "buffer", "allocation", for the message). */
+int tb__tensor_fits(struct tb_client *c, const DLTensor *t,
+                    uint64_t elem_bits, uint64_t flags, uintptr_t start,
+                    uintptr_t base, uint64_t size, const char *what);
+
+#endif /* TB_KIND_H */

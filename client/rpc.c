@@ -1,0 +1,546 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The RPC core: the connection's socket once open, the Hello, requests
+ * and replies matched by request_id, one-way sends, reading datagrams with
+ * timeouts (SO_RCVTIMEO, poll, busy polling), the last-error text and why a
+ * connection died. It knows no feature: a notice, or a reply nobody waits
+ * for, is handed up through the client's hooks (struct tb__rpc_hooks,
+ * client.c). */
+#include "client_internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "stats.h"
+
+/* ---- errors ---- */
+
+int tb__set_error(struct tb_client *c, int err, const char *fmt, ...) {
+  va_list ap;
+  int n;
+
+  va_start(ap, fmt);
+  n = vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+  va_end(ap);
+  c->last_error_len = n < 0 ? 0 : (size_t)n;
+  return err;
+}
+
+void tb__clear_error(struct tb_client *c) {
+  c->last_error[0] = '\0';
+  c->last_error_len = 0;
+}
+
+size_t tb_client_last_error(tb_client *c, char *buf, size_t len) {
+  size_t n;
+
+  if (c == NULL)
+    return 0;
+  pthread_mutex_lock(&c->call_lock);
+  n = c->last_error_len;
+  if (buf != NULL && len > 0) {
+    size_t k = strnlen(c->last_error, sizeof(c->last_error));
+    if (k >= len)
+      k = len - 1;
+    memcpy(buf, c->last_error, k);
+    buf[k] = '\0';
+  }
+  pthread_mutex_unlock(&c->call_lock);
+  return n;
+}
+
+int tb__conn_send_oneway_locked(struct tb__conn *k, const tb__request *r) {
+  uint8_t buf[512];
+  long n;
+  int rc;
+
+  if (k->closed || k->fd < 0)
+    return 0;
+  if (__atomic_load_n(&k->dead, __ATOMIC_ACQUIRE))
+    return TB_EDISCONNECTED;
+  n = tb__request_encode(r, buf, sizeof(buf));
+  if (n < 0)
+    return (int)n;
+  rc = tb__wire_send(k->fd, buf, (size_t)n, NULL, 0, 0);
+  if (rc < 0) {
+    __atomic_store_n(&k->dead, 1, __ATOMIC_RELEASE);
+    return TB_EDISCONNECTED;
+  }
+  return 0;
+}
+
+static void close_fds(int *fds, int n) {
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+}
+
+/* Why the connection died, said once and kept for every later call: the
+ * daemon closed it (what the socket path holds now tells a daemon that
+ * stopped from one that restarted), or why (a protocol error). */
+static void describe_loss(struct tb_client *c, const char *why, int closed) {
+  struct stat st;
+  const char *p = c->sock_path;
+
+  if (!closed) {
+    snprintf(c->lost_why, sizeof(c->lost_why), "%s", why);
+    return;
+  }
+  if (p[0] == '\0')
+    snprintf(c->lost_why, sizeof(c->lost_why),
+             "the daemon closed the connection");
+  else if (stat(p, &st) < 0)
+    snprintf(c->lost_why, sizeof(c->lost_why),
+             "the daemon closed the connection and %s is gone (the daemon "
+             "stopped)", p);
+  else if (st.st_dev != c->sock_dev || st.st_ino != c->sock_ino ||
+           st.st_ctim.tv_sec != c->sock_ctime.tv_sec ||
+           st.st_ctim.tv_nsec != c->sock_ctime.tv_nsec)
+    snprintf(c->lost_why, sizeof(c->lost_why),
+             "the daemon closed the connection and restarted (%s is a new "
+             "daemon's socket): reconnect with a new client", p);
+  else
+    snprintf(c->lost_why, sizeof(c->lost_why),
+             "the daemon closed the connection (it stopped or was killed)");
+}
+
+static int lost_earlier(struct tb_client *c) {
+  if (c->lost_why[0] == '\0')
+    describe_loss(c, "", 1); /* a deleter saw it die first */
+  return tb__set_error(c, TB_EDISCONNECTED,
+                       "connection to the daemon lost earlier: %s",
+                       c->lost_why);
+}
+
+static int mark_dead(struct tb_client *c, const char *why, int closed) {
+  pthread_mutex_lock(&c->conn->lock);
+  __atomic_store_n(&c->conn->dead, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&c->conn->lock);
+  describe_loss(c, why, closed);
+  return tb__set_error(c, TB_EDISCONNECTED, "connection to the daemon lost: %s",
+                       c->lost_why);
+}
+
+/* Decode the datagram in c->rbuf into a free arena (or with malloc when
+ * all are in use). */
+static int msg_decode(struct tb_client *c, size_t n, tb__server_message **out) {
+  for (int i = 0; i < TB__ARENAS; i++) {
+    int rc;
+    if (c->arena_msg[i] != NULL || c->arena[i].base == NULL)
+      continue;
+    rc = tb__server_message_decode_in(&c->arena[i], c->rbuf, n, out);
+    if (rc < 0) {
+      tb__arena_reset(&c->arena[i]);
+      return rc;
+    }
+    c->arena_msg[i] = *out;
+    return 0;
+  }
+  return tb__server_message_decode(c->rbuf, n, out);
+}
+
+void tb__msg_free(struct tb_client *c, tb__server_message *m) {
+  if (m == NULL)
+    return;
+  for (int i = 0; i < TB__ARENAS; i++) {
+    if (c->arena_msg[i] == m) {
+      c->arena_msg[i] = NULL;
+      tb__arena_reset(&c->arena[i]);
+      return;
+    }
+  }
+  tb__server_message_free(m);
+}
+
+/* Make a blocking recv on the socket return by deadline (UINT64_MAX:
+ * never), changing SO_RCVTIMEO only when needed: a timeout shorter than
+ * what is left just wakes us early (the caller goes round), one a little
+ * longer is kept (at most ~3 % late), so a run of calls with the same
+ * timeout costs no setsockopt. Returns the recv flags to use (0 or
+ * MSG_DONTWAIT when the deadline has passed), or -1 when SO_RCVTIMEO could
+ * not be set (wait with poll instead). */
+static int arm_recv_timeout(struct tb_client *c, uint64_t deadline) {
+  uint64_t now, left;
+  struct timeval tv;
+
+  if (c->rcvtimeo_ms < 0)
+    return -1;
+  if (deadline == UINT64_MAX)
+    return 0; /* any timeout set only means an early wake-up */
+  now = tb__now_ms();
+  if (now >= deadline)
+    return MSG_DONTWAIT;
+  left = deadline - now;
+  if (left > INT32_MAX / 2)
+    left = INT32_MAX / 2;
+  if (c->rcvtimeo_ms != 0 &&
+      (uint64_t)c->rcvtimeo_ms <= left + 1 + left / 32)
+    return 0;
+  tv.tv_sec = (time_t)(left / 1000);
+  tv.tv_usec = (suseconds_t)(left % 1000) * 1000;
+  if (setsockopt(c->conn->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0) {
+    c->rcvtimeo_ms = -1;
+    return -1;
+  }
+  c->rcvtimeo_ms = (int)left;
+  return 0;
+}
+
+/* poll() until the socket is readable or deadline passes: the fallback
+ * when SO_RCVTIMEO is not available. Returns 1 readable, 0 timeout, or an
+ * error. */
+static int poll_readable(struct tb_client *c, uint64_t deadline) {
+  struct pollfd p = {.fd = c->conn->fd, .events = POLLIN};
+  int rc;
+
+  for (;;) {
+    int wait;
+    if (deadline == UINT64_MAX) {
+      wait = -1;
+    } else {
+      uint64_t now = tb__now_ms();
+      wait = now >= deadline ? 0
+             : deadline - now > INT32_MAX ? INT32_MAX
+                                          : (int)(deadline - now);
+    }
+    rc = poll(&p, 1, wait);
+    if (rc < 0 && errno == EINTR)
+      continue;
+    if (rc < 0)
+      return tb__set_error(c, TB_ESYS, "poll: %s", strerror(errno));
+    return rc > 0;
+  }
+}
+
+/* Busy polling (spin_us): read without sleeping until a datagram arrives,
+ * spin_ns pass from now or the deadline comes. Returns what the last recv
+ * returned: a length, or -EAGAIN when nothing came. */
+static long spin_recv(struct tb_client *c, uint64_t now, uint64_t deadline,
+                      int *fds, int *got) {
+  uint64_t end = now + c->spin_ns;
+  long n;
+
+  if (deadline != UINT64_MAX && deadline * 1000000u < end)
+    end = deadline * 1000000u;
+  do {
+    n = tb__wire_recv(c->conn->fd, c->rbuf, TB__RECV_CAP, fds, got,
+                      MSG_DONTWAIT);
+    if (n != -EAGAIN && n != -EWOULDBLOCK)
+      return n;
+    /* let whatever else wants this CPU run (the daemon, another client):
+     * on an idle CPU this returns at once */
+    TB__STAT_READ(0);
+    sched_yield();
+    now = tb__now_ns();
+  } while (now < end);
+  return -EAGAIN;
+}
+
+uint64_t tb__client_polled_waits(const struct tb_client *c) {
+  return c->polled_waits;
+}
+
+void tb__client_set_features(struct tb_client *c, uint32_t features) {
+  c->features = features;
+}
+
+/* Wait for one datagram until deadline (UINT64_MAX: forever), read and
+ * decode it. Notices are handled here; a reply is returned in *out with its
+ * fds. Returns 1 with *out set (a reply), 2 for a handled notice or a wake-
+ * up with nothing read (the caller goes round), 0 on timeout, or an error.
+ * The wait is the recvmsg itself (blocking, bounded by SO_RCVTIMEO): one
+ * system call per datagram. */
+static int recv_one(struct tb_client *c, uint64_t deadline,
+                    tb__server_message **out, int *fds, int *nfds) {
+  tb__server_message *m;
+  long n;
+  int rc, got = 0, flags;
+
+  if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
+    return lost_earlier(c);
+  /* the default window only while the process may use enough CPUs; a
+   * window the caller chose always */
+  if (c->spin_ns != 0 &&
+      (!c->spin_auto || tb__poll_cpus_ok(&c->spin_cpus))) {
+    c->polled_waits++;
+    n = spin_recv(c, tb__now_ns(), deadline, fds, &got);
+    if (n != -EAGAIN && n != -EWOULDBLOCK)
+      goto received;
+  }
+  TB__STAT_READ(1);
+  flags = arm_recv_timeout(c, deadline);
+  if (flags == 0) {
+    n = tb__wire_recv(c->conn->fd, c->rbuf, TB__RECV_CAP, fds, &got, 0);
+    if (n == -EAGAIN || n == -EWOULDBLOCK) {
+      /* SO_RCVTIMEO woke us early, or someone made the socket
+       * non-blocking: wait with poll this time */
+      if (deadline != UINT64_MAX && tb__now_ms() >= deadline)
+        return 0;
+      flags = -1;
+    }
+  }
+  if (flags != 0) {
+    if (flags < 0) {
+      rc = poll_readable(c, deadline);
+      if (rc <= 0)
+        return rc;
+    }
+    n = tb__wire_recv(c->conn->fd, c->rbuf, TB__RECV_CAP, fds, &got,
+                      MSG_DONTWAIT);
+    if (n == -EAGAIN || n == -EWOULDBLOCK)
+      return deadline != UINT64_MAX && tb__now_ms() >= deadline ? 0 : 2;
+  }
+received:
+  if (n == 0)
+    return mark_dead(c, "", 1);
+  if (n == -EMSGSIZE)
+    return mark_dead(c, "oversized message from the daemon", 0);
+  if (n == -ECONNRESET)
+    return mark_dead(c, "", 1);
+  if (n < 0)
+    return mark_dead(c, strerror((int)-n), 0);
+  rc = msg_decode(c, (size_t)n, &m);
+  if (rc < 0) {
+    close_fds(fds, got);
+    return mark_dead(c, "undecodable message from the daemon", 0);
+  }
+  if (got < 0) {
+    /* the daemon attached a descriptor (a buffer's memfd) this process
+     * could not take: it is out of descriptors. An acquire's lease is
+     * ended and the buffer forgotten (as for a late reply), so that the
+     * daemon attaches it again next time. */
+    if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY)
+      c->hooks->stale_reply(c, m->reply);
+    tb__msg_free(c, m);
+    return tb__set_error(c, TB_ESYS, "a descriptor the daemon sent could "
+                                     "not be received: this process is out "
+                                     "of file descriptors (EMFILE)");
+  }
+  if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE) {
+    close_fds(fds, got); /* notices carry no descriptors */
+    c->hooks->notice(c, m->notice);
+    tb__msg_free(c, m);
+    TB__STAT_NOTICE_DONE();
+    return 2;
+  }
+  *out = m;
+  *nfds = got;
+  return 1;
+}
+
+int tb__pump(struct tb_client *c, int timeout_ms) {
+  uint64_t deadline =
+      timeout_ms < 0 ? UINT64_MAX : tb__now_ms() + (uint64_t)timeout_ms;
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  rc = recv_one(c, deadline, &m, fds, &nfds);
+  if (rc == 1) {
+    /* A reply outside any call: stale (its call timed out), or the
+     * best-effort error reply to a one-way request. */
+    if (m->reply->request_id == 0 && m->reply->status < 0)
+      tb__set_error(c, m->reply->status, "%s",
+                    m->reply->message ? m->reply->message : "");
+    else
+      c->hooks->stale_reply(c, m->reply);
+    close_fds(fds, nfds);
+    tb__msg_free(c, m);
+  }
+  return rc < 0 ? rc : rc > 0;
+}
+
+int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
+                     int n_send_fds, uint64_t *id) {
+  long n;
+  int rc;
+
+  if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
+    return lost_earlier(c);
+  *id = c->next_request_id++;
+  if (c->next_request_id == 0)
+    c->next_request_id = 1;
+  r->request_id = *id;
+  n = tb__request_encode(r, c->sbuf, c->max_message);
+  if (n < 0)
+    return tb__set_error(c, TB_ELIMIT,
+                         "request larger than %u bytes, the most this "
+                         "connection can send (the daemon's --max-message, "
+                         "or less where the socket's send buffer cannot "
+                         "hold it: net.core.wmem_max)",
+                         (unsigned)c->max_message);
+  rc = tb__wire_send(c->conn->fd, c->sbuf, (size_t)n, send_fds, n_send_fds, 0);
+  if (rc == -EPIPE || rc == -ECONNRESET || rc == -ENOTCONN)
+    return mark_dead(c, "", 1);
+  if (rc == -EMSGSIZE)
+    return tb__set_error(c, TB_ELIMIT,
+                         "request of %ld bytes does not fit the socket's "
+                         "send buffer (net.core.wmem_max)", n);
+  if (rc < 0)
+    return tb__set_error(c, TB_ESYS, "send: %s", strerror(-rc));
+  return 0;
+}
+
+int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
+             int n_send_fds, long extra_ms, tb__server_message **out,
+             int *fds, int *nfds) {
+  uint64_t id = 0;
+  int rc;
+
+  rc = tb__send_request(c, r, send_fds, n_send_fds, &id);
+  if (rc < 0)
+    return rc;
+  return tb__await_reply(c, id, extra_ms, out, fds, nfds);
+}
+
+int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
+                    tb__server_message **out, int *fds, int *nfds) {
+  uint64_t deadline;
+  int rc;
+
+  deadline = extra_ms < 0 ? UINT64_MAX
+                          : tb__now_ms() + (uint64_t)extra_ms +
+                                (uint64_t)c->timeout_ms;
+  for (;;) {
+    tb__server_message *m = NULL;
+    int got = 0;
+    rc = recv_one(c, deadline, &m, fds, &got);
+    if (rc < 0)
+      return rc;
+    if (rc == 0)
+      return tb__set_error(c, TB_ETIMEDOUT, "no reply from the daemon in time");
+    if (rc == 2)
+      continue;
+    if (m->reply->request_id != id) {
+      /* request_id 0: the daemon refused a one-way message (it closes the
+       * connection next); any other id: a stale reply */
+      c->hooks->stale_reply(c, m->reply);
+      close_fds(fds, got);
+      tb__msg_free(c, m);
+      continue;
+    }
+    if (m->reply->status != 0) {
+      int st = m->reply->status;
+      if (st > 0 || st <= TB__ERR_LAST)
+        st = TB_EPROTO;
+      tb__set_error(c, st, "%s",
+                    m->reply->message && m->reply->message[0]
+                        ? m->reply->message
+                        : tb_strerror(st));
+      close_fds(fds, got);
+      tb__msg_free(c, m);
+      return st;
+    }
+    *out = m;
+    *nfds = got;
+    return 0;
+  }
+}
+
+int tb__call_simple(struct tb_client *c, tb__request *r) {
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  rc = tb__call(c, r, NULL, 0, 0, &m, fds, &nfds);
+  if (rc < 0)
+    return rc;
+  close_fds(fds, nfds);
+  tb__msg_free(c, m);
+  return 0;
+}
+
+int tb__hello_send(struct tb_client *c, const char *name, int contract,
+                   const char *const *channels, size_t n_channels,
+                   uint32_t memory_kinds, uint64_t *id) {
+  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+
+  h.protocol_version = TB_PROTOCOL_VERSION;
+  h.client_name = (char *)name;
+  h.stream_contract = (Tensorbroker__V1__StreamContract)contract;
+  h.memory_kinds = memory_kinds;
+  h.library_version = (char *)TB_VERSION_STRING;
+  h.prefetch = c->prefetch != 0;
+  h.says_goodbye = 1; /* tb_client_disconnect says it */
+  if (c->prefetch) {
+    h.channels = (char **)channels;
+    h.n_channels = n_channels;
+  }
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+  r.hello = &h;
+  return tb__send_request(c, &r, NULL, 0, id);
+}
+
+/* Bytes a SEQPACKET datagram needs in the sender's buffer besides its
+ * own (the kernel refuses len > SO_SNDBUF - 32). */
+#define SNDBUF_SLACK 64
+
+/* Size the socket's send buffer for the daemon's --max-message, so that
+ * every request the daemon accepts can be sent: a datagram must fit the
+ * send buffer whole, and the default (net.core.wmem_default) holds about
+ * 208 KiB. Where the kernel allows less (net.core.wmem_max; the daemon
+ * checks at start that it does not), requests are held to what fits and a
+ * larger one fails with TB_ELIMIT before it is sent. */
+static void fit_send_buffer(struct tb_client *c) {
+  int fd = c->conn->fd, cur = 0, want = (int)c->max_message + 4096;
+  socklen_t len = sizeof(cur);
+
+  if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &cur, &len) == 0 &&
+      (uint64_t)cur >= (uint64_t)c->max_message + SNDBUF_SLACK)
+    return;
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
+  len = sizeof(cur);
+  if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &cur, &len) == 0 &&
+      (uint64_t)cur < (uint64_t)c->max_message + SNDBUF_SLACK)
+    c->max_message = cur > 1024 + SNDBUF_SLACK
+                         ? (uint32_t)(cur - SNDBUF_SLACK)
+                         : 1024;
+}
+
+int tb__hello_reply(struct tb_client *c, uint64_t id,
+                    tb__server_message **out) {
+  tb__server_message *m = NULL;
+  int fds[TB__MAX_FDS], nfds = 0, rc;
+
+  rc = tb__await_reply(c, id, 0, &m, fds, &nfds);
+  if (rc < 0)
+    return rc;
+  close_fds(fds, nfds);
+  if (m->reply->body_case != TENSORBROKER__V1__REPLY__BODY_HELLO ||
+      m->reply->hello == NULL) {
+    tb__msg_free(c, m);
+    return tb__set_error(c, TB_EPROTO, "Hello answered without HelloReply");
+  }
+  if (m->reply->hello->protocol_version != TB_PROTOCOL_VERSION) {
+    rc = tb__set_error(c, TB_EVERSION, "daemon speaks protocol %u, we speak %u",
+                       (unsigned)m->reply->hello->protocol_version,
+                       (unsigned)TB_PROTOCOL_VERSION);
+    tb__msg_free(c, m);
+    return rc;
+  }
+  c->session_id = m->reply->hello->session_id;
+  if (m->reply->hello->max_message >= 1024 &&
+      m->reply->hello->max_message <= TB__MAX_MESSAGE_HARD)
+    c->max_message = m->reply->hello->max_message;
+  fit_send_buffer(c);
+  if (m->reply->hello->max_ndim > 0)
+    c->max_ndim = m->reply->hello->max_ndim;
+  if (m->reply->hello->max_metadata > 0)
+    c->max_metadata = m->reply->hello->max_metadata;
+  c->features = m->reply->hello->features;
+  c->pid = getpid();
+  *out = m;
+  return 0;
+}
+
+int tb_client_fd(const tb_client *c) { return c ? c->conn->fd : -1; }
+
+uint64_t tb_client_session_id(const tb_client *c) {
+  return c ? c->session_id : 0;
+}
