@@ -166,7 +166,7 @@ static long read_long(const char *path) {
 /* Whether a datagram of len bytes fits the send buffer an unprivileged
  * socket may have here (SO_SNDBUF, bounded by net.core.wmem_max): the
  * daemon's replies and the library's requests both need it, and the
- * library sizes its socket the same way (client/conn.c). */
+ * library sizes its socket the same way (client/rpc.c). */
 static int check_send_buffer(uint32_t len) {
   int sv[2], val = (int)len + 4096, rc = 0;
   uint8_t *buf;
