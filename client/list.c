@@ -4,6 +4,7 @@
 #include "client_internal.h"
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -45,6 +46,9 @@ static int page_room(struct tb_client *c, size_t got, int more, void **a,
     return 0;
   while (m < need)
     m *= 2;
+  if (m > SIZE_MAX / sz)
+    return tb__set_error(c, TB_ENOMEM, "a list of %zu entries of %zu bytes "
+                         "does not fit in memory", m, sz);
   p = realloc(*a, m * sz);
   if (p == NULL)
     return TB_ENOMEM;
@@ -79,8 +83,11 @@ static void entry_put(void *a, size_t stride, size_t n, const void *x,
 
 /* A struct_size the list functions accept: at least min (the struct's
  * first version), aligned as the struct. */
+/* A caller's entry size: at least the first version, aligned, and at most
+ * TB_STRUCT_SIZE_MAX, so that the array's size cannot overflow. */
 static int stride_ok(size_t struct_size, size_t min, size_t align) {
-  return struct_size >= min && struct_size % align == 0;
+  return struct_size >= min && struct_size <= TB_STRUCT_SIZE_MAX &&
+         struct_size % align == 0;
 }
 
 /* The first version of struct tb_channel_info, as 0.1.0 had it. */

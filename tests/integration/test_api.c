@@ -531,6 +531,22 @@ static void test_struct_size(void **state) {
   check_list(list_waits, sizeof(struct tb_wait_entry),
              sizeof(struct tb_wait_entry), alignof(struct tb_wait_entry), 1,
              check_wait);
+  /* the older list names take a size too: one so large that the array's
+   * size would overflow is refused, not multiplied (it wrapped before) */
+  {
+    size_t huge = SIZE_MAX / 2 + 1, n = 7;
+    void *out = NULL;
+
+    assert_tb_err(tb_list_leases(g.c, huge, (struct tb_lease_entry **)&out,
+                                 &n), TB_EINVAL);
+    assert_tb_err(tb_list_waits(g.c, huge, (struct tb_wait_entry **)&out,
+                                &n), TB_EINVAL);
+    assert_tb_err(tb_list_channels_sized(g.c, huge,
+                                         (struct tb_channel_info **)&out, &n),
+                  TB_EINVAL);
+    assert_null(out);
+    assert_int_equal(n, 7);
+  }
 
   assert_tb_ok(tb_channel_publish(g.p, "api/w", &t, NULL, NULL));
   assert_int_equal(pthread_join(th, NULL), 0);
