@@ -307,6 +307,10 @@ static void structured(int k, struct tbf_in *in) {
   Tensorbroker__V1__Forget fg = TENSORBROKER__V1__FORGET__INIT;
   Tensorbroker__V1__WaitFree wf = TENSORBROKER__V1__WAIT_FREE__INIT;
   Tensorbroker__V1__Goodbye gb = TENSORBROKER__V1__GOODBYE__INIT;
+  Tensorbroker__V1__Metrics mt = TENSORBROKER__V1__METRICS__INIT;
+  Tensorbroker__V1__ListLeases ll = TENSORBROKER__V1__LIST_LEASES__INIT;
+  Tensorbroker__V1__ListWaits lw = TENSORBROKER__V1__LIST_WAITS__INIT;
+  Tensorbroker__V1__DropChannel dc = TENSORBROKER__V1__DROP_CHANNEL__INIT;
   static uint8_t handle[80], meta[128]; /* handles of 0..79 bytes */
   uint8_t uuid[UUID_CAP];
   char *chans[3];
@@ -316,7 +320,7 @@ static void structured(int k, struct tbf_in *in) {
   long n;
 
   q.request_id = tbf_u8(in);
-  switch (kind % 17) {
+  switch (kind % 21) {
   case 0:
     b = tbf_u8(in);
     q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
@@ -451,7 +455,9 @@ static void structured(int k, struct tbf_in *in) {
   case 10:
     q.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_CHANNELS;
     q.list_channels = &lc;
-    lc.after = tbf_u8(in) & 1 ? pick_name(in) : "";
+    b = tbf_u8(in);
+    lc.after = b & 1 ? pick_name(in) : "";
+    lc.waiting = (b & 2) != 0;
     break;
   case 11:
     q.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_SESSIONS;
@@ -478,6 +484,27 @@ static void structured(int k, struct tbf_in *in) {
   case 15:
     q.body_case = TENSORBROKER__V1__REQUEST__BODY_GOODBYE;
     q.goodbye = &gb;
+    break;
+  case 16: /* a first page, or a continuation at any offset */
+    b = tbf_u8(in);
+    q.body_case = TENSORBROKER__V1__REQUEST__BODY_METRICS;
+    q.metrics = &mt;
+    mt.offset = (b & 1) ? 0 : (b & 2) ? tbf_u32(in) : (uint64_t)b * 97;
+    break;
+  case 17:
+    q.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_LEASES;
+    q.list_leases = &ll;
+    ll.after_lease_id = tbf_u8(in) & 1 ? pick_id(in, ID_LEASE) : 0;
+    break;
+  case 18:
+    q.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_WAITS;
+    q.list_waits = &lw;
+    lw.after_session_id = tbf_u8(in) % 6;
+    break;
+  case 19:
+    q.body_case = TENSORBROKER__V1__REQUEST__BODY_DROP_CHANNEL;
+    q.drop_channel = &dc;
+    dc.channel = pick_name(in);
     break;
   default: /* a body this daemon does not know: field 99 */
     q.body_case = 99;
