@@ -123,6 +123,8 @@ struct fakecuda_counts {
   unsigned long capturing;       /* streams in a capture (active or not) */
   unsigned long log_dropped;     /* lines not kept in memory (16 MiB cap) */
   unsigned long log_write_errors;/* FAKECUDA_LOG opens or writes failed */
+  unsigned long vmm_handles;     /* cuMemCreate'd or imported, not released */
+  unsigned long vmm_mappings;    /* cuMemMap'ped, not unmapped */
 };
 
 /* Copy this process's in-memory log, NUL-terminated and cut to len - 1
