@@ -118,6 +118,17 @@ static const struct tb_cuda_sym tb_cuda_syms[] = {
     SYM1(cuMemcpyPeerAsync),
     SYM1(cuMemAllocAsync),
     SYM1(cuMemFreeAsync),
+    /* VMM buffers (issue 25) */
+    SYM1(cuMemGetAllocationGranularity),
+    SYM1(cuMemCreate),
+    SYM1(cuMemRelease),
+    SYM1(cuMemExportToShareableHandle),
+    SYM1(cuMemImportFromShareableHandle),
+    SYM1(cuMemAddressReserve),
+    SYM1(cuMemAddressFree),
+    SYM1(cuMemMap),
+    SYM1(cuMemUnmap),
+    SYM1(cuMemSetAccess),
 };
 
 static pthread_once_t tb_cuda_once = PTHREAD_ONCE_INIT;

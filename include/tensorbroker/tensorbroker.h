@@ -119,9 +119,11 @@ enum tb_memory_kind {
   TB_MEMORY_NONE = 0,
   TB_MEMORY_HOST = 1,     /* a sealed memfd every process maps */
   TB_MEMORY_CUDA_IPC = 2, /* legacy CUDA IPC: dies with its producer */
+  TB_MEMORY_CUDA_VMM = 3, /* CUDA VMM memory shared by a file descriptor the
+                           * daemon keeps: outlives its producer */
 };
 
-/* "host", "cuda-ipc" (as tbctl and the Python binding show them); NULL for
+/* "host", "cuda-ipc", "cuda-vmm" (as tbctl and the Python binding show them); NULL for
  * TB_MEMORY_NONE and any value this library does not know (a newer daemon
  * may report kinds it does not). Static storage; any thread. */
 TB_EXPORT const char *tb_memory_kind_name(int kind);
@@ -272,7 +274,25 @@ typedef struct tb_buffer tb_buffer;
 TB_EXPORT int tb_buffer_create_host(tb_client *c, size_t size, unsigned flags,
                                     tb_buffer **out);
 
-/* Start of the buffer's mapping in this process (page-aligned). */
+/* Create a CUDA VMM buffer of at least size bytes on CUDA device ordinal
+ * device (docs/cuda.md, "VMM buffers"): device memory made with cuMemCreate
+ * so that it can be shared as a file descriptor, rounded up to the device's
+ * allocation granularity (2 MiB on an H200; tb_buffer_size says how much),
+ * mapped read-write in this process and registered with the daemon, which
+ * keeps the descriptor: versions published from it stay readable after
+ * this process ends, even if it is killed. tb_buffer_data() is a device
+ * pointer (CUdeviceptr) usable like any other: publish kDLCUDA tensors
+ * that lie in it with tb_channel_publish(). flags: 0 or
+ * TB_BUFFER_CONSUMERS_MAY_WRITE (consumers map it read-write; otherwise
+ * read-only, which their library sets, not the daemon). TB_ENOCUDA without
+ * a CUDA driver, TB_ENOTSUP when the device cannot share memory as file
+ * descriptors or the daemon does not accept VMM buffers (older than
+ * FEATURE_CUDA_VMM), naming which. Free with tb_buffer_destroy(). */
+TB_EXPORT int tb_buffer_create_cuda(tb_client *c, size_t size, int device,
+                                    unsigned flags, tb_buffer **out);
+
+/* Start of the buffer's mapping in this process (page-aligned; a device
+ * pointer for a buffer from tb_buffer_create_cuda()). */
 TB_EXPORT void *tb_buffer_data(const tb_buffer *b);
 
 /* Size in bytes, as created. */

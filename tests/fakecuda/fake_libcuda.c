@@ -1406,14 +1406,10 @@ struct fk_va {
 static struct fk_vmm *fk_vmms;
 static struct fk_va *fk_vas;
 static unsigned long long fk_vmm_ids;
-static int fk_no_vmm = -1;
-
+/* read at every call, so that a test may turn it on for one client */
 static int fk_vmm_off(void) {
-  if (fk_no_vmm < 0) {
-    const char *v = getenv("FAKECUDA_NO_VMM");
-    fk_no_vmm = v != NULL && strcmp(v, "1") == 0;
-  }
-  return fk_no_vmm;
+  const char *v = getenv("FAKECUDA_NO_VMM");
+  return v != NULL && strcmp(v, "1") == 0;
 }
 
 static struct fk_vmm *fk_vmm_get(CUmemGenericAllocationHandle h) {

@@ -1,0 +1,299 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* CUDA VMM buffers (docs/cuda.md, "VMM buffers") through the real daemon
+ * with the fake CUDA driver (tests/fakecuda), whose call log names every
+ * import, map and unmap by the allocation's creator and number (mP.N).
+ *
+ * A producer process (forked) makes VMM buffers with
+ * tb_buffer_create_cuda, fills them and publishes; this process's
+ * consumers acquire and read them back (cuMemcpyDtoH through the fake's
+ * memory). Checked: the descriptor the daemon sends is imported once per
+ * consumer connection and buffer (a second acquire reuses the mapping);
+ * a buffer the daemon retires is unmapped once; after the producer is
+ * SIGKILLed a new consumer still imports and reads the last version, and
+ * TB_ECLOSED comes only for a version that is not kept; a consumer whose
+ * driver cannot import POSIX descriptors gets TB_ENOTSUP naming the kind;
+ * a producer gets TB_ENOTSUP from a daemon without FEATURE_CUDA_VMM. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "client_internal.h" /* tb__client_set_features */
+#include "cuda/driver.h"
+#include "fake_libcuda.h"
+#include "harness.h"
+
+#define CH "vmm/frames"
+#define NWORDS 4096
+#define VMM_SIZE ((size_t)2 << 20) /* the fake's granularity */
+
+static const struct tb_cuda *cu;
+static const struct fakecuda_hooks *fk;
+static struct tbt_daemon daemon_;
+static tb_cu_context ctx;
+static pid_t producer = -1;
+static int to_prod[2], from_prod[2];
+
+static void show_log(void) {
+  static char text[1 << 16];
+  fk->log_read(text, sizeof(text));
+  fprintf(stderr, "---- fake CUDA log ----\n%s----\n", text);
+}
+
+static size_t log_count(const char *fmt, ...) {
+  char body[160];
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(body, sizeof(body), fmt, ap);
+  va_end(ap);
+  return fk->log_count(body);
+}
+
+static uint32_t word(int buffer, uint32_t i) {
+  return 0xa5000000u + ((uint32_t)buffer << 20) + i;
+}
+
+/* ---- the producer process ---- */
+
+static void prod_fill(tb_buffer *b, int which) {
+  static uint32_t host[NWORDS];
+  for (uint32_t i = 0; i < NWORDS; i++)
+    host[i] = word(which, i);
+  if (cu->cuMemcpyHtoD((tb_cu_deviceptr)(uintptr_t)tb_buffer_data(b), host,
+                       sizeof(host)) != 0)
+    _exit(3);
+}
+
+static void prod_publish(tb_client *c, tb_buffer *b) {
+  struct tb_publish_options po;
+  int64_t shape[1] = {NWORDS};
+  DLTensor t;
+
+  memset(&t, 0, sizeof(t));
+  t.data = tb_buffer_data(b);
+  t.device.device_type = kDLCUDA;
+  t.ndim = 1;
+  t.dtype.code = kDLUInt;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  tb_publish_options_init(&po);
+  po.history_depth = 1;
+  po.stream = (void *)(uintptr_t)1; /* the legacy stream */
+  if (tb_channel_publish(c, CH, &t, &po, NULL) != 0)
+    _exit(4);
+}
+
+/* Buffer 1, version 1; on 'b': buffer 2, version 2, buffer 1 destroyed;
+ * then waits to be killed. */
+static void producer_main(void) {
+  tb_buffer *a = NULL, *b = NULL;
+  tb_client *c = NULL;
+  char cmd;
+
+  if (tbt_connect(&daemon_, "vmm-producer", &c) != 0 ||
+      tb_buffer_create_cuda(c, NWORDS * 4, 0, 0, &a) != 0 ||
+      tb_buffer_size(a) != VMM_SIZE)
+    _exit(2);
+  prod_fill(a, 1);
+  prod_publish(c, a);
+  if (write(from_prod[1], "r", 1) != 1 || read(to_prod[0], &cmd, 1) != 1)
+    _exit(5);
+  if (tb_buffer_create_cuda(c, NWORDS * 4, 0, 0, &b) != 0)
+    _exit(6);
+  prod_fill(b, 2);
+  prod_publish(c, b);
+  if (tb_buffer_destroy(a) != 0)
+    _exit(7);
+  if (write(from_prod[1], "r", 1) != 1)
+    _exit(8);
+  for (;;)
+    pause();
+}
+
+static void await_producer(void) {
+  char r;
+  assert_int_equal(read(from_prod[0], &r, 1), 1);
+}
+
+/* ---- consumers ---- */
+
+/* Acquire (mode, after) and check its data is buffer which's. */
+static uint64_t read_check(tb_client *c, int mode, uint64_t after,
+                           int which) {
+  static uint32_t host[NWORDS];
+  struct tb_acquire_options ao;
+  DLManagedTensorVersioned *t = NULL;
+  uint64_t v;
+  int rc;
+
+  tb_acquire_options_init(&ao);
+  ao.mode = mode;
+  ao.version = after;
+  ao.timeout_ms = TBT_TIMEOUT_MS;
+  rc = tb_acquire(c, CH, &ao, &t);
+  if (rc != 0) {
+    char why[256];
+    tb_client_last_error(c, why, sizeof(why));
+    show_log();
+    fail_msg("acquire: %d (%s)", rc, why);
+  }
+  assert_int_equal(t->dl_tensor.device.device_type, kDLCUDA);
+  assert_int_equal(cu->cuMemcpyDtoH(
+                       host, (tb_cu_deviceptr)(uintptr_t)t->dl_tensor.data +
+                                 t->dl_tensor.byte_offset,
+                       sizeof(host)),
+                   0);
+  for (uint32_t i = 0; i < NWORDS; i++)
+    if (host[i] != word(which, i))
+      fail_msg("word %u: %#x, want %#x", i, host[i], word(which, i));
+  {
+    struct tb_lease_info li;
+    assert_int_equal(tb_lease_get_info(t, sizeof(li), &li), 0);
+    assert_int_equal(li.memory_kind, TB_MEMORY_CUDA_VMM);
+    assert_string_equal(tb_memory_kind_name(li.memory_kind), "cuda-vmm");
+    v = li.version;
+  }
+  assert_int_equal(tb_release(t, NULL), 0);
+  return v;
+}
+
+static int group_setup(void **state) {
+  tb_cu_device dev;
+  (void)state;
+  fk = fakecuda();
+  if (fk == NULL || tb_cuda_available() != 0) {
+    fprintf(stderr, "the fake CUDA driver is not what libcuda.so.1 loads "
+            "here: skipped\n");
+    exit(77);
+  }
+  assert_int_equal(tb__cuda_load(&cu), 0);
+  assert_int_equal(cu->cuDeviceGet(&dev, 0), 0);
+  assert_int_equal(cu->cuDevicePrimaryCtxRetain(&ctx, dev), 0);
+  assert_int_equal(cu->cuCtxSetCurrent(ctx), 0);
+  if (tbt_daemon_start(&daemon_, NULL) != 0)
+    fail_msg("daemon did not start");
+  assert_int_equal(pipe(to_prod), 0);
+  assert_int_equal(pipe(from_prod), 0);
+  producer = fork();
+  assert_true(producer >= 0);
+  if (producer == 0) {
+    assert_int_equal(cu->cuCtxSetCurrent(ctx), 0);
+    producer_main();
+  }
+  await_producer();
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  if (producer > 0) {
+    kill(producer, SIGKILL);
+    waitpid(producer, NULL, 0);
+  }
+  tbt_daemon_cleanup(&daemon_);
+  return 0;
+}
+
+/* The whole life of two buffers, in order (one producer process). */
+static void vmm_lifecycle(void **state) {
+  struct fakecuda_counts n = {.struct_size = sizeof(n)};
+  tb_client *c1 = NULL, *c2 = NULL, *c3 = NULL;
+  DLManagedTensorVersioned *t = NULL;
+  struct tb_acquire_options ao;
+  char why[256];
+  long p = (long)producer;
+
+  (void)state;
+  fk->log_clear();
+  assert_int_equal(tbt_connect(&daemon_, "c1", &c1), 0);
+  /* the descriptor imported once for two acquires of the buffer */
+  assert_int_equal(read_check(c1, TB_ACQUIRE_LATEST, 0, 1), 1);
+  assert_int_equal(read_check(c1, TB_ACQUIRE_LATEST, 0, 1), 1);
+  if (log_count("vmm-import m%ld.1 size %zu", p, VMM_SIZE) != 1 ||
+      log_count("vmm-map m%ld.1 size %zu", p, VMM_SIZE) != 1 ||
+      log_count("vmm-access m%ld.1 r", p) != 1) {
+    show_log();
+    fail_msg("want one import, map and read-only access of m%ld.1", p);
+  }
+
+  /* buffer 1 destroyed by the producer and its version trimmed: the
+   * daemon retires it and c1 unmaps it, once */
+  assert_int_equal(write(to_prod[1], "b", 1), 1);
+  await_producer();
+  assert_int_equal(read_check(c1, TB_ACQUIRE_NEXT, 1, 2), 2);
+  if (log_count("vmm-unmap m%ld.1", p) != 1 ||
+      log_count("vmm-release m%ld.1", p) != 1 ||
+      log_count("vmm-import m%ld.2 size %zu", p, VMM_SIZE) != 1) {
+    show_log();
+    fail_msg("want m%ld.1 unmapped and released once, m%ld.2 imported", p,
+             p);
+  }
+
+  /* the producer killed: a new consumer still imports the last version
+   * and reads it; nothing after it is kept */
+  kill(producer, SIGKILL);
+  assert_int_equal(waitpid(producer, NULL, 0), producer);
+  producer = -1;
+  assert_int_equal(tbt_connect(&daemon_, "c2", &c2), 0);
+  assert_int_equal(read_check(c2, TB_ACQUIRE_LATEST, 0, 2), 2);
+  assert_int_equal(log_count("vmm-import m%ld.2 size %zu", p, VMM_SIZE), 2);
+  tb_acquire_options_init(&ao);
+  ao.mode = TB_ACQUIRE_NEXT;
+  ao.version = 2;
+  ao.timeout_ms = 0;
+  assert_int_equal(tb_acquire(c2, CH, &ao, &t), TB_ECLOSED);
+
+  /* a consumer whose driver cannot import POSIX descriptors: told so,
+   * naming the kind, and nothing mapped */
+  fk->counts(&n);
+  unsigned long maps = n.vmm_mappings;
+  assert_int_equal(setenv("FAKECUDA_NO_VMM", "1", 1), 0);
+  assert_int_equal(tbt_connect(&daemon_, "c3", &c3), 0);
+  tb_acquire_options_init(&ao);
+  ao.timeout_ms = TBT_TIMEOUT_MS;
+  assert_int_equal(tb_acquire(c3, CH, &ao, &t), TB_ENOTSUP);
+  tb_client_last_error(c3, why, sizeof(why));
+  assert_non_null(strstr(why, "cannot map a cuda-vmm buffer"));
+  assert_non_null(strstr(why, "POSIX"));
+  /* and a producer is refused the buffer as plainly */
+  tb_buffer *b = NULL;
+  assert_int_equal(tb_buffer_create_cuda(c3, 4096, 0, 0, &b), TB_ENOTSUP);
+  tb_client_last_error(c3, why, sizeof(why));
+  assert_non_null(strstr(why, "cannot create a cuda-vmm buffer"));
+  assert_int_equal(unsetenv("FAKECUDA_NO_VMM"), 0);
+  fk->counts(&n);
+  assert_int_equal(n.vmm_mappings, maps);
+
+  /* a daemon without FEATURE_CUDA_VMM: refused before any driver call */
+  tb__client_set_features(c3, 0);
+  fk->log_clear();
+  assert_int_equal(tb_buffer_create_cuda(c3, 4096, 0, 0, &b), TB_ENOTSUP);
+  tb_client_last_error(c3, why, sizeof(why));
+  assert_non_null(strstr(why, "does not accept CUDA VMM buffers"));
+  assert_int_equal(log_count("vmm-create size %zu", VMM_SIZE), 0);
+
+  /* the consumers' mappings go with their connections */
+  tb_client_disconnect(c3);
+  tb_client_disconnect(c2);
+  tb_client_disconnect(c1);
+  fk->counts(&n);
+  assert_int_equal(n.vmm_mappings, 0);
+  assert_int_equal(n.vmm_handles, 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(vmm_lifecycle),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
