@@ -14,6 +14,7 @@ static const struct tbd_kind kinds[] = {
     {
         .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD,
         .name = "host memfd",
+        .label = "host",
         .dev_type = kDLCPU,
         .carries_fd = true,
         .survives_producer = true,
@@ -32,6 +33,7 @@ static const struct tbd_kind kinds[] = {
     {
         .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC,
         .name = "CUDA IPC",
+        .label = "cuda-ipc",
         .dev_type = kDLCUDA,
         .carries_fd = false,
         .survives_producer = false,
@@ -46,6 +48,7 @@ static const struct tbd_kind kinds[] = {
     {
         .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD,
         .name = "CUDA VMM fd",
+        .label = "cuda-vmm",
         .dev_type = kDLCUDA,
         .carries_fd = true,
         .survives_producer = true,

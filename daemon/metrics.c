@@ -3,6 +3,7 @@
  * counters, and the paging of it over the protocol. docs/deploy.md,
  * "Metrics", lists every metric; keep the two in step. */
 #include "metrics.h"
+#include "kinds.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -213,6 +214,25 @@ static void labelled(struct out *o, const char *name, const char *label,
   put(o, "\"} %llu\n", (unsigned long long)n);
 }
 
+/* tensorbroker_buffers by memory kind, every kind the daemon knows (0
+ * included, so that a series does not appear and vanish). */
+static void render_buffer_kinds(struct out *o, struct tbd_registry *r) {
+  uint64_t n[8] = {0};
+  struct tbd_buffer *b, *tmp;
+
+  HASH_ITER(hh, r->buffers, b, tmp)
+    if (b->kind >= 0 && b->kind < 8)
+      n[b->kind]++;
+  family(o, "tensorbroker_buffers_by_kind", "gauge",
+         "Buffers registered, or retired but still used by a version, by "
+         "memory kind.");
+  for (int k = 0; k < 8; k++) {
+    const struct tbd_kind *row = tbd_kind_find(k);
+    if (row != NULL)
+      labelled(o, "tensorbroker_buffers_by_kind", "kind", row->label, n[k]);
+  }
+}
+
 static void render_info(struct out *o, struct tbd_registry *r) {
   family(o, "tensorbroker_build_info", "gauge",
          "The daemon's version and protocol; the value is 1.");
@@ -244,6 +264,7 @@ static void render_sizes(struct out *o, struct tbd_registry *r) {
   metric(o, "tensorbroker_buffers", "gauge",
          "Buffers registered, or retired but still used by a version.",
          c.buffers);
+  render_buffer_kinds(o, r);
   metric(o, "tensorbroker_events", "gauge", "CUDA events registered.",
          c.events);
   metric(o, "tensorbroker_subscriptions", "gauge", "Subscriptions.",

@@ -22,6 +22,7 @@
 #include "alloc.h"
 #include "config.h"
 #include "log.h"
+#include "metrics.h"
 #include "registry.h"
 #include "kinds.h"
 #include "registry_impl.h" /* tbd__channel_recent, tbd__channel_find */
@@ -1839,6 +1840,17 @@ static void test_vmm_buffers(void **state) {
   assert_tb_ok(reg_vmm(r, p, &f, 4096, fds, 1, &id));
   assert_int_equal(count_fds(), fds0 + 1);
   assert_int_equal(tbd_registry_fds_held(r), held0 + 1);
+  {
+    /* the metrics count it by kind, as the library names kinds */
+    char *text = NULL;
+    size_t len = 0;
+    assert_tb_ok(tbd_metrics_render(r, NULL, &text, &len));
+    assert_non_null(strstr(text, "tensorbroker_buffers_by_kind{kind=\"cuda-"
+                                 "vmm\"} 1\n"));
+    assert_non_null(strstr(text, "tensorbroker_buffers_by_kind{kind=\"host\"}"
+                                 " 0\n"));
+    free(text);
+  }
   assert_int_equal(publish_ex(r, p, "v", id, &gpu, NULL), 0);
   a = acquire(r, c, "v", LATEST, 0);
   assert_int_equal(a.kind,
