@@ -557,6 +557,11 @@ static void channel_info_fill(struct tbd_registry *r,
     return;
   }
   ci->latest_version = ch->latest;
+  {
+    struct tbd_version *nv = tbd__channel_newest(ch);
+    if (nv != NULL && nv->buf != NULL)
+      ci->memory_kind = nv->buf->kind;
+  }
   ci->history_depth = ch->depth;
   ci->publisher_session = ch->publisher ? ch->publisher->id : 0;
   ci->versions_held = ch->nversions;

@@ -608,6 +608,9 @@ struct tb_channel_info {
    * never published, or was dropped); the fields above but name and
    * waiters are zero. */
   int waiting;
+  /* enum tb_memory_kind of the newest version held (TB_MEMORY_NONE: none,
+   * or a daemon older than this field) */
+  int memory_kind;
 };
 
 struct tb_session_info {

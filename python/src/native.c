@@ -692,7 +692,7 @@ static PyGetSetDef lease_getset[] = {
     {"lease_id", (getter)lease_get_lease_id, NULL, "daemon's lease id", NULL},
     {"buffer_id", (getter)lease_get_buffer_id, NULL, "producer buffer id", NULL},
     {"producer_pid", (getter)lease_get_producer_pid, NULL, "producer's pid", NULL},
-    {"memory_kind", (getter)lease_get_memory_kind, NULL, "1 host memfd, 2 CUDA IPC (enum tb_memory_kind in C)", NULL},
+    {"memory_kind", (getter)lease_get_memory_kind, NULL, "1 host memfd, 2 CUDA IPC, 3 CUDA VMM (enum tb_memory_kind in C)", NULL},
     {"channel", (getter)lease_get_channel, NULL, "channel name", NULL},
     {"metadata", (getter)lease_get_metadata, NULL, "user metadata (bytes)", NULL},
     {"shape", (getter)lease_get_shape, NULL, "tensor shape", NULL},
@@ -1360,6 +1360,8 @@ static PyObject *client_poll_notice(ClientObject *self, PyObject *args, PyObject
                        (unsigned long long)n.buffer_id, "reason", n.reason);
 }
 
+static const char *memory_kind_name(int kind);
+
 static PyObject *client_channels(ClientObject *self, PyObject *unused) {
   if (client_check(self) < 0)
     return NULL;
@@ -1373,13 +1375,14 @@ static PyObject *client_channels(ClientObject *self, PyObject *unused) {
   PyObject *list = PyList_New(0);
   for (size_t i = 0; list != NULL && i < n; i++) {
     PyObject *d = Py_BuildValue(
-        "{s:s,s:K,s:I,s:K,s:I,s:I,s:I,s:O,s:K,s:I,s:O}", "name", ci[i].name,
+        "{s:s,s:K,s:I,s:K,s:I,s:I,s:I,s:O,s:K,s:I,s:O,s:s}", "name", ci[i].name,
         "latest_version", (unsigned long long)ci[i].latest_version, "history_depth",
         ci[i].history_depth, "publisher_session", (unsigned long long)ci[i].publisher_session,
         "versions_held", ci[i].versions_held, "leases", ci[i].leases, "subscribers",
         ci[i].subscribers, "closed", ci[i].closed ? Py_True : Py_False, "publishes",
         (unsigned long long)ci[i].publishes, "waiters", ci[i].waiters, "waiting",
-        ci[i].waiting ? Py_True : Py_False);
+        ci[i].waiting ? Py_True : Py_False, "memory_kind",
+        ci[i].memory_kind != 0 ? memory_kind_name(ci[i].memory_kind) : "");
     if (d == NULL || PyList_Append(list, d) < 0)
       Py_CLEAR(list);
     Py_XDECREF(d);

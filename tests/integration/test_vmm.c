@@ -239,6 +239,16 @@ static void vmm_lifecycle(void **state) {
              p);
   }
 
+  /* the channel's newest version is in VMM memory, and says so */
+  {
+    struct tb_channel_info *ci = NULL;
+    size_t nc = 0;
+    assert_int_equal(tb_channel_list(c1, sizeof(*ci), &ci, &nc), 0);
+    assert_int_equal(nc, 1);
+    assert_int_equal(ci[0].memory_kind, TB_MEMORY_CUDA_VMM);
+    tb_free(ci);
+  }
+
   /* the producer killed: a new consumer still imports the last version
    * and reads it; nothing after it is kept */
   kill(producer, SIGKILL);
