@@ -362,6 +362,36 @@ TB_EXPORT int tb_channel_wait_free(tb_client *c, const char *channel,
                                    uint64_t version, int timeout_ms,
                                    void *stream);
 
+/* ---- producer rings of CUDA VMM buffers ---------------------------------- */
+
+/* A producer's ring of nslots slots (2 to 1024) of slot_bytes each (rounded
+ * up to 256 bytes), in one CUDA VMM buffer on device
+ * (tb_buffer_create_cuda's flags), for the versions of channel: write each
+ * frame into the slot tb_ring_next() gives and publish it with
+ * tb_ring_publish(). Not thread-safe: one thread drives a ring. */
+typedef struct tb_ring tb_ring;
+TB_EXPORT int tb_ring_create_cuda(tb_client *c, const char *channel,
+                                  size_t slot_bytes, unsigned nslots,
+                                  int device, unsigned flags, tb_ring **out);
+/* The next slot's device pointer, once the version last published from it
+ * is free: tb_channel_wait_free(timeout_ms, stream), which makes stream
+ * wait for the consumers' done events (TB_EBUSY with timeout_ms 0 while it
+ * is read or kept, TB_ETIMEDOUT when the wait runs out). */
+TB_EXPORT int tb_ring_next(tb_ring *r, int timeout_ms, void *stream,
+                           void **data);
+/* Publish t, which must lie inside the slot tb_ring_next() gave (TB_EINVAL
+ * otherwise, nothing published), as channel's next version. opts as for
+ * tb_channel_publish(); its history_depth (1 when 0) must be below nslots.
+ * The next tb_ring_next() moves on to the following slot. */
+TB_EXPORT int tb_ring_publish(tb_ring *r, const DLTensor *t,
+                              const struct tb_publish_options *opts,
+                              uint64_t *out_version);
+/* The ring's VMM buffer (its tb_buffer_id, tb_buffer_data). */
+TB_EXPORT tb_buffer *tb_ring_buffer(const tb_ring *r);
+/* Destroy the buffer (versions already published stay readable) and the
+ * ring. NULL is accepted. */
+TB_EXPORT int tb_ring_destroy(tb_ring *r);
+
 /* ---- acquiring ----------------------------------------------------------- */
 
 enum tb_acquire_mode {

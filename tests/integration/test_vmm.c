@@ -250,10 +250,18 @@ static void vmm_lifecycle(void **state) {
   }
 
   /* the producer killed: a new consumer still imports the last version
-   * and reads it; nothing after it is kept */
+   * and reads it; nothing after it is kept. c1 subscribed hears the
+   * channel close, so the daemon has seen the producer go. */
+  assert_int_equal(tb_channel_subscribe(c1, CH), 0);
   kill(producer, SIGKILL);
   assert_int_equal(waitpid(producer, NULL, 0), producer);
   producer = -1;
+  for (;;) {
+    struct tb_notice nt;
+    assert_int_equal(tb_notice_poll(c1, sizeof(nt), &nt, TBT_TIMEOUT_MS), 0);
+    if (nt.type == TB_NOTICE_CHANNEL_CLOSED)
+      break;
+  }
   assert_int_equal(tbt_connect(&daemon_, "c2", &c2), 0);
   assert_int_equal(read_check(c2, TB_ACQUIRE_LATEST, 0, 2), 2);
   assert_int_equal(log_count("vmm-import m%ld.2 size %zu", p, VMM_SIZE), 2);
@@ -301,9 +309,108 @@ static void vmm_lifecycle(void **state) {
   assert_int_equal(n.vmm_handles, 0);
 }
 
+/* One ring slot's words: slot s of version v. */
+static void ring_fill(void *p, uint32_t v) {
+  static uint32_t host[NWORDS];
+  for (uint32_t i = 0; i < NWORDS; i++)
+    host[i] = 0xb0000000u + (v << 16) + i;
+  assert_int_equal(cu->cuMemcpyHtoD((tb_cu_deviceptr)(uintptr_t)p, host,
+                                    sizeof(host)),
+                   0);
+}
+
+static void ring_tensor(DLTensor *t, int64_t *shape, void *p) {
+  memset(t, 0, sizeof(*t));
+  *shape = NWORDS;
+  t->data = p;
+  t->device.device_type = kDLCUDA;
+  t->ndim = 1;
+  t->dtype.code = kDLUInt;
+  t->dtype.bits = 32;
+  t->dtype.lanes = 1;
+  t->shape = shape;
+}
+
+/* The producer's ring: three slots in one VMM buffer. A slot comes back
+ * only when the version last published from it is free (TB_EBUSY with
+ * timeout 0 while a consumer holds it); each version reads its own data;
+ * a tensor outside the slot, or a history as deep as the ring, is refused
+ * and publishes nothing. */
+static void vmm_ring(void **state) {
+  tb_client *p = NULL, *c = NULL;
+  DLManagedTensorVersioned *held = NULL, *t = NULL;
+  struct tb_acquire_options ao;
+  struct tb_publish_options po;
+  static uint32_t host[NWORDS];
+  int64_t shape;
+  DLTensor dt;
+  tb_ring *r = NULL;
+  void *slot[4];
+  uint64_t v = 0;
+
+  (void)state;
+  assert_int_equal(tbt_connect(&daemon_, "ring-producer", &p), 0);
+  assert_int_equal(tbt_connect(&daemon_, "ring-consumer", &c), 0);
+  assert_int_equal(tb_ring_create_cuda(p, "vmm/ring", NWORDS * 4, 3, 0, 0, &r),
+                   0);
+  for (uint32_t i = 0; i < 3; i++) {
+    assert_int_equal(tb_ring_next(r, 0, (void *)(uintptr_t)1, &slot[i]), 0);
+    assert_ptr_equal(slot[i], (char *)tb_buffer_data(tb_ring_buffer(r)) +
+                                  i * NWORDS * 4);
+    ring_fill(slot[i], i + 1);
+    ring_tensor(&dt, &shape, slot[i]);
+    assert_int_equal(tb_ring_publish(r, &dt, NULL, &v), 0);
+    assert_int_equal(v, i + 1);
+    if (i == 0) { /* a consumer holds version 1 (slot 0) */
+      tb_acquire_options_init(&ao);
+      ao.mode = TB_ACQUIRE_EXACT;
+      ao.version = 1;
+      ao.timeout_ms = TBT_TIMEOUT_MS;
+      assert_int_equal(tb_acquire(c, "vmm/ring", &ao, &held), 0);
+    }
+  }
+  /* slot 0 is still read: not handed out */
+  assert_int_equal(tb_ring_next(r, 0, (void *)(uintptr_t)1, &slot[3]),
+                   TB_EBUSY);
+  /* released (the Release travels on the consumer's connection): the
+   * slot comes back within a bounded wait */
+  assert_int_equal(tb_release(held, NULL), 0);
+  assert_int_equal(
+      tb_ring_next(r, TBT_TIMEOUT_MS, (void *)(uintptr_t)1, &slot[3]), 0);
+  assert_ptr_equal(slot[3], slot[0]);
+  /* refused, nothing published: a tensor in another slot, a deep history */
+  ring_tensor(&dt, &shape, slot[1]);
+  assert_int_equal(tb_ring_publish(r, &dt, NULL, &v), TB_EINVAL);
+  ring_tensor(&dt, &shape, (char *)slot[0] + 8); /* runs past the slot */
+  assert_int_equal(tb_ring_publish(r, &dt, NULL, &v), TB_EINVAL);
+  tb_publish_options_init(&po);
+  po.history_depth = 3;
+  ring_tensor(&dt, &shape, slot[0]);
+  assert_int_equal(tb_ring_publish(r, &dt, &po, &v), TB_EINVAL);
+  ring_fill(slot[0], 4);
+  assert_int_equal(tb_ring_publish(r, &dt, NULL, &v), 0);
+  assert_int_equal(v, 4); /* nothing was published in between */
+  /* each kept version reads its own slot */
+  tb_acquire_options_init(&ao);
+  ao.timeout_ms = TBT_TIMEOUT_MS;
+  assert_int_equal(tb_acquire(c, "vmm/ring", &ao, &t), 0);
+  assert_int_equal(cu->cuMemcpyDtoH(host,
+                                    (tb_cu_deviceptr)(uintptr_t)t->dl_tensor.data +
+                                        t->dl_tensor.byte_offset,
+                                    sizeof(host)),
+                   0);
+  assert_int_equal(host[0], 0xb0000000u + (4u << 16));
+  assert_int_equal(host[NWORDS - 1], 0xb0000000u + (4u << 16) + NWORDS - 1);
+  assert_int_equal(tb_release(t, NULL), 0);
+  assert_int_equal(tb_ring_destroy(r), 0);
+  tb_client_disconnect(c);
+  tb_client_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(vmm_lifecycle),
+      cmocka_unit_test(vmm_ring),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
