@@ -181,6 +181,15 @@ static tb_cu_result tb_tr_ipc_open_mem(tb_cu_deviceptr *p,
                   tb_cuda_real.cuIpcOpenMemHandle(p, h, flags));
 }
 
+/* VMM buffers (issue 25): imports counted, as IPC opens are. */
+static atomic_ulong tb_cnt_vmm_import;
+
+static tb_cu_result tb_tr_vmm_import(tb_cu_mem_handle *h, void *os_handle,
+                                     int type) {
+  atomic_fetch_add(&tb_cnt_vmm_import, 1);
+  return tb_cuda_real.cuMemImportFromShareableHandle(h, os_handle, type);
+}
+
 static tb_cu_result tb_tr_ipc_close_mem(tb_cu_deviceptr p) {
   atomic_fetch_add(&tb_cnt_close_mem, 1);
   return tb_cuda_real.cuIpcCloseMemHandle(p);
@@ -293,6 +302,7 @@ static void tb_cuda_load_once(void) {
   tb_cuda_tab.cuEventCreate = tb_tr_event_create;
   tb_cuda_tab.cuStreamWaitEvent = tb_tr_stream_wait;
   tb_cuda_tab.cuEventRecord = tb_tr_event_record;
+  tb_cuda_tab.cuMemImportFromShareableHandle = tb_tr_vmm_import;
   tb_cuda_reason[0] = '\0';
   tb_cuda_rc = 0;
   atomic_store(&tb_cuda_up, 1);
@@ -383,6 +393,7 @@ void tb__cuda_counters(struct tb_cuda_counters *out) {
   c.stream_wait_ns = atomic_load(&tb_ns_stream_wait);
   c.event_create_ns = atomic_load(&tb_ns_event_create);
   c.event_record_ns = atomic_load(&tb_ns_event_record);
+  c.vmm_import = atomic_load(&tb_cnt_vmm_import);
   *out = c;
 }
 

@@ -252,6 +252,7 @@ struct tb_cuda_counters {
   unsigned long long stream_wait_ns;
   unsigned long long event_create_ns;
   unsigned long long event_record_ns;
+  unsigned long vmm_import; /* cuMemImportFromShareableHandle (issue 25) */
 };
 void tb__cuda_counters(struct tb_cuda_counters *out);
 

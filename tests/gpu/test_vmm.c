@@ -96,7 +96,12 @@ static int ex_consumer(struct tbt_chan *ch, void *arg) {
   tb_client *c = tbg_connect(&daemon_, "consumer", TB_CONTRACT_SPEC);
   tb_cu_stream s = tbg_stream(&g, 1);
   uint64_t v = tbg_child_hear_version(ch);
+  tb__cuda_counters(&before);
   TBG_OK(c, tbg_acquire(c, "gpu/vmm", TB_ACQUIRE_EXACT, v, s, &t));
+  tb__cuda_counters(&after);
+  if (after.vmm_import != before.vmm_import + 1)
+    TBG_FAIL("%lu imports for the first acquire of the buffer, expected 1",
+             after.vmm_import - before.vmm_import);
   check_kind(c, t);
   if (tbg_count(&g, tbg_tensor_ptr(t, N), VAL, N, s) != 0)
     TBG_FAIL("version %llu reads wrong", (unsigned long long)v);
@@ -108,6 +113,8 @@ static int ex_consumer(struct tbt_chan *ch, void *arg) {
   tb__cuda_counters(&after);
   if (after.ipc_open_mem != before.ipc_open_mem)
     TBG_FAIL("a VMM acquire opened legacy IPC memory");
+  if (after.vmm_import != before.vmm_import)
+    TBG_FAIL("the second acquire of the buffer imported it again");
   if (tbg_count(&g, tbg_tensor_ptr(t, N), VAL2, N, s) != 0)
     TBG_FAIL("version %llu reads wrong", (unsigned long long)v);
   TBG_OK(c, tb_release(t, s));
