@@ -12,7 +12,14 @@
  * SIGKILLed a new consumer still imports and reads the last version, and
  * TB_ECLOSED comes only for a version that is not kept; a consumer whose
  * driver cannot import POSIX descriptors gets TB_ENOTSUP naming the kind;
- * a producer gets TB_ENOTSUP from a daemon without FEATURE_CUDA_VMM. */
+ * a producer gets TB_ENOTSUP from a daemon without FEATURE_CUDA_VMM.
+ * vmm_ring: the producer ring (tb_ring_*). vmm_pid_namespace (root): a
+ * consumer started by `unshare --pid --fork --mount-proc` reads a VMM
+ * version, while its legacy IPC open fails (CUDA_ERROR_INVALID_HANDLE). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -412,10 +419,138 @@ static void vmm_ring(void **state) {
   tb_client_disconnect(p);
 }
 
-int main(void) {
+/* ---- across PID namespaces ---- */
+
+#define NS_FILL 0xc0de0000u
+
+/* The consumer, run by `unshare --pid --fork --mount-proc` as a fresh
+ * process (this binary, argv "ns-consumer SOCKET"): pid 1 in its own PID
+ * namespace with its own /proc, so the producer's process is not visible.
+ * The VMM version must read right; the legacy IPC one must fail, as the
+ * real driver's open needs the exporter's process (the fake opens
+ * /proc/PID/fd of it). Exit 0, or a code saying what went wrong. */
+static int ns_consumer(const char *sock) {
+  static uint32_t host[NWORDS];
+  struct tbt_daemon d = {.pid = 0};
+  struct tb_acquire_options ao;
+  DLManagedTensorVersioned *t = NULL;
+  tb_client *c = NULL;
+  tb_cu_device dev;
+  char why[256] = "";
+  int rc;
+
+  if (getpid() != 1)
+    return 10;
+  if (tb__cuda_load(&cu) != 0 || cu->cuDeviceGet(&dev, 0) != 0 ||
+      cu->cuDevicePrimaryCtxRetain(&ctx, dev) != 0 ||
+      cu->cuCtxSetCurrent(ctx) != 0)
+    return 11;
+  snprintf(d.sock, sizeof(d.sock), "%s", sock);
+  if (tbt_connect(&d, "ns-consumer", &c) != 0)
+    return 12;
+  tb_acquire_options_init(&ao);
+  ao.timeout_ms = TBT_TIMEOUT_MS;
+  rc = tb_acquire(c, "vmm/ns", &ao, &t);
+  if (rc != 0) {
+    tb_client_last_error(c, why, sizeof(why));
+    fprintf(stderr, "ns-consumer: VMM acquire: %s (%s)\n", tb_err_name(rc),
+            why);
+    return 13;
+  }
+  if (cu->cuMemcpyDtoH(host,
+                       (tb_cu_deviceptr)(uintptr_t)t->dl_tensor.data +
+                           t->dl_tensor.byte_offset,
+                       sizeof(host)) != 0)
+    return 14;
+  for (uint32_t i = 0; i < NWORDS; i++)
+    if (host[i] != NS_FILL + i)
+      return 15;
+  if (tb_release(t, NULL) != 0)
+    return 16;
+  rc = tb_acquire(c, "vmm/ns-ipc", &ao, &t);
+  tb_client_last_error(c, why, sizeof(why));
+  fprintf(stderr, "ns-consumer: legacy IPC acquire: %s (%s)\n",
+          tb_err_name(rc), why);
+  if (rc != TB_ECUDA || strstr(why, "CUDA_ERROR_INVALID_HANDLE") == NULL)
+    return 17;
+  tb_client_disconnect(c);
+  return 0;
+}
+
+/* May this process make PID namespaces (root, or a user namespace)? */
+static int can_unshare_pid(void) {
+  pid_t pid = fork();
+  int st;
+
+  if (pid == 0)
+    _exit(unshare(CLONE_NEWPID | CLONE_NEWNS) == 0 ? 0 : 1);
+  return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) &&
+         WEXITSTATUS(st) == 0;
+}
+
+static void fill_words(tb_cu_deviceptr p, uint32_t base) {
+  static uint32_t host[NWORDS];
+  for (uint32_t i = 0; i < NWORDS; i++)
+    host[i] = base + i;
+  assert_int_equal(cu->cuMemcpyHtoD(p, host, sizeof(host)), 0);
+}
+
+/* A producer here, a consumer in another PID namespace: the VMM version
+ * crosses (its descriptor does), legacy IPC does not. The control path
+ * only: the fake driver has no events that could fail to cross
+ * (docs/cuda.md, "VMM buffers", says what is unmeasured). */
+static void vmm_pid_namespace(void **state) {
+  char self[4096];
+  tb_client *p = NULL;
+  tb_buffer *b = NULL;
+  tb_cu_deviceptr ipc = 0;
+  int64_t shape;
+  DLTensor dt;
+  ssize_t n;
+  pid_t pid;
+  int st;
+
+  (void)state;
+  if (!can_unshare_pid()) {
+    fprintf(stderr, "no PID namespaces here (not root): skipped\n");
+    skip();
+  }
+  assert_int_equal(tbt_connect(&daemon_, "ns-producer", &p), 0);
+  assert_int_equal(tb_buffer_create_cuda(p, NWORDS * 4, 0, 0, &b), 0);
+  fill_words((tb_cu_deviceptr)(uintptr_t)tb_buffer_data(b), NS_FILL);
+  ring_tensor(&dt, &shape, tb_buffer_data(b));
+  assert_int_equal(tb_channel_publish(p, "vmm/ns", &dt, NULL, NULL), 0);
+  assert_int_equal(cu->cuMemAlloc(&ipc, NWORDS * 4), 0);
+  fill_words(ipc, NS_FILL);
+  ring_tensor(&dt, &shape, (void *)(uintptr_t)ipc);
+  assert_int_equal(tb_channel_publish(p, "vmm/ns-ipc", &dt, NULL, NULL), 0);
+
+  n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  assert_true(n > 0);
+  self[n] = '\0';
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    execlp("unshare", "unshare", "--pid", "--fork", "--mount-proc", self,
+           "ns-consumer", daemon_.sock, (char *)NULL);
+    _exit(127);
+  }
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    fail_msg("the consumer in its own PID namespace failed: status %#x "
+             "(exit codes in ns_consumer)", st);
+  assert_int_equal(tb_buffer_destroy(b), 0);
+  tb_client_disconnect(p);
+  assert_int_equal(cu->cuMemFree(ipc), 0);
+}
+
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(vmm_lifecycle),
       cmocka_unit_test(vmm_ring),
+      cmocka_unit_test(vmm_pid_namespace),
   };
+  if (argc == 3 && strcmp(argv[1], "ns-consumer") == 0)
+    return ns_consumer(argv[2]);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
