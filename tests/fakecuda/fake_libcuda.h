@@ -85,6 +85,20 @@
  *                                  (e.g. cuStreamQuery, cuMemAlloc)
  *   graph-instantiate G
  *   graph-launch G on S [(capturing)]
+ *   VMM (cuMemCreate memory shared by POSIX descriptor; M names the
+ *   allocation mP.N after its creating process, in every process):
+ *   vmm-create M size N       N: rounded to the 2 MiB granularity
+ *   vmm-export M
+ *   vmm-import M size N       from the descriptor a test or the daemon sent
+ *   vmm-reserve size N
+ *   vmm-map M size N
+ *   vmm-access M r|rw         cuMemSetAccess: read-only or read-write
+ *   vmm-unmap M
+ *   vmm-address-free size N
+ *   vmm-release M
+ *   FAKECUDA_NO_VMM=1 (read at each call): the POSIX-descriptor attribute
+ *   is 0, and cuMemCreate and cuMemImportFromShareableHandle fail with
+ *   CUDA_ERROR_NOT_SUPPORTED.
  * A call that fails still logs its line, ending in " -> CUDA_ERROR_NAME",
  * e.g. "record e12.3 on s4 -> CUDA_ERROR_INVALID_HANDLE" for a destroyed
  * stream. Where the failure leaves nothing to name, the line says
