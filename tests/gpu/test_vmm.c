@@ -14,6 +14,9 @@
  * here with CUDA_ERROR_INVALID_HANDLE, GPU-FACTS.md); TB_ECLOSED for
  * anything newer.
  *
+ * vmm_ring: a producer ring of three slots (tb_ring_*) publishes eight
+ * versions written by kernels; each reads right in the consumer.
+ *
  * vmm_pid_namespaces (root; skipped otherwise): producer and consumer each
  * in a new PID namespace with their own /proc, as `unshare --pid --fork
  * --mount-proc` makes them. The memory crosses by its descriptor. Version
@@ -198,6 +201,82 @@ static void vmm_producer_sigkill(void **state) {
   tbg_daemon_down(&daemon_);
 }
 
+/* ---- a producer ring ---- */
+
+#define RING_VERSIONS 8
+
+static int ring_producer(struct tbt_chan *ch, void *arg) {
+  struct tbg_gpu g;
+  struct tb_publish_options po;
+  tb_ring *r = NULL;
+  int64_t shape = N;
+  DLTensor t;
+  (void)arg;
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, "ring-producer", TB_CONTRACT_SPEC);
+  tb_cu_stream s = tbg_stream(&g, 1);
+  TBG_OK(c, tb_ring_create_cuda(c, "gpu/vmm-ring", N * 4ull, 3, 0, 0, &r));
+  for (unsigned i = 1; i <= RING_VERSIONS; i++) {
+    void *p = NULL;
+    uint64_t v = 0;
+    /* the slot's last version is free: s waits for its readers */
+    TBG_OK(c, tb_ring_next(r, TBT_TIMEOUT_MS, s, &p));
+    tbg_fill(&g, (tb_cu_deviceptr)(uintptr_t)p, 100 + i, N, s);
+    memset(&t, 0, sizeof(t));
+    t.data = p;
+    t.device.device_type = kDLCUDA;
+    t.ndim = 1;
+    t.shape = &shape;
+    t.dtype.code = kDLUInt;
+    t.dtype.bits = 32;
+    t.dtype.lanes = 1;
+    tb_publish_options_init(&po);
+    po.stream = s;
+    TBG_OK(c, tb_ring_publish(r, &t, &po, &v));
+    tbg_child_say(ch, "published %llu", (unsigned long long)v);
+    tbg_child_hear(ch, "read", NULL, 0);
+  }
+  TBG_OK(c, tb_ring_destroy(r));
+  tb_client_disconnect(c);
+  return 0;
+}
+
+static int ring_consumer(struct tbt_chan *ch, void *arg) {
+  struct tbg_gpu g;
+  (void)arg;
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, "ring-consumer", TB_CONTRACT_SPEC);
+  tb_cu_stream s = tbg_stream(&g, 1);
+  for (unsigned i = 1; i <= RING_VERSIONS; i++) {
+    DLManagedTensorVersioned *t = NULL;
+    uint64_t v = tbg_child_hear_version(ch);
+    TBG_OK(c, tbg_acquire(c, "gpu/vmm-ring", TB_ACQUIRE_EXACT, v, s, &t));
+    check_kind(c, t);
+    if (tbg_count(&g, tbg_tensor_ptr(t, N), 100 + i, N, s) != 0)
+      TBG_FAIL("ring version %llu reads wrong", (unsigned long long)v);
+    TBG_OK(c, tb_release(t, s));
+    tbg_child_say(ch, "read");
+  }
+  tb_client_disconnect(c);
+  tbg_child_say(ch, "ok");
+  return 0;
+}
+
+static void vmm_ring(void **state) {
+  struct tbt_child p, c;
+  (void)state;
+  tbg_start(&daemon_, &p, ring_producer, NULL, &c, ring_consumer, NULL);
+  for (unsigned i = 1; i <= RING_VERSIONS; i++) {
+    tbg_relay(&p, "producer", "published", &c, "v");
+    tbg_hear(&c, "consumer", "read", NULL, 0);
+    tbg_say(&p, "read");
+  }
+  tbg_hear(&c, "consumer", "ok", NULL, 0);
+  tbg_reap(&p, "producer");
+  tbg_reap(&c, "consumer");
+  tbg_daemon_down(&daemon_);
+}
+
 /* ---- PID namespaces ---- */
 
 /* Run fn in a new PID namespace with its own /proc (unshare --pid --fork
@@ -316,4 +395,5 @@ static void vmm_pid_namespaces(void **state) {
 
 TBG_MAIN(cmocka_unit_test(vmm_exchange),
          cmocka_unit_test(vmm_producer_sigkill),
+         cmocka_unit_test(vmm_ring),
          cmocka_unit_test(vmm_pid_namespaces))
