@@ -63,6 +63,14 @@ static int vmm_map(const struct tb_cuda *cu, struct tb__vmm_mem *m,
   acc.flags = writable ? TB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE
                        : TB_CU_MEM_ACCESS_FLAGS_PROT_READ;
   r = cu->cuMemSetAccess(m->va, m->size, &acc, 1);
+  /* Read-only is the consumer library's courtesy, not a wall (a process
+   * that imports the descriptor itself can map it writable): where a
+   * driver refuses read-only device mappings, map read-write rather than
+   * fail (not yet seen on a GPU: docs/gpu-validation.md). */
+  if (r != 0 && !writable) {
+    acc.flags = TB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = cu->cuMemSetAccess(m->va, m->size, &acc, 1);
+  }
   if (r != 0) {
     (void)cu->cuMemUnmap(m->va, m->size);
     (void)cu->cuMemAddressFree(m->va, m->size);
