@@ -104,6 +104,7 @@ static int vmm_create_locked(struct tb_client *c, size_t size, int device,
   rc = tb__cuda_device_uuid(device, vb->uuid, why, sizeof(why));
   if (rc == 0)
     rc = tb__vmm_create(device, size, &vb->mem, why, sizeof(why));
+  vb->mem.ctx = dc.ctx;
   if (rc < 0) {
     tb__cuda_device_leave(&dc);
     return tb__set_error(c, rc, "%s", why);
@@ -253,6 +254,7 @@ static int vmm_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
   if (rc == 0) {
     rc = tb__vmm_import(fds[0], (size_t)bi->size, ordinal, bi->writable != 0,
                         &vm->mem, why, sizeof(why));
+    vm->mem.ctx = dc.ctx;
     vm->view.ctx = dc.ctx;
     tb__cuda_device_leave(&dc);
   }

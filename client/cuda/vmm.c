@@ -154,12 +154,19 @@ int tb__vmm_import(int fd, size_t size, int device, int writable,
 
 void tb__vmm_free(struct tb__vmm_mem *m) {
   const struct tb_cuda *cu;
+  struct tb__cu_ctx_saved saved;
   char why[16];
+  int entered, mode;
 
   if (m->handle == 0 || tb__cu_get(&cu, why, sizeof(why)) != 0)
     return;
+  entered = tb__cu_ctx_enter(cu, m->ctx, &saved, NULL, 0) == 0;
+  mode = tb__cu_relaxed_enter(cu);
   (void)cu->cuMemUnmap(m->va, m->size);
   (void)cu->cuMemAddressFree(m->va, m->size);
   (void)cu->cuMemRelease(m->handle);
+  tb__cu_relaxed_leave(cu, mode);
+  if (entered)
+    tb__cu_ctx_leave(cu, &saved);
   m->handle = 0;
 }

@@ -16,6 +16,8 @@ struct tb__vmm_mem {
   tb_cu_deviceptr va;
   size_t size; /* rounded up to the device's granularity */
   int device;  /* ordinal in this process */
+  tb_cu_context ctx; /* the context it was mapped in (the caller sets it):
+                      * made current again to undo it */
 };
 
 /* 1 when device ordinal can export and import POSIX descriptors of VMM
@@ -36,7 +38,9 @@ int tb__vmm_export(const struct tb__vmm_mem *m, int *fd, char *why,
 int tb__vmm_import(int fd, size_t size, int device, int writable,
                    struct tb__vmm_mem *out, char *why, size_t whylen);
 
-/* Unmap, free the addresses and release the handle (either side). */
+/* Unmap, free the addresses and release the handle (either side), in
+ * m->ctx and in relaxed capture mode, so that another thread's stream
+ * capture is not invalidated (as for an IPC close); any thread. */
 void tb__vmm_free(struct tb__vmm_mem *m);
 
 #endif /* TB_CUDA_VMM_H */
