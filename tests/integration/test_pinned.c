@@ -114,6 +114,17 @@ static void check_bytes(const DLManagedTensorVersioned *t, int64_t n,
                tbt_pattern((uint64_t)i, seed));
 }
 
+/* tbctl --json CMD (TB_TBCTL) against daemon d: its stdout into out. */
+static void tbctl(const struct tbt_daemon *d, const char *cmd, char *out,
+                  size_t len) {
+  const char *argv[] = {getenv("TB_TBCTL"), "--json", cmd, NULL};
+
+  if (argv[0] == NULL)
+    fail_msg("TB_TBCTL not set");
+  setenv("TENSORBROKER_SOCKET", d->sock, 1);
+  assert_int_equal(tbt_run(argv, out, len), 0);
+}
+
 static unsigned long addr(const void *p) { return (unsigned long)(uintptr_t)p; }
 
 /* The registered length: whole pages. */
@@ -180,6 +191,24 @@ static void exchange(void **state) {
   expect_lines(log_prefixed("host-register "), 3, "registrations");
   expect_lines(log_prefixed("host-unregister "), 0, "unregistrations");
   assert_int_equal(host_registered(), 3);
+
+  /* the operator sees the kind: tbctl leases, and the metrics */
+  {
+    char out[8192], *text = NULL;
+    size_t len = 0;
+
+    tbctl(d, "leases", out, sizeof(out));
+    if (strstr(out, "\"memory_kind\"") == NULL ||
+        strstr(out, "\"cuda-host\"") == NULL)
+      fail_msg("tbctl leases --json does not say cuda-host:\n%s", out);
+    assert_int_equal(tb_daemon_get_metrics(p, &text, &len), 0);
+    if (strstr(text, "\ntensorbroker_buffers_by_kind{kind=\"CUDA_HOST\"} 1\n") ==
+            NULL ||
+        strstr(text, "\ntensorbroker_buffers_by_kind{kind=\"HOST_MEMFD\"} 0\n") ==
+            NULL)
+      fail_msg("metrics without the buffer's kind:\n%s", text);
+    tb_free(text);
+  }
 
   assert_int_equal(tb_release(t2, NULL), 0);
   assert_int_equal(tb_release(t3, NULL), 0);
