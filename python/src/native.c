@@ -393,12 +393,17 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
     return NULL;
   DLManagedTensorVersioned *mt = self->core->mt;
   bool is_cuda = self->device.device_type == kDLCUDA;
+  bool as_cpu = false; /* a kDLCUDAHost lease handed out as kDLCPU */
 
   if (dl_device != Py_None) {
     long dt, di;
     if (!PyArg_ParseTuple(dl_device, "ll:dl_device", &dt, &di))
       return NULL;
-    if (dt != (long)self->device.device_type || di != (long)self->device.device_id) {
+    /* pinned host memory is host memory: asked for as kDLCPU (a consumer
+     * that does not know kDLCUDAHost), the same pages go out so labelled */
+    as_cpu = self->device.device_type == kDLCUDAHost && dt == kDLCPU && di == 0;
+    if (!as_cpu &&
+        (dt != (long)self->device.device_type || di != (long)self->device.device_id)) {
       PyErr_Format(PyExc_BufferError,
                    "the lease lives on device (%d, %d) and tensorbroker does not copy "
                    "across devices; dl_device=(%ld, %ld) cannot be honoured",
@@ -467,6 +472,8 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
     e->t.deleter = export_v_deleter;
     e->t.flags = mt->flags;
     e->t.dl_tensor = *src;
+    if (as_cpu)
+      e->t.dl_tensor.device = (DLDevice){kDLCPU, 0};
     if (extra) {
       compact_strides(src, e->strides);
       e->t.dl_tensor.strides = e->strides;
@@ -483,6 +490,8 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
     e->t.manager_ctx = e;
     e->t.deleter = export_l_deleter;
     e->t.dl_tensor = *src;
+    if (as_cpu)
+      e->t.dl_tensor.device = (DLDevice){kDLCPU, 0};
     if (extra) {
       compact_strides(src, e->strides);
       e->t.dl_tensor.strides = e->strides;

@@ -47,6 +47,31 @@ def registrations(read_only):
                            else " portable devicemap")]
 
 
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLTensorHead(ctypes.Structure):  # DLManagedTensorVersioned's start
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("data", ctypes.c_void_p),
+                ("device", DLDevice)]
+
+
+capi = ctypes.pythonapi
+capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
+capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def capsule_device(lease, dl_device):
+    """(device_type, device_id, data address) of a versioned capsule of the
+    lease, which is then dropped unconsumed (its destructor frees it)."""
+    cap = lease.__dlpack__(max_version=(1, 0), dl_device=dl_device)
+    h = ctypes.cast(capi.PyCapsule_GetPointer(cap, b"dltensor_versioned"),
+                    ctypes.POINTER(DLTensorHead)).contents
+    return (h.device.device_type, h.device.device_id, h.data)
+
+
 def test_empty_pinned_exchange():
     with daemon() as sock:
         prod = tb.Client(socket=sock, name="producer")
@@ -64,6 +89,17 @@ def test_empty_pinned_exchange():
             assert lease.memory_kind == 4
             assert bytes(memoryview(lease)) == want
             assert len(registrations(True)) == 1, log_bodies()
+            # a consumer that knows only kDLCPU may ask for it: same pages
+            pinned_cap = capsule_device(lease, None)
+            cpu_cap = capsule_device(lease, (1, 0))
+            assert pinned_cap[:2] == (3, 0) and cpu_cap[:2] == (1, 0)
+            assert pinned_cap[2] == cpu_cap[2] != 0  # the same pages
+            try:
+                lease.__dlpack__(dl_device=(2, 0))
+            except BufferError:
+                pass
+            else:
+                raise AssertionError("dl_device=(2, 0) was accepted")
             lease.release()
             view.release()
             del view, arr  # the producer's buffer goes with its last array
