@@ -150,7 +150,7 @@ int tb__host_publish(struct tb_client *c, const DLTensor *t, uintptr_t start,
 int tb__host_mmap(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
                   const int *fds, int nfds, void **out);
 
-/* ---- kind_pinned.c: pinning a host mapping (TB_BUFFER_PINNED) ---- */
+/* ---- cuda/host_register.c: pinning a host mapping (TB_BUFFER_PINNED) ---- */
 
 /* TB_ENOTSUP, set on c, when the daemon cannot take pinned buffers (no
  * FEATURE_CUDA_HOST); else 0. */
