@@ -51,7 +51,7 @@ extern _Thread_local int tb__hash_oom;
 
 /* Room for each memory kind's state in a client and a connection, indexed
  * by enum tb_memory_kind (kind.c checks its table fits). */
-#define TB__KINDS 4
+#define TB__KINDS 8
 
 struct tb__map;
 struct tb__lease;
@@ -123,6 +123,8 @@ struct tb_buffer {
   void *data;
   size_t size;
   uint64_t id;
+  int kind;   /* TB_MEMORY_HOST, or TB_MEMORY_CUDA_HOST (TB_BUFFER_PINNED) */
+  int pinned; /* this mapping is cuMemHostRegister'ed (kind_pinned.c) */
 };
 
 struct tb_client {

@@ -59,6 +59,22 @@ static const struct tbd_kind kinds[] = {
         .survives_producer = true,
         .validate_register = vmm_validate,
     },
+    /* Pinned host memory: a sealed memfd exactly as HOST_MEMFD, which each
+     * process that maps it registers with cuMemHostRegister (the client's
+     * kind_pinned.c); to the daemon only its device type differs, so that
+     * its versions are published and reported as kDLCUDAHost. */
+    {
+        .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_HOST,
+        .name = "pinned host memfd",
+        .dev_type = kDLCUDAHost,
+        .carries_fd = true,
+        .survives_producer = true,
+        .prefetch_with_notice = false,
+        .validate_register = tbd_kind_memfd_validate,
+        .fds_held = tbd_kind_memfd_fds_held,
+        .adopt = tbd_kind_memfd_adopt,
+        .attach_fd = tbd_kind_memfd_attach_fd,
+    },
 };
 
 const struct tbd_kind *tbd_kind_find(int kind) {

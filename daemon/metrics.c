@@ -226,6 +226,30 @@ static void render_info(struct out *o, struct tbd_registry *r) {
       (long long)(r->metrics.start_unix_ms % 1000));
 }
 
+/* tensorbroker_buffers by memory kind, one line per kind the protocol
+ * names (kind="HOST_MEMFD", "CUDA_IPC", "CUDA_VMM_FD", "CUDA_HOST": the
+ * MemoryKind value without its prefix), 0 included. */
+static void render_buffer_kinds(struct out *o, struct tbd_registry *r) {
+  const ProtobufCEnumDescriptor *d = &tensorbroker__v1__memory_kind__descriptor;
+  const char *prefix = "MEMORY_KIND_";
+  struct tbd_buffer *b, *tmp;
+
+  family(o, "tensorbroker_buffers_by_kind", "gauge",
+         "tensorbroker_buffers by memory kind.");
+  for (unsigned i = 0; i < d->n_values; i++) {
+    const char *name = d->values[i].name;
+    uint64_t n = 0;
+
+    if (d->values[i].value == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_NONE)
+      continue;
+    HASH_ITER(hh, r->buffers, b, tmp)
+      n += b->kind == d->values[i].value;
+    if (strncmp(name, prefix, strlen(prefix)) == 0)
+      name += strlen(prefix);
+    labelled(o, "tensorbroker_buffers_by_kind", "kind", name, n);
+  }
+}
+
 static void render_sizes(struct out *o, struct tbd_registry *r) {
   struct tbd_counts c;
 
@@ -244,6 +268,7 @@ static void render_sizes(struct out *o, struct tbd_registry *r) {
   metric(o, "tensorbroker_buffers", "gauge",
          "Buffers registered, or retired but still used by a version.",
          c.buffers);
+  render_buffer_kinds(o, r);
   metric(o, "tensorbroker_events", "gauge", "CUDA events registered.",
          c.events);
   metric(o, "tensorbroker_subscriptions", "gauge", "Subscriptions.",

@@ -188,12 +188,19 @@ class Client:
         return self._c.fileno()
 
     # -- producing -----------------------------------------------------------
-    def empty(self, shape, dtype, device="cpu", consumers_may_write=False):
+    def empty(self, shape, dtype, device="cpu", consumers_may_write=False,
+              pinned=False):
         """A writable array in broker memory; publishing it costs no copy.
 
         Host only for now (device="cpu"). Returns a NumPy array when NumPy is
         importable, else a memoryview. Do not rewrite it while a published
         version of it is still being read (see wait_free()).
+
+        pinned=True: pinned host memory (memory kind "cuda-host"), registered
+        with CUDA in this process and in each consumer that maps it, so that
+        copies to a GPU run at DMA speed; consumers get kDLCUDAHost tensors
+        (kDLCPU, the same memory, where no CUDA driver loads). A driver that
+        refuses (the memlock limit) raises TB_ECUDA naming the kind.
         """
         if device not in ("cpu", DEVICE_CPU, (DEVICE_CPU, 0)):
             _native.raise_error(_native.TB_ENOTSUP,
@@ -207,11 +214,11 @@ class Client:
         count = math.prod(shape)
         if np is not None:
             dt = np.dtype(dtype)
-            buf = self._c.alloc(count * dt.itemsize, consumers_may_write)
+            buf = self._c.alloc(count * dt.itemsize, consumers_may_write, pinned)
             raw = np.frombuffer(buf, dtype=np.uint8, count=count * dt.itemsize)
             return raw.view(dt).reshape(shape)
         fmt = str(dtype)
-        buf = self._c.alloc(count * _struct_size(fmt), consumers_may_write)
+        buf = self._c.alloc(count * _struct_size(fmt), consumers_may_write, pinned)
         return memoryview(buf).cast("B").cast(fmt, shape)
 
     def publish(self, channel, obj, stream=None, metadata=None, history_depth=0):
