@@ -51,7 +51,7 @@ extern _Thread_local int tb__hash_oom;
 
 /* Room for each memory kind's state in a client and a connection, indexed
  * by enum tb_memory_kind (kind.c checks its table fits). */
-#define TB__KINDS 4
+#define TB__KINDS 8
 
 struct tb__map;
 struct tb__lease;
@@ -126,6 +126,9 @@ struct tb_buffer {
   void *data;
   size_t size;
   uint64_t id;
+  int kind;   /* TB_MEMORY_HOST, TB_MEMORY_CUDA_HOST (TB_BUFFER_PINNED) or
+               * TB_MEMORY_CUDA_VMM (tb_buffer_create_cuda) */
+  int pinned; /* this mapping is cuMemHostRegister'ed (kind_pinned.c) */
 };
 
 struct tb_client {

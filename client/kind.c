@@ -7,6 +7,7 @@ static const struct tb__kind_ops *const kinds[] = {
     [TB_MEMORY_HOST] = &tb__kind_host,
     [TB_MEMORY_CUDA_IPC] = &tb__kind_cuda_ipc,
     [TB_MEMORY_CUDA_VMM] = &tb__kind_cuda_vmm,
+    [TB_MEMORY_CUDA_HOST] = &tb__kind_pinned,
 };
 
 #define N_KINDS (sizeof(kinds) / sizeof(kinds[0]))

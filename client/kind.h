@@ -151,6 +151,33 @@ int tb__kinds_done_wait(struct tb_client *c, const struct tb__freed *f,
 extern const struct tb__kind_ops tb__kind_host;
 extern const struct tb__kind_ops tb__kind_cuda_ipc;
 extern const struct tb__kind_ops tb__kind_cuda_vmm;
+extern const struct tb__kind_ops tb__kind_pinned;
+
+/* ---- kind_host.c's parts that the pinned kind (a host memfd) reuses ---- */
+
+/* The host kind's publish: t in one of c's buffers, published as that
+ * buffer's kind. */
+int tb__host_publish(struct tb_client *c, const DLTensor *t, uintptr_t start,
+                     uint64_t elem_bits, uint64_t flags, void *stream,
+                     struct tb__kind_publish *out);
+/* mmap the memfd of bi attached in fds (read-only unless bi->writable). */
+int tb__host_mmap(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
+                  const int *fds, int nfds, void **out);
+
+/* ---- cuda/host_register.c: pinning a host mapping (TB_BUFFER_PINNED) ---- */
+
+/* TB_ENOTSUP, set on c, when the daemon cannot take pinned buffers (no
+ * FEATURE_CUDA_HOST); else 0. */
+int tb__pinned_supported(struct tb_client *c);
+/* Register the mapping of size bytes at p with cuMemHostRegister
+ * (read-only unless writable); buffer_id, when not 0, names it in errors.
+ * *pinned 1 when registered, 0 when no CUDA driver loads here (then 0 is
+ * returned: the fallback to plain host memory). A driver that refuses is
+ * TB_ECUDA, set on c, naming the kind; nothing is registered then. */
+int tb__pinned_pin(struct tb_client *c, void *p, size_t size, int writable,
+                   uint64_t buffer_id, int *pinned);
+/* Undo tb__pinned_pin (before the munmap). Any thread. */
+void tb__pinned_unpin(void *p);
 
 /* ---- tensor.c: the one check of a tensor to publish ---- */
 

@@ -25,9 +25,11 @@ static int register_memfd(struct tb_client *c, int fd, size_t size,
                           unsigned flags, uint64_t *id) {
   Tensorbroker__V1__BufferRegister br = TENSORBROKER__V1__BUFFER_REGISTER__INIT;
   Tensorbroker__V1__Device dev = TENSORBROKER__V1__DEVICE__INIT;
+  int pinned = (flags & TB_BUFFER_PINNED) != 0;
 
-  dev.type = kDLCPU;
-  br.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
+  dev.type = pinned ? kDLCUDAHost : kDLCPU;
+  br.kind = pinned ? TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_HOST
+                   : TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
   br.size = size;
   br.device = &dev;
   br.consumers_may_write = (flags & TB_BUFFER_CONSUMERS_MAY_WRITE) != 0;
@@ -66,21 +68,27 @@ static int seal_memfd(struct tb_client *c, int fd, unsigned flags) {
   return tb__set_error(c, TB_ESYS, "F_ADD_SEALS: %s", strerror(errno));
 }
 
+#define KNOWN_FLAGS (TB_BUFFER_CONSUMERS_MAY_WRITE | TB_BUFFER_PINNED)
+
 int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,
                           tb_buffer **out) {
   struct tb_buffer *b;
   void *p;
-  int fd, rc;
+  int fd, rc, pinned = 0;
 
   if (c == NULL || out == NULL)
     return TB_EINVAL;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
-  if (size == 0 || size > (size_t)INT64_MAX ||
-      (flags & ~TB_BUFFER_CONSUMERS_MAY_WRITE) != 0) {
+  if (size == 0 || size > (size_t)INT64_MAX || (flags & ~KNOWN_FLAGS) != 0) {
     rc = tb__set_error(c, TB_EINVAL, "buffer size must be > 0; unknown flags %#x",
-                       flags & ~TB_BUFFER_CONSUMERS_MAY_WRITE);
+                       flags & ~KNOWN_FLAGS);
     goto out_unlock;
+  }
+  if (flags & TB_BUFFER_PINNED) {
+    rc = tb__pinned_supported(c);
+    if (rc < 0)
+      goto out_unlock;
   }
   b = calloc(1, sizeof(*b));
   if (b == NULL) {
@@ -104,12 +112,19 @@ int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,
     rc = tb__set_error(c, TB_ENOMEM, "mmap(%zu): %s", size, strerror(errno));
     goto out_close;
   }
+  /* pinned before anything is registered: a driver that refuses leaves
+   * the daemon untouched */
+  if (flags & TB_BUFFER_PINNED) {
+    rc = tb__pinned_pin(c, p, size, 1, 0, &pinned);
+    if (rc < 0)
+      goto out_unmap;
+  }
   rc = seal_memfd(c, fd, flags);
   if (rc < 0)
-    goto out_unmap;
+    goto out_unpin;
   rc = register_memfd(c, fd, size, flags, &b->id);
   if (rc < 0)
-    goto out_unmap;
+    goto out_unpin;
   /* No seal stops a consumer re-opening a buffer consumers may write
    * read-write through /proc/self/fd; owner-only, one of another uid that
    * the daemon's rules do not grant write cannot (docs/memory-access.md).
@@ -123,11 +138,16 @@ int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,
   b->c = c;
   b->data = p;
   b->size = size;
+  b->kind = flags & TB_BUFFER_PINNED ? TB_MEMORY_CUDA_HOST : TB_MEMORY_HOST;
+  b->pinned = pinned;
   DL_APPEND(c->buffers, b);
   *out = b;
   pthread_mutex_unlock(&c->call_lock);
   return 0;
 
+out_unpin:
+  if (pinned)
+    tb__pinned_unpin(p);
 out_unmap:
   munmap(p, size);
 out_close:
@@ -145,6 +165,16 @@ size_t tb_buffer_size(const tb_buffer *b) { return b ? b->size : 0; }
 
 uint64_t tb_buffer_id(const tb_buffer *b) { return b ? b->id : 0; }
 
+int tb_buffer_pinned(const tb_buffer *b) { return b ? b->pinned : 0; }
+
+/* Undo b's local mapping: unpinned first, as CUDA wants a registered range
+ * unregistered before it is unmapped. */
+static void buffer_unmap(struct tb_buffer *b) {
+  if (b->pinned)
+    tb__pinned_unpin(b->data);
+  munmap(b->data, b->size);
+}
+
 int tb_buffer_destroy(tb_buffer *b) {
   struct tb_client *c;
   int rc;
@@ -161,7 +191,7 @@ int tb_buffer_destroy(tb_buffer *b) {
   }
   rc = tb__buffer_unregister(c, b->id);
   DL_DELETE(c->buffers, b);
-  munmap(b->data, b->size);
+  buffer_unmap(b);
   free(b);
   pthread_mutex_unlock(&c->call_lock);
   return rc;
@@ -185,7 +215,7 @@ void tb__buffers_free_all(struct tb_client *c) {
 
   DL_FOREACH_SAFE(c->buffers, b, tmp) {
     DL_DELETE(c->buffers, b);
-    munmap(b->data, b->size);
+    buffer_unmap(b);
     free(b);
   }
 }
@@ -198,10 +228,11 @@ struct host_map {
   void *p; /* the mapping */
 };
 
-/* kind.h, publish: the tensor must lie in one of c's buffers. */
-static int host_publish(struct tb_client *c, const DLTensor *t,
-                        uintptr_t start, uint64_t elem_bits, uint64_t flags,
-                        void *stream, struct tb__kind_publish *out) {
+/* kind.h, publish: the tensor must lie in one of c's buffers, and is
+ * published as the buffer's kind (a pinned buffer's as kDLCUDAHost). */
+int tb__host_publish(struct tb_client *c, const DLTensor *t, uintptr_t start,
+                     uint64_t elem_bits, uint64_t flags, void *stream,
+                     struct tb__kind_publish *out) {
   struct tb_buffer *b;
   int rc;
 
@@ -216,7 +247,7 @@ static int host_publish(struct tb_client *c, const DLTensor *t,
                        b->size, "buffer");
   if (rc < 0)
     return rc;
-  out->dev.type = kDLCPU;
+  out->dev.type = b->kind == TB_MEMORY_CUDA_HOST ? kDLCUDAHost : kDLCPU;
   out->buffer_id = b->id;
   out->byte_offset = start - (uintptr_t)b->data;
   return 0;
@@ -224,9 +255,8 @@ static int host_publish(struct tb_client *c, const DLTensor *t,
 
 /* Map a host memfd the daemon attached: read-only unless the producer
  * granted writes. MAP_SHARED, so we see the producer's bytes. */
-static int host_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
-                    const int *fds, int nfds, struct tb__map **out) {
-  struct host_map *m;
+int tb__host_mmap(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
+                  const int *fds, int nfds, void **out) {
   void *p;
 
   if (!bi->fd_attached || nfds < 1)
@@ -236,16 +266,29 @@ static int host_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
   if (bi->size == 0 || bi->size > SIZE_MAX)
     return tb__set_error(c, TB_EPROTO, "buffer of %llu bytes",
                          (unsigned long long)bi->size);
-  m = calloc(1, sizeof(*m));
-  if (m == NULL)
-    return TB_ENOMEM;
   p = mmap(NULL, (size_t)bi->size,
            bi->writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED,
            fds[0], 0);
-  if (p == MAP_FAILED) {
-    free(m);
+  if (p == MAP_FAILED)
     return tb__set_error(c, TB_ESYS, "mmap of buffer %llu: %s",
                          (unsigned long long)bi->buffer_id, strerror(errno));
+  *out = p;
+  return 0;
+}
+
+static int host_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
+                    const int *fds, int nfds, struct tb__map **out) {
+  struct host_map *m;
+  void *p;
+  int rc;
+
+  m = calloc(1, sizeof(*m));
+  if (m == NULL)
+    return TB_ENOMEM;
+  rc = tb__host_mmap(c, bi, fds, nfds, &p);
+  if (rc < 0) {
+    free(m);
+    return rc;
   }
   m->m.buffer_id = bi->buffer_id;
   m->m.generation = bi->generation;
@@ -279,7 +322,7 @@ const struct tb__kind_ops tb__kind_host = {
     .name = "host",
     .kind = TB_MEMORY_HOST,
     .dl_device = kDLCPU,
-    .publish = host_publish,
+    .publish = tb__host_publish,
     .map = host_map,
     .unmap = host_unmap,
     .acquire = host_acquire,

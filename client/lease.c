@@ -288,6 +288,25 @@ int tb_lease_info(const DLManagedTensorVersioned *t,
   return 0;
 }
 
+/* A buffer whose descriptor came with a reply but that could not be
+ * mapped: tell the daemon (one-way Forget), or it would count the
+ * descriptor as held here and never attach it again (the next acquire
+ * then fails with "no memfd attached"). */
+static void forget_unmapped(struct tb_client *c,
+                            const Tensorbroker__V1__BufferInfo *bi) {
+  Tensorbroker__V1__Forget fg = TENSORBROKER__V1__FORGET__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+
+  if (!bi->fd_attached)
+    return;
+  fg.buffer_id = bi->buffer_id;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_FORGET;
+  r.forget = &fg;
+  pthread_mutex_lock(&c->conn->lock);
+  (void)tb__conn_send_oneway_locked(c->conn, &r);
+  pthread_mutex_unlock(&c->conn->lock);
+}
+
 /* Send the one-way Release for a lease we could not hand out. */
 static void abandon_lease(struct tb_client *c, uint64_t lease_id) {
   Tensorbroker__V1__Release rel = TENSORBROKER__V1__RELEASE__INIT;
@@ -530,8 +549,10 @@ int tb_acquire(tb_client *c, const char *channel,
   map = tb__map_get(c->conn, bi->buffer_id, bi->generation);
   if (map == NULL) {
     rc = ops->map(c, bi, fds, nfds, &map);
-    if (rc < 0)
+    if (rc < 0) {
+      forget_unmapped(c, bi);
       goto out_abandon;
+    }
     tb__map_insert(c->conn, map);
   }
   if (ops->lease_state > 0)

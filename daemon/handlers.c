@@ -160,7 +160,8 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
                 TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE |
                 TENSORBROKER__V1__FEATURE__FEATURE_OPERATOR_VIEW |
                 TENSORBROKER__V1__FEATURE__FEATURE_METRICS |
-                TENSORBROKER__V1__FEATURE__FEATURE_CUDA_VMM;
+                TENSORBROKER__V1__FEATURE__FEATURE_CUDA_VMM |
+                TENSORBROKER__V1__FEATURE__FEATURE_CUDA_HOST;
   hr.max_name = r->lim.max_name;
   hello_latest(r, s, h, &hr, latest, ptrs);
   tbd__send_reply(r, s, &rep, NULL, 0);

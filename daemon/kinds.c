@@ -14,7 +14,6 @@ static const struct tbd_kind kinds[] = {
     {
         .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD,
         .name = "host memfd",
-        .label = "host",
         .dev_type = kDLCPU,
         .carries_fd = true,
         .survives_producer = true,
@@ -33,7 +32,6 @@ static const struct tbd_kind kinds[] = {
     {
         .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC,
         .name = "CUDA IPC",
-        .label = "cuda-ipc",
         .dev_type = kDLCUDA,
         .carries_fd = false,
         .survives_producer = false,
@@ -48,7 +46,6 @@ static const struct tbd_kind kinds[] = {
     {
         .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD,
         .name = "CUDA VMM fd",
-        .label = "cuda-vmm",
         .dev_type = kDLCUDA,
         .carries_fd = true,
         .survives_producer = true,
@@ -57,6 +54,22 @@ static const struct tbd_kind kinds[] = {
         .fds_held = tbd_kind_vmm_fds_held,
         .adopt = tbd_kind_vmm_adopt,
         .attach_fd = tbd_kind_vmm_attach_fd,
+    },
+    /* Pinned host memory: a sealed memfd exactly as HOST_MEMFD, which each
+     * process that maps it registers with cuMemHostRegister (the client's
+     * kind_pinned.c); to the daemon only its device type differs, so that
+     * its versions are published and reported as kDLCUDAHost. */
+    {
+        .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_HOST,
+        .name = "pinned host memfd",
+        .dev_type = kDLCUDAHost,
+        .carries_fd = true,
+        .survives_producer = true,
+        .prefetch_with_notice = false,
+        .validate_register = tbd_kind_memfd_validate,
+        .fds_held = tbd_kind_memfd_fds_held,
+        .adopt = tbd_kind_memfd_adopt,
+        .attach_fd = tbd_kind_memfd_attach_fd,
     },
 };
 

@@ -22,8 +22,6 @@ struct tbd_buffer;
 struct tbd_kind {
   int kind;               /* TENSORBROKER__V1__MEMORY_KIND__* */
   const char *name;       /* in messages */
-  const char *label;      /* in metrics, as the library names it
-                             (tb_memory_kind_name: "cuda-vmm") */
   int dev_type;           /* DLPack device type of its buffers: a layout
                              published in one must name it */
   /* The memory is a descriptor: the daemon holds its own (adopt), and a

@@ -3,7 +3,6 @@
  * counters, and the paging of it over the protocol. docs/deploy.md,
  * "Metrics", lists every metric; keep the two in step. */
 #include "metrics.h"
-#include "kinds.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -214,25 +213,6 @@ static void labelled(struct out *o, const char *name, const char *label,
   put(o, "\"} %llu\n", (unsigned long long)n);
 }
 
-/* tensorbroker_buffers by memory kind, every kind the daemon knows (0
- * included, so that a series does not appear and vanish). */
-static void render_buffer_kinds(struct out *o, struct tbd_registry *r) {
-  uint64_t n[8] = {0};
-  struct tbd_buffer *b, *tmp;
-
-  HASH_ITER(hh, r->buffers, b, tmp)
-    if (b->kind >= 0 && b->kind < 8)
-      n[b->kind]++;
-  family(o, "tensorbroker_buffers_by_kind", "gauge",
-         "Buffers registered, or retired but still used by a version, by "
-         "memory kind.");
-  for (int k = 0; k < 8; k++) {
-    const struct tbd_kind *row = tbd_kind_find(k);
-    if (row != NULL)
-      labelled(o, "tensorbroker_buffers_by_kind", "kind", row->label, n[k]);
-  }
-}
-
 static void render_info(struct out *o, struct tbd_registry *r) {
   family(o, "tensorbroker_build_info", "gauge",
          "The daemon's version and protocol; the value is 1.");
@@ -244,6 +224,30 @@ static void render_info(struct out *o, struct tbd_registry *r) {
   put(o, "tensorbroker_start_time_seconds %lld.%03lld\n",
       (long long)(r->metrics.start_unix_ms / 1000),
       (long long)(r->metrics.start_unix_ms % 1000));
+}
+
+/* tensorbroker_buffers by memory kind, one line per kind the protocol
+ * names (kind="HOST_MEMFD", "CUDA_IPC", "CUDA_VMM_FD", "CUDA_HOST": the
+ * MemoryKind value without its prefix), 0 included. */
+static void render_buffer_kinds(struct out *o, struct tbd_registry *r) {
+  const ProtobufCEnumDescriptor *d = &tensorbroker__v1__memory_kind__descriptor;
+  const char *prefix = "MEMORY_KIND_";
+  struct tbd_buffer *b, *tmp;
+
+  family(o, "tensorbroker_buffers_by_kind", "gauge",
+         "tensorbroker_buffers by memory kind.");
+  for (unsigned i = 0; i < d->n_values; i++) {
+    const char *name = d->values[i].name;
+    uint64_t n = 0;
+
+    if (d->values[i].value == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_NONE)
+      continue;
+    HASH_ITER(hh, r->buffers, b, tmp)
+      n += b->kind == d->values[i].value;
+    if (strncmp(name, prefix, strlen(prefix)) == 0)
+      name += strlen(prefix);
+    labelled(o, "tensorbroker_buffers_by_kind", "kind", name, n);
+  }
 }
 
 static void render_sizes(struct out *o, struct tbd_registry *r) {

@@ -129,6 +129,9 @@ static const struct tb_cuda_sym tb_cuda_syms[] = {
     SYM1(cuMemMap),
     SYM1(cuMemUnmap),
     SYM1(cuMemSetAccess),
+    /* pinned host memory (issue 25, step 2: kind_pinned.c) */
+    SYM(cuMemHostRegister, "cuMemHostRegister", "cuMemHostRegister_v2"),
+    SYM1(cuMemHostUnregister),
 };
 
 static pthread_once_t tb_cuda_once = PTHREAD_ONCE_INIT;

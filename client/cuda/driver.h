@@ -58,6 +58,12 @@ typedef struct {
 #define TB_CU_STREAM_CAPTURE_MODE_RELAXED 2
 #define TB_CU_MEMORYTYPE_ARRAY 3
 #define TB_CU_MEMORYTYPE_UNIFIED 4
+/* pinned host memory (kind_pinned.c) */
+#define TB_CU_MEMHOSTREGISTER_PORTABLE 0x01
+#define TB_CU_MEMHOSTREGISTER_DEVICEMAP 0x02
+#define TB_CU_MEMHOSTREGISTER_READ_ONLY 0x08
+#define TB_CU_ERROR_HOST_MEMORY_ALREADY_REGISTERED 712
+#define TB_CU_ERROR_HOST_MEMORY_NOT_REGISTERED 713
 #define TB_CUDA_SUCCESS 0
 #define TB_CUDA_ERROR_INVALID_VALUE 1
 #define TB_CUDA_ERROR_NO_DEVICE 100
@@ -208,6 +214,9 @@ struct tb_cuda {
   tb_cu_result (*cuMemUnmap)(tb_cu_deviceptr p, size_t size);
   tb_cu_result (*cuMemSetAccess)(tb_cu_deviceptr p, size_t size,
                                  const tb_cu_mem_access *desc, size_t count);
+  /* ---- pinned host memory (issue 25, step 2: kind_pinned.c) ---- */
+  tb_cu_result (*cuMemHostRegister)(void *p, size_t size, unsigned flags);
+  tb_cu_result (*cuMemHostUnregister)(void *p);
 };
 
 /* Load and initialise the driver once per process (thread-safe). On success

@@ -156,6 +156,7 @@ int tb_buffer_create_cuda(tb_client *c, size_t size, int device,
   }
   vb->b.c = c;
   vb->b.ops = &tb__kind_cuda_vmm;
+  vb->b.kind = TB_MEMORY_CUDA_VMM;
   vb->b.data = (void *)(uintptr_t)vb->mem.va;
   vb->b.size = vb->mem.size;
   DL_APPEND(vc->buffers, &vb->b);

@@ -121,9 +121,14 @@ enum tb_memory_kind {
   TB_MEMORY_CUDA_IPC = 2, /* legacy CUDA IPC: dies with its producer */
   TB_MEMORY_CUDA_VMM = 3, /* CUDA VMM memory shared by a file descriptor the
                            * daemon keeps: outlives its producer */
+  /* a sealed memfd as TB_MEMORY_HOST, registered with cuMemHostRegister
+   * (pinned) by each process that maps it: tensors are kDLCUDAHost, or
+   * kDLCPU in a process without a CUDA driver (TB_BUFFER_PINNED) */
+  TB_MEMORY_CUDA_HOST = 4,
 };
 
-/* "host", "cuda-ipc", "cuda-vmm" (as tbctl and the Python binding show them); NULL for
+/* "host", "cuda-ipc", "cuda-vmm", "cuda-host" (as tbctl and the Python
+ * binding show them); NULL for
  * TB_MEMORY_NONE and any value this library does not know (a newer daemon
  * may report kinds it does not). Static storage; any thread. */
 TB_EXPORT const char *tb_memory_kind_name(int kind);
@@ -259,6 +264,17 @@ typedef struct tb_buffer tb_buffer;
 
 /* Consumers may map the buffer writable (default: read-only). */
 #define TB_BUFFER_CONSUMERS_MAY_WRITE 0x1u
+/* Pinned host memory (memory kind TB_MEMORY_CUDA_HOST): the same sealed
+ * memfd, registered with cuMemHostRegister (page-locked, so that copies to
+ * and from a GPU run at DMA speed) by this process and by each consumer
+ * that maps it; its tensors are published and acquired as kDLCUDAHost.
+ * A process without a CUDA driver maps it unpinned: the same memory as
+ * kDLCPU, never a copy (tb_buffer_pinned() here, the tensor's device in a
+ * consumer). A driver that refuses the registration (the memlock limit,
+ * for one) is TB_ECUDA naming the kind, and nothing is created; a daemon
+ * without FEATURE_CUDA_HOST is TB_ENOTSUP (docs/cuda.md, "Pinned host
+ * memory"). */
+#define TB_BUFFER_PINNED 0x2u
 
 /* Create a shareable host buffer of size bytes (a memfd, sealed against
  * shrinking and growing), map it read-write in this process and register it
@@ -301,6 +317,11 @@ TB_EXPORT size_t tb_buffer_size(const tb_buffer *b);
 /* The daemon's id for the buffer. */
 TB_EXPORT uint64_t tb_buffer_id(const tb_buffer *b);
 
+/* 1 when this process's mapping of b is pinned (a TB_BUFFER_PINNED buffer
+ * registered with cuMemHostRegister), 0 otherwise (a plain host buffer, or
+ * a pinned one in a process where no CUDA driver loads). */
+TB_EXPORT int tb_buffer_pinned(const tb_buffer *b);
+
 /* Unregister and unmap the buffer. Versions already published from it stay
  * readable by consumers: the daemon keeps the memory until their leases end,
  * then tells consumers to drop it. NULL is accepted. Returns 0, or an error
@@ -326,8 +347,10 @@ struct tb_publish_options {
 TB_EXPORT void tb_publish_options_init(struct tb_publish_options *opts);
 
 /* Publish t as the next version of channel. t's data must lie inside a buffer
- * created with tb_buffer_create_host() on this client (kDLCPU), or inside
- * CUDA device memory (kDLCUDA; docs/cuda.md). t is borrowed: its shape and
+ * created with tb_buffer_create_host() on this client (kDLCPU; a
+ * TB_BUFFER_PINNED buffer's tensors may say kDLCPU or kDLCUDAHost and are
+ * published as kDLCUDAHost), or inside CUDA device memory (kDLCUDA;
+ * docs/cuda.md). t is borrowed: its shape and
  * strides are copied, and its data must not be rewritten until the daemon
  * says the version is free (tb_channel_wait_free()).
  * NULL strides mean compact row-major. Only one session may publish to a

@@ -393,12 +393,17 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
     return NULL;
   DLManagedTensorVersioned *mt = self->core->mt;
   bool is_cuda = self->device.device_type == kDLCUDA;
+  bool as_cpu = false; /* a kDLCUDAHost lease handed out as kDLCPU */
 
   if (dl_device != Py_None) {
     long dt, di;
     if (!PyArg_ParseTuple(dl_device, "ll:dl_device", &dt, &di))
       return NULL;
-    if (dt != (long)self->device.device_type || di != (long)self->device.device_id) {
+    /* pinned host memory is host memory: asked for as kDLCPU (a consumer
+     * that does not know kDLCUDAHost), the same pages go out so labelled */
+    as_cpu = self->device.device_type == kDLCUDAHost && dt == kDLCPU && di == 0;
+    if (!as_cpu &&
+        (dt != (long)self->device.device_type || di != (long)self->device.device_id)) {
       PyErr_Format(PyExc_BufferError,
                    "the lease lives on device (%d, %d) and tensorbroker does not copy "
                    "across devices; dl_device=(%ld, %ld) cannot be honoured",
@@ -467,6 +472,8 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
     e->t.deleter = export_v_deleter;
     e->t.flags = mt->flags;
     e->t.dl_tensor = *src;
+    if (as_cpu)
+      e->t.dl_tensor.device = (DLDevice){kDLCPU, 0};
     if (extra) {
       compact_strides(src, e->strides);
       e->t.dl_tensor.strides = e->strides;
@@ -483,6 +490,8 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
     e->t.manager_ctx = e;
     e->t.deleter = export_l_deleter;
     e->t.dl_tensor = *src;
+    if (as_cpu)
+      e->t.dl_tensor.device = (DLDevice){kDLCPU, 0};
     if (extra) {
       compact_strides(src, e->strides);
       e->t.dl_tensor.strides = e->strides;
@@ -577,7 +586,7 @@ static int lease_getbuffer(LeaseObject *self, Py_buffer *view, int flags) {
   if (lease_check(self) < 0)
     return -1;
   const DLTensor *t = &self->core->mt->dl_tensor;
-  if (t->device.device_type != kDLCPU) {
+  if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost) {
     PyErr_SetString(PyExc_BufferError, "only host leases export the buffer protocol; "
                                        "use DLPack (from_dlpack) for device memory");
     return -1;
@@ -692,7 +701,7 @@ static PyGetSetDef lease_getset[] = {
     {"lease_id", (getter)lease_get_lease_id, NULL, "daemon's lease id", NULL},
     {"buffer_id", (getter)lease_get_buffer_id, NULL, "producer buffer id", NULL},
     {"producer_pid", (getter)lease_get_producer_pid, NULL, "producer's pid", NULL},
-    {"memory_kind", (getter)lease_get_memory_kind, NULL, "1 host memfd, 2 CUDA IPC, 3 CUDA VMM (enum tb_memory_kind in C)", NULL},
+    {"memory_kind", (getter)lease_get_memory_kind, NULL, "1 host memfd, 2 CUDA IPC, 3 CUDA VMM, 4 pinned host (enum tb_memory_kind in C)", NULL},
     {"channel", (getter)lease_get_channel, NULL, "channel name", NULL},
     {"metadata", (getter)lease_get_metadata, NULL, "user metadata (bytes)", NULL},
     {"shape", (getter)lease_get_shape, NULL, "tensor shape", NULL},
@@ -909,12 +918,13 @@ static PyObject *client_fileno(ClientObject *self, PyObject *unused) {
   return PyLong_FromLong(tb_client_fd(self->c));
 }
 
-/* alloc(nbytes, consumers_may_write=False) -> Buffer */
+/* alloc(nbytes, consumers_may_write=False, pinned=False) -> Buffer */
 static PyObject *client_alloc(ClientObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"nbytes", "consumers_may_write", NULL};
+  static char *kwlist[] = {"nbytes", "consumers_may_write", "pinned", NULL};
   Py_ssize_t nbytes;
-  int may_write = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "n|p:alloc", kwlist, &nbytes, &may_write))
+  int may_write = 0, pinned = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "n|pp:alloc", kwlist, &nbytes, &may_write,
+                                   &pinned))
     return NULL;
   if (client_check(self) < 0)
     return NULL;
@@ -930,7 +940,8 @@ static PyObject *client_alloc(ClientObject *self, PyObject *args, PyObject *kw) 
   int rc;
   /* A zero-byte memfd cannot be mapped; an empty array still needs a home. */
   size_t size = nbytes > 0 ? (size_t)nbytes : 1;
-  unsigned flags = may_write ? TB_BUFFER_CONSUMERS_MAY_WRITE : 0;
+  unsigned flags = (may_write ? TB_BUFFER_CONSUMERS_MAY_WRITE : 0) |
+                   (pinned ? TB_BUFFER_PINNED : 0);
   CLIENT_CALL(self, rc, err, tb_buffer_create_host(c_, size, flags, &b));
   if (rc < 0) {
     Py_DECREF(bo);
@@ -1670,6 +1681,9 @@ static PyObject *buffer_get_size(BufferObject *self, void *c) {
 static PyObject *buffer_get_address(BufferObject *self, void *c) {
   return PyLong_FromVoidPtr(self->data);
 }
+static PyObject *buffer_get_pinned(BufferObject *self, void *c) {
+  return PyBool_FromLong(tb_buffer_pinned(self->b));
+}
 
 /* A DLPack export of a CUDA buffer: keeps the Buffer (and so the memory
  * and its connection) alive until the framework's tensor dies. */
@@ -1786,6 +1800,8 @@ static PyGetSetDef buffer_getset[] = {
     {"id", (getter)buffer_get_id, NULL, "daemon's buffer id", NULL},
     {"nbytes", (getter)buffer_get_size, NULL, "size in bytes", NULL},
     {"address", (getter)buffer_get_address, NULL, "address of the mapping", NULL},
+    {"pinned", (getter)buffer_get_pinned, NULL,
+     "this process's mapping is registered with CUDA (pinned=True and a driver)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyType_Slot buffer_slots[] = {

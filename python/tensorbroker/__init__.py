@@ -188,7 +188,8 @@ class Client:
         return self._c.fileno()
 
     # -- producing -----------------------------------------------------------
-    def empty(self, shape, dtype, device="cpu", consumers_may_write=False):
+    def empty(self, shape, dtype, device="cpu", consumers_may_write=False,
+              pinned=False):
         """A writable array in broker memory; publishing it costs no copy.
 
         device="cpu": host memory; returns a NumPy array when NumPy is
@@ -199,6 +200,13 @@ class Client:
         cupy.from_dlpack(a), jax.dlpack.from_dlpack(a)) without a copy.
         Do not rewrite it while a published version of it is still being
         read (see wait_free()).
+
+        pinned=True (host memory only): pinned host memory (memory kind
+        "cuda-host"), registered with CUDA in this process and in each
+        consumer that maps it, so that copies to a GPU run at DMA speed;
+        consumers get kDLCUDAHost tensors (kDLCPU, the same memory, where no
+        CUDA driver loads). A driver that refuses (the memlock limit) raises
+        TB_ECUDA naming the kind.
         """
         if isinstance(shape, int):
             shape = (shape,)
@@ -207,6 +215,9 @@ class Client:
             raise ValueError("negative dimension in shape")
         cuda = _cuda_ordinal(device)
         if cuda is not None:
+            if pinned:
+                raise ValueError("pinned=True is host memory; device='cuda' is a "
+                                 "CUDA VMM buffer: ask for one or the other")
             code, bits, itemsize = _dl_dtype(dtype)
             buf = self._c.alloc_cuda(math.prod(shape) * itemsize, cuda,
                                      consumers_may_write)
@@ -218,11 +229,11 @@ class Client:
         count = math.prod(shape)
         if np is not None:
             dt = np.dtype(dtype)
-            buf = self._c.alloc(count * dt.itemsize, consumers_may_write)
+            buf = self._c.alloc(count * dt.itemsize, consumers_may_write, pinned)
             raw = np.frombuffer(buf, dtype=np.uint8, count=count * dt.itemsize)
             return raw.view(dt).reshape(shape)
         fmt = str(dtype)
-        buf = self._c.alloc(count * _struct_size(fmt), consumers_may_write)
+        buf = self._c.alloc(count * _struct_size(fmt), consumers_may_write, pinned)
         return memoryview(buf).cast("B").cast(fmt, shape)
 
     def publish(self, channel, obj, stream=None, metadata=None, history_depth=0):

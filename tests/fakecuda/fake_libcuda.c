@@ -73,6 +73,8 @@ typedef uint64_t cuuint64_t;
 #define FK_ERROR_NOT_FOUND 500
 #define FK_ERROR_NOT_READY 600
 #define FK_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
+#define FK_ERROR_HOST_MEMORY_ALREADY_REGISTERED 712 /* pinned host memory */
+#define FK_ERROR_HOST_MEMORY_NOT_REGISTERED 713
 #define FK_ERROR_NOT_SUPPORTED 801
 #define FK_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
 #define FK_ERROR_STREAM_CAPTURE_INVALIDATED 901
@@ -123,6 +125,10 @@ FK_SAME(FK_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_DEVICE);
 FK_SAME(FK_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_CONTEXT);
 FK_SAME(FK_ERROR_PEER_ACCESS_UNSUPPORTED, CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
 FK_SAME(FK_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_HANDLE);
+FK_SAME(FK_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+        CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+FK_SAME(FK_ERROR_HOST_MEMORY_NOT_REGISTERED,
+        CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
 FK_SAME(FK_ERROR_ILLEGAL_STATE, CUDA_ERROR_ILLEGAL_STATE);
 FK_SAME(FK_ERROR_NOT_FOUND, CUDA_ERROR_NOT_FOUND);
 FK_SAME(FK_ERROR_NOT_READY, CUDA_ERROR_NOT_READY);
@@ -346,6 +352,12 @@ static const struct {
     {FK_ERROR_PEER_ACCESS_ALREADY_ENABLED,
      "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
      "peer access is already enabled"},
+    {FK_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+     "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {FK_ERROR_HOST_MEMORY_NOT_REGISTERED,
+     "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+     "pointer does not correspond to a registered memory region"},
     {FK_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
      "operation not supported"},
     {FK_ERROR_STREAM_CAPTURE_UNSUPPORTED,
@@ -1166,6 +1178,126 @@ FK_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
   (void)dptr;
   (void)hStream;
   return FK_ERROR_NOT_SUPPORTED;
+}
+
+/* ---- pinned host memory (issue 25, step 2) ------------------------------
+ * cuMemHostRegister records the range (nothing is locked). What it checks,
+ * as the real driver does: a context current, a mapped range, flags it
+ * knows, no overlap with a registered range (712), and a range the CPU
+ * maps read-only needs CU_MEMHOSTREGISTER_READ_ONLY (the driver docs: "on
+ * platforms without ..._USES_HOST_PAGE_TABLES this flag is required in
+ * order to register memory mapped to the CPU as read-only"). Env
+ * FAKECUDA_HOST_REGISTER_MAX (bytes, read at every call; default 16 GiB)
+ * plays the memlock limit: a larger range is CUDA_ERROR_OUT_OF_MEMORY, and
+ * 0 refuses every registration. */
+
+#define FK_HOSTREG_PORTABLE 0x01
+#define FK_HOSTREG_DEVICEMAP 0x02
+#define FK_HOSTREG_IOMEMORY 0x04
+#define FK_HOSTREG_READ_ONLY 0x08
+
+struct fk_hostreg {
+  struct fk_hostreg *next;
+  uintptr_t lo, hi;
+};
+static struct fk_hostreg *fk_hostregs; /* fk_lock */
+
+/* 1 when [lo, hi) lies in mappings of this process, all writable when
+ * want_write; from /proc/self/maps. */
+static int fk_range_mapped(uintptr_t lo, uintptr_t hi, int want_write) {
+  FILE *f = fopen("/proc/self/maps", "re");
+  unsigned long a, b;
+  char perms[8];
+  uintptr_t at = lo;
+
+  if (f == NULL)
+    return 0;
+  while (at < hi && fscanf(f, "%lx-%lx %7s%*[^\n]", &a, &b, perms) == 3) {
+    if (a <= at && at < b) {
+      if (want_write && perms[1] != 'w')
+        break;
+      at = b;
+    }
+  }
+  fclose(f);
+  return at >= hi;
+}
+
+static size_t fk_hostreg_max(void) {
+  const char *e = getenv("FAKECUDA_HOST_REGISTER_MAX");
+  return e != NULL && *e != '\0' ? (size_t)strtoull(e, NULL, 0)
+                                 : (size_t)16 << 30;
+}
+
+static void fk_hostreg_flags(unsigned flags, char *buf, size_t len) {
+  snprintf(buf, len, "%s%s%s%s", flags & FK_HOSTREG_PORTABLE ? " portable" : "",
+           flags & FK_HOSTREG_DEVICEMAP ? " devicemap" : "",
+           flags & FK_HOSTREG_IOMEMORY ? " iomemory" : "",
+           flags & FK_HOSTREG_READ_ONLY ? " read-only" : "");
+  if (buf[0] == '\0')
+    snprintf(buf, len, " default");
+}
+
+FK_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize,
+                                        unsigned int Flags) {
+  uintptr_t lo = (uintptr_t)p, hi = lo + bytesize;
+  struct fk_hostreg *h;
+  char words[64];
+  CUresult r;
+
+  pthread_mutex_lock(&fk_lock);
+  r = fk_need_ctx();
+  if (r == FK_SUCCESS &&
+      (p == NULL || bytesize == 0 || hi < lo ||
+       (Flags & ~(unsigned)(FK_HOSTREG_PORTABLE | FK_HOSTREG_DEVICEMAP |
+                            FK_HOSTREG_IOMEMORY | FK_HOSTREG_READ_ONLY))))
+    r = FK_ERROR_INVALID_VALUE;
+  for (h = fk_hostregs; r == FK_SUCCESS && h != NULL; h = h->next)
+    if (lo < h->hi && h->lo < hi)
+      r = FK_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  if (r == FK_SUCCESS &&
+      !fk_range_mapped(lo, hi, !(Flags & FK_HOSTREG_READ_ONLY)))
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS && bytesize > fk_hostreg_max())
+    r = FK_ERROR_OUT_OF_MEMORY;
+  if (r == FK_SUCCESS) {
+    h = calloc(1, sizeof(*h));
+    if (h == NULL) {
+      r = FK_ERROR_OUT_OF_MEMORY;
+    } else {
+      h->lo = lo;
+      h->hi = hi;
+      h->next = fk_hostregs;
+      fk_hostregs = h;
+    }
+  }
+  fk_hostreg_flags(Flags, words, sizeof(words));
+  fk_log(r, "host-register %#lx size %zu%s", (unsigned long)lo, bytesize,
+         words);
+  pthread_mutex_unlock(&fk_lock);
+  return r;
+}
+
+FK_EXPORT CUresult cuMemHostUnregister(void *p) {
+  struct fk_hostreg **pp, *h = NULL;
+  CUresult r;
+
+  pthread_mutex_lock(&fk_lock);
+  r = fk_need_ctx();
+  for (pp = &fk_hostregs; r == FK_SUCCESS && *pp != NULL; pp = &(*pp)->next)
+    if ((*pp)->lo == (uintptr_t)p) {
+      h = *pp;
+      *pp = h->next;
+      break;
+    }
+  if (r == FK_SUCCESS && h == NULL)
+    r = FK_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  /* CUDA wants a range unregistered before it is unmapped: say when not */
+  fk_log(r, "host-unregister %#lx%s", (unsigned long)(uintptr_t)p,
+         h != NULL && !fk_range_mapped(h->lo, h->hi, 0) ? " (unmapped)" : "");
+  free(h);
+  pthread_mutex_unlock(&fk_lock);
+  return r;
 }
 
 /* ---- IPC memory --------------------------------------------------------- */
@@ -2437,6 +2569,9 @@ static const struct {
     FK_PROC("cuMemsetD32Async", cuMemsetD32Async),
     FK_PROC("cuMemAllocAsync", cuMemAllocAsync),
     FK_PROC("cuMemFreeAsync", cuMemFreeAsync),
+    /* pinned host memory (issue 25, step 2) */
+    FK_PROC("cuMemHostRegister", cuMemHostRegister_v2),
+    FK_PROC("cuMemHostUnregister", cuMemHostUnregister),
     FK_PROC("cuIpcGetMemHandle", cuIpcGetMemHandle),
     FK_PROC("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2),
     FK_PROC("cuIpcCloseMemHandle", cuIpcCloseMemHandle),
@@ -2638,6 +2773,8 @@ FK_EXPORT void fakecuda_counts(struct fakecuda_counts *out) {
   for (struct CUgraphExec_st *x = fk_execs; x != NULL; x = x->next)
     c.graph_execs += !x->destroyed;
   c.log_dropped = fk_log_dropped;
+  for (struct fk_hostreg *h = fk_hostregs; h != NULL; h = h->next)
+    c.host_registered++;
   c.log_write_errors = fk_log_errors;
   pthread_mutex_unlock(&fk_lock);
   /* a caller built against an older, shorter struct gets its part */

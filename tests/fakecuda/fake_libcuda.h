@@ -18,6 +18,8 @@
  * fails with CUDA_ERROR_INVALID_HANDLE instead of touching freed memory.
  * Kernels are not supported (cuModuleLoadData: CUDA_ERROR_NOT_SUPPORTED),
  * nor are memory pools (attribute 0; cuMemAllocAsync: NOT_SUPPORTED).
+ * cuMemHostRegister records ranges and checks them (fake_libcuda.c says
+ * what); env FAKECUDA_HOST_REGISTER_MAX=bytes plays the memlock limit.
  * Unlike the real driver it survives fork: the child keeps the parent's
  * objects (its in-memory log starts empty).
  *
@@ -99,6 +101,11 @@
  *   FAKECUDA_NO_VMM=1 (read at each call): the POSIX-descriptor attribute
  *   is 0, and cuMemCreate and cuMemImportFromShareableHandle fail with
  *   CUDA_ERROR_NOT_SUPPORTED.
+ *   host-register 0xADDR size N FLAGS   cuMemHostRegister; FLAGS: "default"
+ *                             or the words of those set, in this order:
+ *                             portable devicemap iomemory read-only
+ *   host-unregister 0xADDR [(unmapped)]   cuMemHostUnregister; "(unmapped)":
+ *                             the range was unmapped before it (a bug)
  * A call that fails still logs its line, ending in " -> CUDA_ERROR_NAME",
  * e.g. "record e12.3 on s4 -> CUDA_ERROR_INVALID_HANDLE" for a destroyed
  * stream. Where the failure leaves nothing to name, the line says
@@ -139,6 +146,7 @@ struct fakecuda_counts {
   unsigned long log_write_errors;/* FAKECUDA_LOG opens or writes failed */
   unsigned long vmm_handles;     /* cuMemCreate'd or imported, not released */
   unsigned long vmm_mappings;    /* cuMemMap'ped, not unmapped */
+  unsigned long host_registered; /* cuMemHostRegister'ed ranges (pinned) */
 };
 
 /* Copy this process's in-memory log, NUL-terminated and cut to len - 1

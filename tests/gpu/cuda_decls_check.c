@@ -233,6 +233,18 @@ CHECK(cuMemAllocAsync, cuMemAllocAsync, S_allocasync,
       CU(CUdeviceptr, CUstream), TB(tb_cu_deviceptr, tb_cu_stream));
 CHECK(cuMemFreeAsync, cuMemFreeAsync, S_vv, CU(CUdeviceptr, CUstream),
       TB(tb_cu_deviceptr, tb_cu_stream));
+/* pinned host memory (issue 25, step 2: kind_pinned.c) */
+CHECK(cuMemHostRegister, cuMemHostRegister, S_vvv,
+      CU(void *, size_t, unsigned int), TB(void *, size_t, unsigned));
+CHECK(cuMemHostUnregister, cuMemHostUnregister, S_i, CU(void *),
+      TB(void *));
+EQ(TB_CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_PORTABLE);
+EQ(TB_CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_DEVICEMAP);
+EQ(TB_CU_MEMHOSTREGISTER_READ_ONLY, CU_MEMHOSTREGISTER_READ_ONLY);
+EQ(TB_CU_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+   CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+EQ(TB_CU_ERROR_HOST_MEMORY_NOT_REGISTERED,
+   CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
 
 /* VMM buffers (issue 25): the structs by layout, the constants, the
  * entry points. */

@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPU: pinned host memory from Python (Client.empty(pinned=True); docs/cuda.md,
+"Pinned host memory"), with the fake CUDA driver (tests/fakecuda) standing in
+for libcuda.so.1, whose call log shows each cuMemHostRegister.
+
+The producer's array is registered once, read-write; the consumer's mapping
+once, read-only; the lease is a kDLCUDAHost (3, 0) tensor of memory kind 4
+that still exports the buffer protocol with the producer's bytes; closing
+both clients unregisters both; a driver that refuses raises TB_ECUDA naming
+the kind.
+
+Registered as python_fakecuda_pinned with LD_LIBRARY_PATH pointing at the
+fake; anywhere else (the real driver, or none) it skips."""
+import ctypes
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tbtest  # noqa: E402
+from tbtest import daemon  # noqa: E402
+
+import tensorbroker as tb  # noqa: E402
+
+try:
+    cu = ctypes.CDLL("libcuda.so.1")
+    cu.fakecuda_hooks  # only the fake has it
+except (OSError, AttributeError):
+    raise tbtest.Skip("libcuda.so.1 is not the fake CUDA driver here")
+
+cu.fakecuda_log_read.restype = ctypes.c_size_t
+cu.fakecuda_log_read.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+CH = "fake/pinned"
+N = 5000
+
+
+def log_bodies():
+    n = cu.fakecuda_log_read(None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    cu.fakecuda_log_read(buf, n + 1)
+    return [line.split(" ", 1)[1] for line in buf.value.decode().splitlines()]
+
+
+def registrations(read_only):
+    return [b for b in log_bodies() if b.startswith("host-register ")
+            and b.endswith(" portable devicemap read-only" if read_only
+                           else " portable devicemap")]
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLTensorHead(ctypes.Structure):  # DLManagedTensorVersioned's start
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("data", ctypes.c_void_p),
+                ("device", DLDevice)]
+
+
+capi = ctypes.pythonapi
+capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
+capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def capsule_device(lease, dl_device):
+    """(device_type, device_id, data address) of a versioned capsule of the
+    lease, which is then dropped unconsumed (its destructor frees it)."""
+    cap = lease.__dlpack__(max_version=(1, 0), dl_device=dl_device)
+    h = ctypes.cast(capi.PyCapsule_GetPointer(cap, b"dltensor_versioned"),
+                    ctypes.POINTER(DLTensorHead)).contents
+    return (h.device.device_type, h.device.device_id, h.data)
+
+
+def test_empty_pinned_exchange():
+    with daemon() as sock:
+        prod = tb.Client(socket=sock, name="producer")
+        cons = tb.Client(socket=sock, name="consumer")
+        try:
+            cu.fakecuda_log_clear()
+            arr = prod.empty(N, "B", pinned=True)
+            assert len(registrations(False)) == 1, log_bodies()
+            view = memoryview(arr).cast("B")
+            want = bytes(i % 251 for i in range(N))
+            view[:] = want
+            v = prod.publish(CH, arr)
+            lease = cons.acquire(CH, exact=v)
+            assert lease.__dlpack_device__() == (tb.DEVICE_CUDA_HOST, 0)
+            assert lease.memory_kind == 4
+            assert bytes(memoryview(lease)) == want
+            assert len(registrations(True)) == 1, log_bodies()
+            # a consumer that knows only kDLCPU may ask for it: same pages
+            pinned_cap = capsule_device(lease, None)
+            cpu_cap = capsule_device(lease, (1, 0))
+            assert pinned_cap[:2] == (3, 0) and cpu_cap[:2] == (1, 0)
+            assert pinned_cap[2] == cpu_cap[2] != 0  # the same pages
+            try:
+                lease.__dlpack__(dl_device=(2, 0))
+            except BufferError:
+                pass
+            else:
+                raise AssertionError("dl_device=(2, 0) was accepted")
+            lease.release()
+            view.release()
+            del view, arr  # the producer's buffer goes with its last array
+        finally:
+            cons.close()
+            prod.close()
+        unreg = [b for b in log_bodies() if b.startswith("host-unregister ")]
+        assert len(unreg) == 2 and not any("unmapped" in b for b in unreg), \
+            log_bodies()
+
+
+def test_driver_refuses():
+    with daemon() as sock:
+        prod = tb.Client(socket=sock, name="producer")
+        os.environ["FAKECUDA_HOST_REGISTER_MAX"] = "0"
+        try:
+            prod.empty(N, "B", pinned=True)
+        except tb.Error as e:
+            assert "cuda-host" in str(e) and "cuMemHostRegister" in str(e), e
+        else:
+            raise AssertionError("a refused registration raised nothing")
+        finally:
+            del os.environ["FAKECUDA_HOST_REGISTER_MAX"]
+            prod.close()
