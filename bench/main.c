@@ -21,10 +21,10 @@ static void usage(FILE *f) {
           "  --json FILE        also write the results as JSON\n"
           "  --quick            smaller counts and shorter runs\n"
           "  --smoke            a few seconds of the host scenarios (tests)\n"
-          "  --gpu-only         only the GPU scenarios (4, 5, GPU half of 6, 10) and\n"
-          "                     7 (scenario 4's protocol in host memory)\n"
+          "  --gpu-only         only the GPU scenarios (4, 5, GPU half of 6, 9,\n"
+          "                     10) and 7 (scenario 4's protocol in host memory)\n"
           "  --host-only        never touch a GPU\n"
-          "  --scenarios LIST   e.g. 1,3,6 (default: all, 1-8 and 10)\n"
+          "  --scenarios LIST   e.g. 1,3,6 (default: all, 1-10)\n"
           "  --pin MODE         scenario 1: both (one core, then two cores;\n"
           "                     default), same, split, none\n"
           "  --cpus A,B         the CPUs used for pinning (default: the first\n"
@@ -50,7 +50,7 @@ static int parse_scenarios(const char *s, unsigned *out) {
   while (*p) {
     char *end;
     long v = strtol(p, &end, 10);
-    if (end == p || v < 1 || v > 10 || v == 9)
+    if (end == p || v < 1 || v > 10)
       return -1;
     m |= 1u << v;
     p = end;
@@ -66,7 +66,7 @@ static int parse_scenarios(const char *s, unsigned *out) {
 int main(int argc, char **argv) {
   const char *env = getenv("TB_DAEMON");
   tbb_opt.daemon_path = env && *env ? env : TBB_DEFAULT_DAEMON;
-  tbb_opt.scenarios = 0x1feu | 1u << 10;
+  tbb_opt.scenarios = 0x7feu;
   tbb_opt.pin = TBB_PIN_BOTH;
   tbb_opt.cpu_a = tbb_opt.cpu_b = -1;
   for (int i = 1; i < argc; i++) {
@@ -202,6 +202,8 @@ int main(int argc, char **argv) {
   }
   if ((sc & (1u << 8)) && !tbb_opt.gpu_only)
     tbb_scenario_flat();
+  if (sc & (1u << 9))
+    tbb_scenario_vmm_import();
   if (sc & (1u << 10))
     tbb_scenario_pinned();
   if (tbb_opt.json_path) {

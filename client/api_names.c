@@ -139,6 +139,8 @@ const char *tb_memory_kind_name(int kind) {
     return "host";
   case TB_MEMORY_CUDA_IPC:
     return "cuda-ipc";
+  case TB_MEMORY_CUDA_VMM:
+    return "cuda-vmm";
   case TB_MEMORY_CUDA_HOST:
     return "cuda-host";
   default:

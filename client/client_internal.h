@@ -119,11 +119,15 @@ struct tb__freed {
 /* ---- the public handle ---- */
 struct tb_buffer {
   struct tb_client *c;
-  struct tb_buffer *prev, *next; /* utlist, c->buffers */
+  /* the kind whose buffer_destroy frees it (kind.h); NULL: a host buffer,
+   * on c->buffers */
+  const struct tb__kind_ops *ops;
+  struct tb_buffer *prev, *next; /* utlist, c->buffers or the kind's list */
   void *data;
   size_t size;
   uint64_t id;
-  int kind;   /* TB_MEMORY_HOST, or TB_MEMORY_CUDA_HOST (TB_BUFFER_PINNED) */
+  int kind;   /* TB_MEMORY_HOST, TB_MEMORY_CUDA_HOST (TB_BUFFER_PINNED) or
+               * TB_MEMORY_CUDA_VMM (tb_buffer_create_cuda) */
   int pinned; /* this mapping is cuMemHostRegister'ed (kind_pinned.c) */
 };
 

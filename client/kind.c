@@ -6,6 +6,7 @@
 static const struct tb__kind_ops *const kinds[] = {
     [TB_MEMORY_HOST] = &tb__kind_host,
     [TB_MEMORY_CUDA_IPC] = &tb__kind_cuda_ipc,
+    [TB_MEMORY_CUDA_VMM] = &tb__kind_cuda_vmm,
     [TB_MEMORY_CUDA_HOST] = &tb__kind_pinned,
 };
 
@@ -25,6 +26,16 @@ const struct tb__kind_ops *tb__kind_for_device(int dl_device_type) {
     if (kinds[i] != NULL && kinds[i]->dl_device == dl_device_type)
       return kinds[i];
   return NULL;
+}
+
+const struct tb__kind_ops *tb__kind_for_tensor(struct tb_client *c,
+                                               int dl_device_type,
+                                               uintptr_t start) {
+  for (size_t i = 0; i < N_KINDS; i++)
+    if (kinds[i] != NULL && kinds[i]->dl_device == dl_device_type &&
+        kinds[i]->owns != NULL && kinds[i]->owns(c, start))
+      return kinds[i];
+  return tb__kind_for_device(dl_device_type);
 }
 
 uint32_t tb__kinds_mask(void) {

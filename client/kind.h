@@ -2,7 +2,8 @@
 /* Internal: memory kinds, the client's transports.
  *
  * A memory kind is one way bytes reach another process: a host memfd
- * (kind_host.c), legacy CUDA IPC (cuda/kind_ipc.c). Each fills one
+ * (kind_host.c), legacy CUDA IPC (cuda/kind_ipc.c), CUDA VMM buffers
+ * (cuda/kind_vmm.c). Each fills one
  * struct tb__kind_ops, a table of what the lease, mapping, publish and
  * connection code needs from it (in the style of nng's transports); that
  * code finds the table with tb__kind(kind) or tb__kind_for_device() and
@@ -58,6 +59,13 @@ struct tb__kind_ops {
   int (*publish)(struct tb_client *c, const DLTensor *t, uintptr_t start,
                  uint64_t elem_bits, uint64_t flags, void *stream,
                  struct tb__kind_publish *out);
+  /* Whether start lies in memory of this kind that this client made
+   * (tb_buffer_create_cuda's VMM buffers): a tensor there is published as
+   * this kind rather than as the first kind of its device type. NULL:
+   * never. */
+  int (*owns)(struct tb_client *c, uintptr_t start);
+  /* tb_buffer_destroy of a buffer of this kind (b->ops). call_lock held. */
+  int (*buffer_destroy)(struct tb_client *c, struct tb_buffer *b);
   /* tb_wait_free: make stream wait for the consumers' done events. */
   int (*done_wait)(struct tb_client *c, const struct tb__freed *f,
                    void *stream);
@@ -116,6 +124,11 @@ const struct tb__kind_ops *tb__kind(int kind);
 /* The table of the kind a producer's tensor on this DLDeviceType is
  * published as, NULL for none. */
 const struct tb__kind_ops *tb__kind_for_device(int dl_device_type);
+/* The kind that publishes a tensor of this device type starting at start:
+ * a kind that owns start (its owns), else tb__kind_for_device's. */
+const struct tb__kind_ops *tb__kind_for_tensor(struct tb_client *c,
+                                               int dl_device_type,
+                                               uintptr_t start);
 /* Hello.memory_kinds: every kind this library can map. */
 uint32_t tb__kinds_mask(void);
 
@@ -137,6 +150,7 @@ int tb__kinds_done_wait(struct tb_client *c, const struct tb__freed *f,
 
 extern const struct tb__kind_ops tb__kind_host;
 extern const struct tb__kind_ops tb__kind_cuda_ipc;
+extern const struct tb__kind_ops tb__kind_cuda_vmm;
 extern const struct tb__kind_ops tb__kind_pinned;
 
 /* ---- kind_host.c's parts that the pinned kind (a host memfd) reuses ---- */

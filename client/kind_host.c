@@ -184,6 +184,11 @@ int tb_buffer_destroy(tb_buffer *b) {
   c = b->c;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
+  if (b->ops != NULL) {
+    rc = b->ops->buffer_destroy(c, b);
+    pthread_mutex_unlock(&c->call_lock);
+    return rc;
+  }
   rc = tb__buffer_unregister(c, b->id);
   DL_DELETE(c->buffers, b);
   buffer_unmap(b);

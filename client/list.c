@@ -138,6 +138,7 @@ static int list_channels(tb_client *c, size_t stride, int waiting,
       x.publishes = ci->publishes;
       x.waiters = ci->waiters;
       x.waiting = ci->waiting != 0;
+      x.memory_kind = (int)ci->memory_kind;
       entry_put(a, stride, n++, &x, sizeof(x));
     }
     if (rc == 0 && got > 0) {

@@ -191,6 +191,7 @@ static int publish_locked(struct tb_client *c, const char *channel,
   rc = tb__tensor_check(c, t, &elem_bits, &start);
   if (rc < 0)
     return rc;
+  ops = tb__kind_for_tensor(c, t->device.device_type, start);
   memset(&kp, 0, sizeof(kp));
   kp.dev = (Tensorbroker__V1__Device)TENSORBROKER__V1__DEVICE__INIT;
   rc = ops->publish(c, t, start, elem_bits, o->flags, o->stream, &kp);

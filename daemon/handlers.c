@@ -160,6 +160,7 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
                 TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE |
                 TENSORBROKER__V1__FEATURE__FEATURE_OPERATOR_VIEW |
                 TENSORBROKER__V1__FEATURE__FEATURE_METRICS |
+                TENSORBROKER__V1__FEATURE__FEATURE_CUDA_VMM |
                 TENSORBROKER__V1__FEATURE__FEATURE_CUDA_HOST;
   hr.max_name = r->lim.max_name;
   hello_latest(r, s, h, &hr, latest, ptrs);
@@ -557,6 +558,11 @@ static void channel_info_fill(struct tbd_registry *r,
     return;
   }
   ci->latest_version = ch->latest;
+  {
+    struct tbd_version *nv = tbd__channel_newest(ch);
+    if (nv != NULL && nv->buf != NULL)
+      ci->memory_kind = nv->buf->kind;
+  }
   ci->history_depth = ch->depth;
   ci->publisher_session = ch->publisher ? ch->publisher->id : 0;
   ci->versions_held = ch->nversions;

@@ -4,20 +4,9 @@
 #include "kinds.h"
 
 #include <stddef.h>
-#include <stdio.h>
 
 #include <dlpack/dlpack.h>
 #include <tensorbroker/tensorbroker.h>
-
-/* Exported VMM allocations are not accepted yet (issue 25, step 2). */
-static int vmm_validate(const Tensorbroker__V1__BufferRegister *m,
-                        const int *fds, int nfds, char *why, size_t len) {
-  (void)m;
-  (void)fds;
-  (void)nfds;
-  snprintf(why, len, "CUDA_VMM_FD buffers are not supported yet");
-  return TB_ENOTSUP;
-}
 
 static const struct tbd_kind kinds[] = {
     /* The daemon holds its own descriptor of the memfd: the pages live as
@@ -50,14 +39,21 @@ static const struct tbd_kind kinds[] = {
         .validate_register = tbd_kind_cuda_ipc_validate,
     },
     /* An exported VMM allocation lives while any descriptor of it does,
-     * the daemon's included (measured). Not accepted yet (TB_ENOTSUP):
-     * carries_fd with its hooks, and prefetch, come when it is. */
+     * the daemon's included (measured): versions are granted after the
+     * producer ends. The descriptor goes to a consumer with its first
+     * AcquireReply of the buffer; a NewVersion carries no descriptor, so
+     * consumers import at that acquire, not ahead. */
     {
         .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD,
         .name = "CUDA VMM fd",
         .dev_type = kDLCUDA,
+        .carries_fd = true,
         .survives_producer = true,
-        .validate_register = vmm_validate,
+        .prefetch_with_notice = false,
+        .validate_register = tbd_kind_vmm_validate,
+        .fds_held = tbd_kind_vmm_fds_held,
+        .adopt = tbd_kind_vmm_adopt,
+        .attach_fd = tbd_kind_vmm_attach_fd,
     },
     /* Pinned host memory: a sealed memfd exactly as HOST_MEMFD, which each
      * process that maps it registers with cuMemHostRegister (the client's

@@ -5,7 +5,8 @@
  * bring and how it is checked, which descriptor the daemon keeps and
  * which one a consumer is sent, what outlives the process that published
  * it, and what goes out with a prefetch. The rows are in kinds.c; a kind
- * with code of its own has its own file (kind_memfd.c, kind_cuda_ipc.c).
+ * with code of its own has its own file (kind_memfd.c, kind_cuda_ipc.c,
+ * kind_vmm.c).
  * docs/internals.md, "Memory kinds in the daemon". */
 #ifndef TBD_KINDS_H
 #define TBD_KINDS_H
@@ -78,5 +79,15 @@ int tbd_kind_memfd_attach_fd(struct tbd_buffer *b, bool write);
 int tbd_kind_cuda_ipc_validate(const Tensorbroker__V1__BufferRegister *m,
                                const int *fds, int nfds, char *why,
                                size_t len);
+
+/* kind_vmm.c: CUDA_VMM_FD, an exported VMM allocation's descriptor the
+ * daemon keeps. The largest size a registration may declare (1 TiB: more
+ * than any one device's memory). */
+#define TBD_VMM_SIZE_MAX (1ull << 40)
+int tbd_kind_vmm_validate(const Tensorbroker__V1__BufferRegister *m,
+                          const int *fds, int nfds, char *why, size_t len);
+uint32_t tbd_kind_vmm_fds_held(const Tensorbroker__V1__BufferRegister *m);
+void tbd_kind_vmm_adopt(struct tbd_buffer *b, int *fds, int nfds);
+int tbd_kind_vmm_attach_fd(struct tbd_buffer *b, bool write);
 
 #endif /* TBD_KINDS_H */

@@ -193,6 +193,10 @@ static int cmd_channels(tb_client *c, int json) {
       cJSON_AddNumberToObject(j, "waiters", ch[i].waiters);
       cJSON_AddBoolToObject(j, "waiting", ch[i].waiting);
       cJSON_AddStringToObject(j, "state", channel_state(&ch[i]));
+      cJSON_AddStringToObject(j, "memory_kind",
+                              ch[i].memory_kind != 0
+                                  ? kind_name(ch[i].memory_kind)
+                                  : "");
       cJSON_AddItemToArray(a, j);
     }
     tb_free(ch);
@@ -200,16 +204,18 @@ static int cmd_channels(tb_client *c, int json) {
   }
   for (size_t i = 0; i < n; i++)
     w = col_width(w, ch[i].name);
-  printf("%-*s %8s %5s %9s %5s %6s %5s %7s %7s %9s\n", w, "CHANNEL",
+  printf("%-*s %8s %5s %9s %5s %6s %5s %7s %7s %9s %-8s\n", w, "CHANNEL",
          "LATEST", "DEPTH", "PUBLISHER", "HELD", "LEASES", "SUBS", "WAITERS",
-         "STATE", "PUBLISHES");
+         "STATE", "PUBLISHES", "KIND");
   for (size_t i = 0; i < n; i++)
     printf("%-*s %8" PRIu64 " %5" PRIu32 " %9" PRIu64 " %5" PRIu32
-           " %6" PRIu32 " %5" PRIu32 " %7" PRIu32 " %7s %9" PRIu64 "\n",
+           " %6" PRIu32 " %5" PRIu32 " %7" PRIu32 " %7s %9" PRIu64
+           " %-8s\n",
            w, ch[i].name, ch[i].latest_version, ch[i].history_depth,
            ch[i].publisher_session, ch[i].versions_held, ch[i].leases,
            ch[i].subscribers, ch[i].waiters, channel_state(&ch[i]),
-           ch[i].publishes);
+           ch[i].publishes,
+           ch[i].memory_kind != 0 ? kind_name(ch[i].memory_kind) : "-");
   tb_free(ch);
   return 0;
 }

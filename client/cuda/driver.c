@@ -118,6 +118,17 @@ static const struct tb_cuda_sym tb_cuda_syms[] = {
     SYM1(cuMemcpyPeerAsync),
     SYM1(cuMemAllocAsync),
     SYM1(cuMemFreeAsync),
+    /* VMM buffers (issue 25) */
+    SYM1(cuMemGetAllocationGranularity),
+    SYM1(cuMemCreate),
+    SYM1(cuMemRelease),
+    SYM1(cuMemExportToShareableHandle),
+    SYM1(cuMemImportFromShareableHandle),
+    SYM1(cuMemAddressReserve),
+    SYM1(cuMemAddressFree),
+    SYM1(cuMemMap),
+    SYM1(cuMemUnmap),
+    SYM1(cuMemSetAccess),
     /* pinned host memory (issue 25, step 2: kind_pinned.c) */
     SYM(cuMemHostRegister, "cuMemHostRegister", "cuMemHostRegister_v2"),
     SYM1(cuMemHostUnregister),
@@ -171,6 +182,15 @@ static tb_cu_result tb_tr_ipc_open_mem(tb_cu_deviceptr *p,
   unsigned long long t0 = tb_now_ns();
   return tb_timed(&tb_cnt_open_mem, &tb_ns_open_mem, t0,
                   tb_cuda_real.cuIpcOpenMemHandle(p, h, flags));
+}
+
+/* VMM buffers (issue 25): imports counted, as IPC opens are. */
+static atomic_ulong tb_cnt_vmm_import;
+
+static tb_cu_result tb_tr_vmm_import(tb_cu_mem_handle *h, void *os_handle,
+                                     int type) {
+  atomic_fetch_add(&tb_cnt_vmm_import, 1);
+  return tb_cuda_real.cuMemImportFromShareableHandle(h, os_handle, type);
 }
 
 static tb_cu_result tb_tr_ipc_close_mem(tb_cu_deviceptr p) {
@@ -285,6 +305,7 @@ static void tb_cuda_load_once(void) {
   tb_cuda_tab.cuEventCreate = tb_tr_event_create;
   tb_cuda_tab.cuStreamWaitEvent = tb_tr_stream_wait;
   tb_cuda_tab.cuEventRecord = tb_tr_event_record;
+  tb_cuda_tab.cuMemImportFromShareableHandle = tb_tr_vmm_import;
   tb_cuda_reason[0] = '\0';
   tb_cuda_rc = 0;
   atomic_store(&tb_cuda_up, 1);
@@ -375,6 +396,7 @@ void tb__cuda_counters(struct tb_cuda_counters *out) {
   c.stream_wait_ns = atomic_load(&tb_ns_stream_wait);
   c.event_create_ns = atomic_load(&tb_ns_event_create);
   c.event_record_ns = atomic_load(&tb_ns_event_record);
+  c.vmm_import = atomic_load(&tb_cnt_vmm_import);
   *out = c;
 }
 

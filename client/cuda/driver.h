@@ -75,6 +75,36 @@ typedef struct {
 #define TB_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
 #define TB_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
 #define TB_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT 906
+/* VMM (issue 25): cuMemCreate memory exported as a POSIX descriptor. */
+typedef unsigned long long tb_cu_mem_handle; /* CUmemGenericAllocationHandle */
+typedef struct {
+  int type; /* CUmemLocationType */
+  int id;
+} tb_cu_mem_location; /* CUmemLocation */
+typedef struct {
+  int type;                    /* CUmemAllocationType */
+  int requested_handle_types;  /* CUmemAllocationHandleType */
+  tb_cu_mem_location location;
+  void *win32_metadata;
+  struct {
+    unsigned char compression_type;
+    unsigned char gpu_direct_rdma_capable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } alloc_flags;
+} tb_cu_mem_prop; /* CUmemAllocationProp */
+typedef struct {
+  tb_cu_mem_location location;
+  int flags; /* CUmemAccess_flags */
+} tb_cu_mem_access; /* CUmemAccessDesc */
+#define TB_CU_MEM_ALLOCATION_TYPE_PINNED 0x1
+#define TB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
+#define TB_CU_MEM_LOCATION_TYPE_DEVICE 0x1
+#define TB_CU_MEM_ACCESS_FLAGS_PROT_READ 0x1
+#define TB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
+#define TB_CU_MEM_ALLOC_GRANULARITY_MINIMUM 0x0
+#define TB_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
+
 /* The driver API version libtensorbroker is written against (CUDA 12.0). */
 #define TB_CUDA_API_VERSION 12000
 
@@ -162,6 +192,28 @@ struct tb_cuda {
   tb_cu_result (*cuMemAllocAsync)(tb_cu_deviceptr *p, size_t size,
                                   tb_cu_stream s);
   tb_cu_result (*cuMemFreeAsync)(tb_cu_deviceptr p, tb_cu_stream s);
+  /* VMM buffers (issue 25, client/cuda/vmm.c). */
+  tb_cu_result (*cuMemGetAllocationGranularity)(size_t *g,
+                                                const tb_cu_mem_prop *prop,
+                                                int option);
+  tb_cu_result (*cuMemCreate)(tb_cu_mem_handle *h, size_t size,
+                              const tb_cu_mem_prop *prop,
+                              unsigned long long flags);
+  tb_cu_result (*cuMemRelease)(tb_cu_mem_handle h);
+  tb_cu_result (*cuMemExportToShareableHandle)(void *out, tb_cu_mem_handle h,
+                                               int type,
+                                               unsigned long long flags);
+  tb_cu_result (*cuMemImportFromShareableHandle)(tb_cu_mem_handle *h,
+                                                 void *os_handle, int type);
+  tb_cu_result (*cuMemAddressReserve)(tb_cu_deviceptr *p, size_t size,
+                                      size_t align, tb_cu_deviceptr addr,
+                                      unsigned long long flags);
+  tb_cu_result (*cuMemAddressFree)(tb_cu_deviceptr p, size_t size);
+  tb_cu_result (*cuMemMap)(tb_cu_deviceptr p, size_t size, size_t offset,
+                           tb_cu_mem_handle h, unsigned long long flags);
+  tb_cu_result (*cuMemUnmap)(tb_cu_deviceptr p, size_t size);
+  tb_cu_result (*cuMemSetAccess)(tb_cu_deviceptr p, size_t size,
+                                 const tb_cu_mem_access *desc, size_t count);
   /* ---- pinned host memory (issue 25, step 2: kind_pinned.c) ---- */
   tb_cu_result (*cuMemHostRegister)(void *p, size_t size, unsigned flags);
   tb_cu_result (*cuMemHostUnregister)(void *p);
@@ -209,6 +261,7 @@ struct tb_cuda_counters {
   unsigned long long stream_wait_ns;
   unsigned long long event_create_ns;
   unsigned long long event_record_ns;
+  unsigned long vmm_import; /* cuMemImportFromShareableHandle (issue 25) */
 };
 void tb__cuda_counters(struct tb_cuda_counters *out);
 

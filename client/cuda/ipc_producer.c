@@ -185,11 +185,9 @@ int tb__ci_publish(struct tb_client *c, const DLTensor *t, uintptr_t start,
   struct tb__cuda_stream s;
   struct tb__cuda_alloc a;
   struct tb__cuda_reg *reg = NULL;
-  struct tb__cuda_ev *e = NULL;
   char why[256] = "";
   int rc;
 
-  out->ready_complete = 0;
   rc = tb__ci_cuda_client(c, &cc);
   if (rc < 0)
     return rc;
@@ -207,8 +205,30 @@ int tb__ci_publish(struct tb_client *c, const DLTensor *t, uintptr_t start,
   rc = alloc_registration(c, cc, &a, &reg);
   if (rc < 0)
     return rc;
+  return tb__ci_publish_ready(c, stream, reg->device, reg->uuid,
+                              reg->buffer_id,
+                              (uint64_t)(start - (uintptr_t)a.base), out);
+}
+
+int tb__ci_publish_ready(struct tb_client *c, void *stream, int device,
+                         const uint8_t *uuid, uint64_t buffer_id,
+                         uint64_t byte_offset, struct tb__kind_publish *out) {
+  struct tb__cuda_client *cc = NULL;
+  struct tb__cuda_stream s;
+  struct tb__cuda_ev *e = NULL;
+  char why[256] = "";
+  int rc;
+
+  out->ready_complete = 0;
+  rc = tb__ci_cuda_client(c, &cc);
+  if (rc < 0)
+    return rc;
+  rc = tb__cuda_stream_resolve(c->conn->contract, stream, &s, why,
+                               sizeof(why));
+  if (rc < 0)
+    return tb__set_error(c, rc, "%s", why);
   if (!s.no_sync) {
-    rc = ready_event_get(c, cc, reg->device, reg->uuid, s.stream, &e);
+    rc = ready_event_get(c, cc, device, uuid, s.stream, &e);
     if (rc < 0)
       return rc;
     /* skipped on an idle stream once it has a record: a consumer that
@@ -221,13 +241,13 @@ int tb__ci_publish(struct tb_client *c, const DLTensor *t, uintptr_t start,
     if (!skipped)
       e->recorded = 1;
   }
-  memcpy(out->uuid, reg->uuid, TB__UUID_SIZE);
+  memcpy(out->uuid, uuid, TB__UUID_SIZE);
   out->dev.type = kDLCUDA;
-  out->dev.id = reg->device;
+  out->dev.id = device;
   out->dev.uuid.data = out->uuid;
   out->dev.uuid.len = TB__UUID_SIZE;
-  out->buffer_id = reg->buffer_id;
-  out->byte_offset = (uint64_t)(start - (uintptr_t)a.base);
+  out->buffer_id = buffer_id;
+  out->byte_offset = byte_offset;
   out->ready_event_id = e ? e->event_id : 0;
   return 0;
 }

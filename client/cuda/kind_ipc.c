@@ -84,9 +84,11 @@ static int view_in(struct tb_client *c, struct tb__cuda_map *m, int dev,
   v = calloc(1, sizeof(*v));
   if (v == NULL)
     return TB_ENOMEM;
-  rc = tb__cuda_open_mem_here(m->handle, m->device, m->m.size, &v->p,
-                              &v->local,
-                              why, sizeof(why));
+  if (m->view_open != NULL)
+    rc = m->view_open(m, dev, &v->p, &v->local, why, sizeof(why));
+  else
+    rc = tb__cuda_open_mem_here(m->handle, m->device, m->m.size, &v->p,
+                                &v->local, why, sizeof(why));
   if (rc < 0) {
     free(v);
     return tb__set_error(c, rc, "%s", why);
@@ -450,7 +452,7 @@ static void ipc_unmap(struct tb__map *m) {
   free(m);
 }
 
-static int ipc_acquire(struct tb_client *c, struct tb__map *map,
+int tb__ci_kind_acquire(struct tb_client *c, struct tb__map *map,
                        const Tensorbroker__V1__AcquireReply *ar,
                        const struct tb_acquire_options *o, void *state,
                        struct tb__kind_acq *out) {
@@ -502,7 +504,7 @@ static int ipc_acquire(struct tb_client *c, struct tb__map *map,
   return 0;
 }
 
-static int ipc_ready_wait(struct tb__conn *k, void *state, const DLTensor *t,
+int tb__ci_kind_ready_wait(struct tb__conn *k, void *state, const DLTensor *t,
                           void *stream) {
   struct tb__cuda_lease *l = state;
 
@@ -512,19 +514,19 @@ static int ipc_ready_wait(struct tb__conn *k, void *state, const DLTensor *t,
                              l->ready_uuid, l->ready_complete, stream);
 }
 
-static int ipc_use_locked(struct tb__conn *k, void *state, void *stream) {
+int tb__ci_kind_use_locked(struct tb__conn *k, void *state, void *stream) {
   return tb__cuda_lease_use_locked(k, &((struct tb__cuda_lease *)state)->acq,
                                    stream);
 }
 
-static int ipc_done_record_locked(struct tb__conn *k, void *state,
+int tb__ci_kind_done_record_locked(struct tb__conn *k, void *state,
                                   void *stream, uint64_t *done_event_id,
                                   int *implicit) {
   return tb__cuda_lease_end_locked(k, &((struct tb__cuda_lease *)state)->acq,
                                    stream, done_event_id, implicit);
 }
 
-static int ipc_copy_free(struct tb__conn *k, void *state, void *stream) {
+int tb__ci_kind_copy_free(struct tb__conn *k, void *state, void *stream) {
   return tb__cuda_copy_free(k, &((struct tb__cuda_lease *)state)->acq, stream);
 }
 
@@ -542,11 +544,11 @@ const struct tb__kind_ops tb__kind_cuda_ipc = {
     .done_wait = tb__cuda_wait_done,
     .map = ipc_map,
     .unmap = ipc_unmap,
-    .acquire = ipc_acquire,
-    .ready_wait = ipc_ready_wait,
-    .use_locked = ipc_use_locked,
-    .done_record_locked = ipc_done_record_locked,
-    .copy_free = ipc_copy_free,
+    .acquire = tb__ci_kind_acquire,
+    .ready_wait = tb__ci_kind_ready_wait,
+    .use_locked = tb__ci_kind_use_locked,
+    .done_record_locked = tb__ci_kind_done_record_locked,
+    .copy_free = tb__ci_kind_copy_free,
     .prefetch = tb__cuda_prefetch,
     .acquire_early = tb__cuda_acquire_early,
     .connect_begin = tb__cuda_connect_begin,

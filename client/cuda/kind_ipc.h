@@ -32,6 +32,11 @@ struct tb__cuda_map {
    * closed by tb__cuda_map_close */
   uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
   struct tb__cuda_view *views;
+  /* How a view for a device other than those in views opens; NULL: the
+   * IPC handle (cuIpcOpenMemHandle). Another kind whose mappings are this
+   * struct (kind_vmm.c) says here how it reaches a device, or why not. */
+  int (*view_open)(struct tb__cuda_map *m, int dev, tb_cu_deviceptr *p,
+                   int *local, char *why, size_t whylen);
 };
 
 
@@ -342,5 +347,27 @@ int tb__ci_lease_stream_add(struct tb__cuda_acq *a,
     char *why, size_t whylen);
 
 int tb__ci_cuda_client(struct tb_client *c, struct tb__cuda_client **out);
+
+/* ---- shared with the other kinds whose memory is device memory with
+ * interprocess events (kind_vmm.c): their table rows name these ---- */
+
+/* Record the ready event of (device, the stream s resolves to) for a
+ * version of buffer_id at byte_offset, and fill out (publish's tail). */
+int tb__ci_publish_ready(struct tb_client *c, void *stream, int device,
+                         const uint8_t *uuid, uint64_t buffer_id,
+                         uint64_t byte_offset, struct tb__kind_publish *out);
+/* kind.h's acquire, ready_wait, use_locked, done_record_locked, copy_free
+ * over a struct tb__cuda_map and a struct tb__cuda_lease. */
+int tb__ci_kind_acquire(struct tb_client *c, struct tb__map *map,
+                        const Tensorbroker__V1__AcquireReply *ar,
+                        const struct tb_acquire_options *o, void *state,
+                        struct tb__kind_acq *out);
+int tb__ci_kind_ready_wait(struct tb__conn *k, void *state, const DLTensor *t,
+                           void *stream);
+int tb__ci_kind_use_locked(struct tb__conn *k, void *state, void *stream);
+int tb__ci_kind_done_record_locked(struct tb__conn *k, void *state,
+                                   void *stream, uint64_t *done_event_id,
+                                   int *implicit);
+int tb__ci_kind_copy_free(struct tb__conn *k, void *state, void *stream);
 
 #endif /* TB_CUDA_KIND_IPC_H */

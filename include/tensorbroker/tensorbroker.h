@@ -119,13 +119,16 @@ enum tb_memory_kind {
   TB_MEMORY_NONE = 0,
   TB_MEMORY_HOST = 1,     /* a sealed memfd every process maps */
   TB_MEMORY_CUDA_IPC = 2, /* legacy CUDA IPC: dies with its producer */
+  TB_MEMORY_CUDA_VMM = 3, /* CUDA VMM memory shared by a file descriptor the
+                           * daemon keeps: outlives its producer */
   /* a sealed memfd as TB_MEMORY_HOST, registered with cuMemHostRegister
    * (pinned) by each process that maps it: tensors are kDLCUDAHost, or
    * kDLCPU in a process without a CUDA driver (TB_BUFFER_PINNED) */
   TB_MEMORY_CUDA_HOST = 4,
 };
 
-/* "host", "cuda-ipc" (as tbctl and the Python binding show them); NULL for
+/* "host", "cuda-ipc", "cuda-vmm", "cuda-host" (as tbctl and the Python
+ * binding show them); NULL for
  * TB_MEMORY_NONE and any value this library does not know (a newer daemon
  * may report kinds it does not). Static storage; any thread. */
 TB_EXPORT const char *tb_memory_kind_name(int kind);
@@ -287,7 +290,25 @@ typedef struct tb_buffer tb_buffer;
 TB_EXPORT int tb_buffer_create_host(tb_client *c, size_t size, unsigned flags,
                                     tb_buffer **out);
 
-/* Start of the buffer's mapping in this process (page-aligned). */
+/* Create a CUDA VMM buffer of at least size bytes on CUDA device ordinal
+ * device (docs/cuda.md, "VMM buffers"): device memory made with cuMemCreate
+ * so that it can be shared as a file descriptor, rounded up to the device's
+ * allocation granularity (2 MiB on an H200; tb_buffer_size says how much),
+ * mapped read-write in this process and registered with the daemon, which
+ * keeps the descriptor: versions published from it stay readable after
+ * this process ends, even if it is killed. tb_buffer_data() is a device
+ * pointer (CUdeviceptr) usable like any other: publish kDLCUDA tensors
+ * that lie in it with tb_channel_publish(). flags: 0 or
+ * TB_BUFFER_CONSUMERS_MAY_WRITE (consumers map it read-write; otherwise
+ * read-only, which their library sets, not the daemon). TB_ENOCUDA without
+ * a CUDA driver, TB_ENOTSUP when the device cannot share memory as file
+ * descriptors or the daemon does not accept VMM buffers (older than
+ * FEATURE_CUDA_VMM), naming which. Free with tb_buffer_destroy(). */
+TB_EXPORT int tb_buffer_create_cuda(tb_client *c, size_t size, int device,
+                                    unsigned flags, tb_buffer **out);
+
+/* Start of the buffer's mapping in this process (page-aligned; a device
+ * pointer for a buffer from tb_buffer_create_cuda()). */
 TB_EXPORT void *tb_buffer_data(const tb_buffer *b);
 
 /* Size in bytes, as created. */
@@ -363,6 +384,36 @@ TB_EXPORT int tb_channel_publish_copy(tb_client *c, const char *channel,
 TB_EXPORT int tb_channel_wait_free(tb_client *c, const char *channel,
                                    uint64_t version, int timeout_ms,
                                    void *stream);
+
+/* ---- producer rings of CUDA VMM buffers ---------------------------------- */
+
+/* A producer's ring of nslots slots (2 to 1024) of slot_bytes each (rounded
+ * up to 256 bytes), in one CUDA VMM buffer on device
+ * (tb_buffer_create_cuda's flags), for the versions of channel: write each
+ * frame into the slot tb_ring_next() gives and publish it with
+ * tb_ring_publish(). Not thread-safe: one thread drives a ring. */
+typedef struct tb_ring tb_ring;
+TB_EXPORT int tb_ring_create_cuda(tb_client *c, const char *channel,
+                                  size_t slot_bytes, unsigned nslots,
+                                  int device, unsigned flags, tb_ring **out);
+/* The next slot's device pointer, once the version last published from it
+ * is free: tb_channel_wait_free(timeout_ms, stream), which makes stream
+ * wait for the consumers' done events (TB_EBUSY with timeout_ms 0 while it
+ * is read or kept, TB_ETIMEDOUT when the wait runs out). */
+TB_EXPORT int tb_ring_next(tb_ring *r, int timeout_ms, void *stream,
+                           void **data);
+/* Publish t, which must lie inside the slot tb_ring_next() gave (TB_EINVAL
+ * otherwise, nothing published), as channel's next version. opts as for
+ * tb_channel_publish(); its history_depth (1 when 0) must be below nslots.
+ * The next tb_ring_next() moves on to the following slot. */
+TB_EXPORT int tb_ring_publish(tb_ring *r, const DLTensor *t,
+                              const struct tb_publish_options *opts,
+                              uint64_t *out_version);
+/* The ring's VMM buffer (its tb_buffer_id, tb_buffer_data). */
+TB_EXPORT tb_buffer *tb_ring_buffer(const tb_ring *r);
+/* Destroy the buffer (versions already published stay readable) and the
+ * ring. NULL is accepted. */
+TB_EXPORT int tb_ring_destroy(tb_ring *r);
 
 /* ---- acquiring ----------------------------------------------------------- */
 
@@ -610,6 +661,9 @@ struct tb_channel_info {
    * never published, or was dropped); the fields above but name and
    * waiters are zero. */
   int waiting;
+  /* enum tb_memory_kind of the newest version held (TB_MEMORY_NONE: none,
+   * or a daemon older than this field) */
+  int memory_kind;
 };
 
 struct tb_session_info {

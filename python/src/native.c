@@ -701,7 +701,7 @@ static PyGetSetDef lease_getset[] = {
     {"lease_id", (getter)lease_get_lease_id, NULL, "daemon's lease id", NULL},
     {"buffer_id", (getter)lease_get_buffer_id, NULL, "producer buffer id", NULL},
     {"producer_pid", (getter)lease_get_producer_pid, NULL, "producer's pid", NULL},
-    {"memory_kind", (getter)lease_get_memory_kind, NULL, "1 host memfd, 2 CUDA IPC, 4 pinned host (enum tb_memory_kind in C)", NULL},
+    {"memory_kind", (getter)lease_get_memory_kind, NULL, "1 host memfd, 2 CUDA IPC, 3 CUDA VMM, 4 pinned host (enum tb_memory_kind in C)", NULL},
     {"channel", (getter)lease_get_channel, NULL, "channel name", NULL},
     {"metadata", (getter)lease_get_metadata, NULL, "user metadata (bytes)", NULL},
     {"shape", (getter)lease_get_shape, NULL, "tensor shape", NULL},
@@ -754,6 +754,9 @@ typedef struct BufferObject {
   char *data;
   size_t size;   /* requested bytes (the buffer may be larger) */
   int exports;
+  int cuda;      /* a CUDA VMM buffer (alloc_cuda): data is a device pointer,
+                  * exported by dlpack(), never by the buffer protocol */
+  int device;
   struct BufferObject *next, *prev;
 } BufferObject;
 
@@ -955,6 +958,48 @@ static PyObject *client_alloc(ClientObject *self, PyObject *args, PyObject *kw) 
   return (PyObject *)bo;
 }
 
+/* alloc_cuda(nbytes, device=0, consumers_may_write=False) -> Buffer: a CUDA
+ * VMM buffer (tb_buffer_create_cuda), exported to frameworks by
+ * Buffer.dlpack(); Client.empty(device="cuda") wraps it. */
+static PyObject *client_alloc_cuda(ClientObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"nbytes", "device", "consumers_may_write", NULL};
+  Py_ssize_t nbytes;
+  int device = 0, may_write = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "n|ip:alloc_cuda", kwlist, &nbytes, &device,
+                                   &may_write))
+    return NULL;
+  if (client_check(self) < 0)
+    return NULL;
+  if (nbytes < 0 || device < 0) {
+    PyErr_SetString(PyExc_ValueError, "nbytes and device must be >= 0");
+    return NULL;
+  }
+  BufferObject *bo = (BufferObject *)PyType_GenericAlloc((PyTypeObject *)BufferType, 0);
+  if (bo == NULL)
+    return NULL;
+  char err[TBPY_ERRMSG_MAX] = "";
+  tb_buffer *b = NULL;
+  int rc;
+  size_t size = nbytes > 0 ? (size_t)nbytes : 1;
+  unsigned flags = may_write ? TB_BUFFER_CONSUMERS_MAY_WRITE : 0;
+  CLIENT_CALL(self, rc, err, tb_buffer_create_cuda(c_, size, device, flags, &b));
+  if (rc < 0) {
+    Py_DECREF(bo);
+    return raise_tb(rc, err);
+  }
+  bo->client = (ClientObject *)Py_NewRef((PyObject *)self);
+  bo->b = b;
+  bo->data = tb_buffer_data(b);
+  bo->size = (size_t)nbytes;
+  bo->cuda = 1;
+  bo->device = device;
+  bo->next = self->buffers;
+  if (self->buffers)
+    self->buffers->prev = bo;
+  self->buffers = bo;
+  return (PyObject *)bo;
+}
+
 static BufferObject *client_find_buffer(ClientObject *self, const DLTensor *t) {
   int64_t lo, hi;
   uintptr_t base = (uintptr_t)t->data;
@@ -963,6 +1008,8 @@ static BufferObject *client_find_buffer(ClientObject *self, const DLTensor *t) {
     hi = lo;
   }
   for (BufferObject *bo = self->buffers; bo; bo = bo->next) {
+    if (bo->cuda)
+      continue; /* device memory: never the home of a host tensor */
     uintptr_t start = (uintptr_t)bo->data, end = start + tb_buffer_size(bo->b);
     if (base + (uintptr_t)lo >= start && base + (uintptr_t)hi <= end && base + (uintptr_t)lo < end)
       return bo;
@@ -1371,6 +1418,8 @@ static PyObject *client_poll_notice(ClientObject *self, PyObject *args, PyObject
                        (unsigned long long)n.buffer_id, "reason", n.reason);
 }
 
+static const char *memory_kind_name(int kind);
+
 static PyObject *client_channels(ClientObject *self, PyObject *unused) {
   if (client_check(self) < 0)
     return NULL;
@@ -1384,13 +1433,14 @@ static PyObject *client_channels(ClientObject *self, PyObject *unused) {
   PyObject *list = PyList_New(0);
   for (size_t i = 0; list != NULL && i < n; i++) {
     PyObject *d = Py_BuildValue(
-        "{s:s,s:K,s:I,s:K,s:I,s:I,s:I,s:O,s:K,s:I,s:O}", "name", ci[i].name,
+        "{s:s,s:K,s:I,s:K,s:I,s:I,s:I,s:O,s:K,s:I,s:O,s:s}", "name", ci[i].name,
         "latest_version", (unsigned long long)ci[i].latest_version, "history_depth",
         ci[i].history_depth, "publisher_session", (unsigned long long)ci[i].publisher_session,
         "versions_held", ci[i].versions_held, "leases", ci[i].leases, "subscribers",
         ci[i].subscribers, "closed", ci[i].closed ? Py_True : Py_False, "publishes",
         (unsigned long long)ci[i].publishes, "waiters", ci[i].waiters, "waiting",
-        ci[i].waiting ? Py_True : Py_False);
+        ci[i].waiting ? Py_True : Py_False, "memory_kind",
+        ci[i].memory_kind != 0 ? memory_kind_name(ci[i].memory_kind) : "");
     if (d == NULL || PyList_Append(list, d) < 0)
       Py_CLEAR(list);
     Py_XDECREF(d);
@@ -1550,6 +1600,8 @@ static PyMethodDef client_methods[] = {
     {"close", (PyCFunction)client_close, METH_NOARGS, NULL},
     {"fileno", (PyCFunction)client_fileno, METH_NOARGS, NULL},
     {"alloc", (PyCFunction)(void (*)(void))client_alloc, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"alloc_cuda", (PyCFunction)(void (*)(void))client_alloc_cuda, METH_VARARGS | METH_KEYWORDS,
+     NULL},
     {"publish", (PyCFunction)(void (*)(void))client_publish, METH_VARARGS | METH_KEYWORDS, NULL},
     {"acquire", (PyCFunction)(void (*)(void))client_acquire, METH_VARARGS | METH_KEYWORDS, NULL},
     {"wait_free", (PyCFunction)(void (*)(void))client_wait_free, METH_VARARGS | METH_KEYWORDS, NULL},
@@ -1608,6 +1660,10 @@ static void buffer_dealloc(BufferObject *self) {
 }
 
 static int buffer_getbuffer(BufferObject *self, Py_buffer *view, int flags) {
+  if (self->cuda) {
+    PyErr_SetString(PyExc_BufferError, "a CUDA buffer is device memory: use __dlpack__");
+    return -1;
+  }
   self->exports++;
   return PyBuffer_FillInfo(view, (PyObject *)self, self->data, (Py_ssize_t)self->size, 0, flags);
 }
@@ -1629,7 +1685,118 @@ static PyObject *buffer_get_pinned(BufferObject *self, void *c) {
   return PyBool_FromLong(tb_buffer_pinned(self->b));
 }
 
+/* A DLPack export of a CUDA buffer: keeps the Buffer (and so the memory
+ * and its connection) alive until the framework's tensor dies. */
+struct cuda_export {
+  union {
+    DLManagedTensorVersioned v;
+    DLManagedTensor l;
+  } t;
+  PyObject *owner;
+  int64_t shape[];
+};
+
+static void cuda_export_free(struct cuda_export *e) {
+  PyGILState_STATE g = PyGILState_Ensure();
+  Py_XDECREF(e->owner);
+  PyGILState_Release(g);
+  free(e);
+}
+
+static void cuda_export_v_deleter(DLManagedTensorVersioned *t) {
+  cuda_export_free(t->manager_ctx);
+}
+
+static void cuda_export_l_deleter(DLManagedTensor *t) {
+  cuda_export_free(t->manager_ctx);
+}
+
+/* dlpack(shape, code, bits, lanes=1, versioned=True, read_only=False) ->
+ * capsule over the whole shape from byte 0 (row-major, no strides). A new
+ * buffer has no pending work: no stream waits. */
+static PyObject *buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"shape", "code", "bits", "lanes", "versioned", NULL};
+  PyObject *shape;
+  int code, bits, lanes = 1, versioned = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "Oii|ip:dlpack", kwlist, &shape, &code, &bits,
+                                   &lanes, &versioned))
+    return NULL;
+  if (!self->cuda || self->client == NULL || self->client->c == NULL) {
+    PyErr_SetString(PyExc_BufferError, "dlpack(): not a live CUDA buffer");
+    return NULL;
+  }
+  Py_ssize_t nd = PyTuple_Check(shape) ? PyTuple_Size(shape) : -1;
+  if (nd < 0 || nd > 64 || bits <= 0 || lanes <= 0) {
+    PyErr_SetString(PyExc_ValueError, "dlpack(): shape must be a tuple of at most 64 "
+                                      "sizes; bits and lanes > 0");
+    return NULL;
+  }
+  struct cuda_export *e = calloc(1, sizeof(*e) + (size_t)nd * sizeof(int64_t));
+  if (e == NULL)
+    return PyErr_NoMemory();
+  uint64_t bytes = ((uint64_t)bits * (uint64_t)lanes + 7) / 8;
+  for (Py_ssize_t i = 0; i < nd; i++) {
+    long long n = PyLong_AsLongLong(PyTuple_GetItem(shape, i));
+    if (n < 0 || (n == -1 && PyErr_Occurred()) ||
+        (n > 0 && bytes > UINT64_MAX / (uint64_t)n)) {
+      free(e);
+      if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "dlpack(): bad shape");
+      return NULL;
+    }
+    e->shape[i] = n;
+    bytes *= (uint64_t)n;
+  }
+  if (bytes > tb_buffer_size(self->b)) {
+    free(e);
+    PyErr_Format(PyExc_ValueError, "dlpack(): %llu bytes do not fit the %zu-byte buffer",
+                 (unsigned long long)bytes, tb_buffer_size(self->b));
+    return NULL;
+  }
+  DLTensor t;
+  memset(&t, 0, sizeof(t));
+  t.data = self->data;
+  t.device.device_type = kDLCUDA;
+  t.device.device_id = self->device;
+  t.ndim = (int32_t)nd;
+  t.dtype.code = (uint8_t)code;
+  t.dtype.bits = (uint8_t)bits;
+  t.dtype.lanes = (uint16_t)lanes;
+  t.shape = e->shape;
+  e->owner = Py_NewRef((PyObject *)self);
+  PyObject *cap;
+  if (versioned) {
+    e->t.v.version.major = TB_DLPACK_MAJOR_VERSION;
+    e->t.v.version.minor = TB_DLPACK_MINOR_VERSION;
+    e->t.v.manager_ctx = e;
+    e->t.v.deleter = cuda_export_v_deleter;
+    e->t.v.dl_tensor = t;
+    cap = PyCapsule_New(&e->t.v, "dltensor_versioned", capsule_v_destructor);
+    if (cap == NULL)
+      cuda_export_v_deleter(&e->t.v);
+  } else {
+    e->t.l.manager_ctx = e;
+    e->t.l.deleter = cuda_export_l_deleter;
+    e->t.l.dl_tensor = t;
+    cap = PyCapsule_New(&e->t.l, "dltensor", capsule_l_destructor);
+    if (cap == NULL)
+      cuda_export_l_deleter(&e->t.l);
+  }
+  return cap;
+}
+
+static PyObject *buffer_get_device(BufferObject *self, void *c) {
+  return self->cuda ? PyLong_FromLong(self->device) : Py_NewRef(Py_None);
+}
+
+static PyMethodDef buffer_methods[] = {
+    {"dlpack", (PyCFunction)(void (*)(void))buffer_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "dlpack(shape, code, bits, lanes=1, versioned=True): a CUDA buffer's DLPack capsule"},
+    {NULL, NULL, 0, NULL}};
+
 static PyGetSetDef buffer_getset[] = {
+    {"cuda_device", (getter)buffer_get_device, NULL, "CUDA ordinal of a CUDA buffer, else None",
+     NULL},
     {"id", (getter)buffer_get_id, NULL, "daemon's buffer id", NULL},
     {"nbytes", (getter)buffer_get_size, NULL, "size in bytes", NULL},
     {"address", (getter)buffer_get_address, NULL, "address of the mapping", NULL},
@@ -1640,6 +1807,7 @@ static PyGetSetDef buffer_getset[] = {
 static PyType_Slot buffer_slots[] = {
     {Py_tp_dealloc, buffer_dealloc},
     {Py_tp_getset, buffer_getset},
+    {Py_tp_methods, buffer_methods},
     {Py_bf_getbuffer, buffer_getbuffer},
     {Py_bf_releasebuffer, buffer_releasebuffer},
     {Py_tp_doc, "A broker host buffer (writable, shared with consumers)."},

@@ -192,24 +192,39 @@ class Client:
               pinned=False):
         """A writable array in broker memory; publishing it costs no copy.
 
-        Host only for now (device="cpu"). Returns a NumPy array when NumPy is
-        importable, else a memoryview. Do not rewrite it while a published
-        version of it is still being read (see wait_free()).
+        device="cpu": host memory; returns a NumPy array when NumPy is
+        importable, else a memoryview. device="cuda" (or "cuda:N", (2, N)):
+        a CUDA VMM buffer, which outlives this process once published
+        (docs/cuda.md, "VMM buffers"); returns a CudaArray, which every
+        framework takes with from_dlpack (torch.from_dlpack(a),
+        cupy.from_dlpack(a), jax.dlpack.from_dlpack(a)) without a copy.
+        Do not rewrite it while a published version of it is still being
+        read (see wait_free()).
 
-        pinned=True: pinned host memory (memory kind "cuda-host"), registered
-        with CUDA in this process and in each consumer that maps it, so that
-        copies to a GPU run at DMA speed; consumers get kDLCUDAHost tensors
-        (kDLCPU, the same memory, where no CUDA driver loads). A driver that
-        refuses (the memlock limit) raises TB_ECUDA naming the kind.
+        pinned=True (host memory only): pinned host memory (memory kind
+        "cuda-host"), registered with CUDA in this process and in each
+        consumer that maps it, so that copies to a GPU run at DMA speed;
+        consumers get kDLCUDAHost tensors (kDLCPU, the same memory, where no
+        CUDA driver loads). A driver that refuses (the memlock limit) raises
+        TB_ECUDA naming the kind.
         """
-        if device not in ("cpu", DEVICE_CPU, (DEVICE_CPU, 0)):
-            _native.raise_error(_native.TB_ENOTSUP,
-                                "empty(): only device='cpu' exists until CUDA pools do")
         if isinstance(shape, int):
             shape = (shape,)
         shape = tuple(int(n) for n in shape)
         if any(n < 0 for n in shape):
             raise ValueError("negative dimension in shape")
+        cuda = _cuda_ordinal(device)
+        if cuda is not None:
+            if pinned:
+                raise ValueError("pinned=True is host memory; device='cuda' is a "
+                                 "CUDA VMM buffer: ask for one or the other")
+            code, bits, itemsize = _dl_dtype(dtype)
+            buf = self._c.alloc_cuda(math.prod(shape) * itemsize, cuda,
+                                     consumers_may_write)
+            return CudaArray(buf, shape, code, bits, str(dtype))
+        if device not in ("cpu", DEVICE_CPU, (DEVICE_CPU, 0)):
+            _native.raise_error(_native.TB_ENOTSUP,
+                                "empty(): device must be 'cpu' or 'cuda', not %r" % (device,))
         np = _numpy()
         count = math.prod(shape)
         if np is not None:
@@ -366,6 +381,86 @@ class Client:
 
 _STRUCT_SIZES = {"?": 1, "b": 1, "B": 1, "h": 2, "H": 2, "i": 4, "I": 4,
                  "q": 8, "Q": 8, "e": 2, "f": 4, "d": 8}
+
+
+def _cuda_ordinal(device):
+    """The CUDA ordinal device names, or None for a host device."""
+    if isinstance(device, str):
+        if device == "cuda":
+            return 0
+        if device.startswith("cuda:"):
+            return int(device[5:])
+        return None
+    if isinstance(device, tuple) and len(device) == 2 and device[0] == DEVICE_CUDA:
+        return int(device[1])
+    return None
+
+
+# DLPack type codes (kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex, kDLBool)
+_DL_KINDS = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+_DL_NAMES = {"bfloat16": (4, 16, 2), "float16": (2, 16, 2), "float32": (2, 32, 4),
+             "float64": (2, 64, 8), "int8": (0, 8, 1), "int16": (0, 16, 2),
+             "int32": (0, 32, 4), "int64": (0, 64, 8), "uint8": (1, 8, 1),
+             "uint16": (1, 16, 2), "uint32": (1, 32, 4), "uint64": (1, 64, 8),
+             "bool": (6, 8, 1), "complex64": (5, 64, 8), "complex128": (5, 128, 16)}
+
+
+def _dl_dtype(dtype):
+    """(DLPack code, bits, bytes per element) of dtype: a name such as
+    "float32" or "bfloat16", a NumPy dtype, or a framework dtype whose str
+    ends in such a name (torch.float16)."""
+    name = str(dtype).rsplit(".", 1)[-1]
+    if name in _DL_NAMES:
+        return _DL_NAMES[name]
+    np = _numpy()
+    if np is not None:
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            dt = None
+        if dt is not None and dt.kind in _DL_KINDS:
+            return (_DL_KINDS[dt.kind], dt.itemsize * 8, dt.itemsize)
+    raise TypeError("unsupported dtype %r" % (dtype,))
+
+
+class CudaArray:
+    """An array in a CUDA VMM buffer (Client.empty(device="cuda")): device
+    memory that frameworks import with from_dlpack, without a copy, and
+    that tensorbroker publishes without a copy. The memory stays while this
+    object or any tensor imported from it lives."""
+
+    def __init__(self, buf, shape, code, bits, dtype_name):
+        self._buf = buf
+        self.shape = shape
+        self.dtype = dtype_name
+        self._code = code
+        self._bits = bits
+
+    @property
+    def device(self):
+        return (DEVICE_CUDA, self._buf.cuda_device)
+
+    @property
+    def data_ptr(self):
+        """The device pointer (CUdeviceptr) of element 0."""
+        return self._buf.address
+
+    @property
+    def buffer_id(self):
+        return self._buf.id
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if dl_device is not None and tuple(dl_device) != self.device:
+            raise BufferError("a CudaArray lives on %r; tensorbroker does not copy it to %r"
+                              % (self.device, tuple(dl_device)))
+        if copy:
+            raise BufferError("copy=True is not supported: copy in the consumer library")
+        # A new buffer has no pending work: no stream needs to wait.
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        return self._buf.dlpack(self.shape, self._code, self._bits, 1, versioned)
 
 
 def _struct_size(fmt):

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "tb_test.h"
@@ -21,6 +22,7 @@
 #include "alloc.h"
 #include "config.h"
 #include "log.h"
+#include "metrics.h"
 #include "registry.h"
 #include "kinds.h"
 #include "registry_impl.h" /* tbd__channel_recent, tbd__channel_find */
@@ -1666,7 +1668,7 @@ static void test_kind_table(void **state) {
 }
 
 /* BufferRegister is checked by its kind's row: a kind the daemon does not
- * know, or does not accept yet, is refused; CUDA_IPC needs its handle, a
+ * know is refused; CUDA_IPC needs its handle, a
  * CUDA device with its uuid and no descriptor; HOST_MEMFD exactly one
  * descriptor. Each refusal names what is wrong and leaves nothing behind
  * (teardown counts descriptors). An accepted host buffer is described on
@@ -1689,10 +1691,6 @@ static void test_buffer_register_kinds(void **state) {
   f.reg.kind = 7;
   assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_EINVAL);
   assert_string_equal(last_message, "unknown memory kind 7");
-  q.request_id = 0;
-  f.reg.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD;
-  assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_ENOTSUP);
-  assert_non_null(strstr(last_message, "CUDA_VMM_FD"));
   q.request_id = 0;
   f.reg.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
   f.reg.cuda_ipc_handle.len = 63;
@@ -1744,6 +1742,137 @@ static void test_buffer_register_kinds(void **state) {
                    TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD);
   assert_int_equal(a.dev_type, kDLCPU);
   assert_true(a.fd_attached);
+  reg_free(r);
+}
+
+/* A CUDA_VMM_FD registration of size bytes carrying fds (nfds of them). */
+static int reg_vmm(struct tbd_registry *r, struct tbd_session *s,
+                   struct tbt_fake_cuda *f, uint64_t size, int *fds, int nfds,
+                   uint64_t *id) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  struct cap *c = NULL;
+  int st;
+
+  f->reg.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD;
+  f->reg.cuda_ipc_handle.len = 0;
+  f->reg.size = size;
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
+  q.buffer_register = &f->reg;
+  q.request_id = next_req++;
+  st = send_req(r, s, &q, fds, nfds, &c);
+  if (st == 0 && id != NULL)
+    *id = c->m->reply->buffer_register->buffer_id;
+  if (c != NULL)
+    cap_free(c);
+  return st;
+}
+
+/* CUDA_VMM_FD: the registration carries the exported descriptor, which the
+ * daemon keeps (its descriptor count says so) and attaches to each
+ * consumer's first AcquireReply of the buffer; the versions outlive their
+ * producer, as host memory's do, and are still granted to a consumer that
+ * comes after the producer is gone (TB_ECLOSED only for one that is not
+ * kept). Bad registrations are refused with why and change nothing: no
+ * descriptor, two (a protocol error), one that cannot be an exported
+ * allocation (a socket, a pipe), a size above the bound or above what the
+ * descriptor holds, an IPC handle or no device uuid. */
+static void test_vmm_buffers(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11), *x;
+  struct pub gpu = {.dev_type = kDLCUDA};
+  struct tbt_fake_cuda f;
+  uint32_t held0 = tbd_registry_fds_held(r);
+  int fds0, fds[2], sv[2];
+  uint64_t id;
+  struct acq a, b;
+
+  (void)state;
+  tbt_fake_cuda_init(&f, 1);
+  /* refused, nothing kept */
+  assert_tb_err(reg_vmm(r, p, &f, 4096, NULL, 0, &id), TB_EINVAL);
+  assert_non_null(strstr(last_message, "exported descriptor attached"));
+  assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv),
+                   0);
+  fds[0] = sv[0];
+  assert_tb_err(reg_vmm(r, p, &f, 4096, fds, 1, &id), TB_EINVAL);
+  assert_non_null(strstr(last_message, "descriptor is a socket"));
+  close(sv[1]);
+  assert_int_equal(pipe2(sv, O_CLOEXEC), 0);
+  fds[0] = sv[0];
+  assert_tb_err(reg_vmm(r, p, &f, 4096, fds, 1, &id), TB_EINVAL);
+  assert_non_null(strstr(last_message, "descriptor is a pipe"));
+  close(sv[1]);
+  fds[0] = memfd(4096, false);
+  assert_tb_err(reg_vmm(r, p, &f, TBD_VMM_SIZE_MAX + 1, fds, 1, &id),
+                TB_EINVAL);
+  assert_non_null(strstr(last_message, "must be 1 to"));
+  fds[0] = memfd(4096, false);
+  assert_tb_err(reg_vmm(r, p, &f, 8192, fds, 1, &id), TB_EINVAL);
+  assert_non_null(strstr(last_message, "4096 bytes, 8192 declared"));
+  fds[0] = memfd(4096, false);
+  f.reg.cuda_ipc_handle.len = 64;
+  f.reg.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD;
+  {
+    req_t q = TENSORBROKER__V1__REQUEST__INIT;
+    q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
+    q.buffer_register = &f.reg;
+    q.request_id = next_req++;
+    assert_tb_err(send_req(r, p, &q, fds, 1, NULL), TB_EINVAL);
+    assert_non_null(strstr(last_message, "with a cuda_ipc_handle"));
+  }
+  fds[0] = memfd(4096, false);
+  f.dev.uuid.len = 0;
+  assert_tb_err(reg_vmm(r, p, &f, 4096, fds, 1, &id), TB_EINVAL);
+  assert_non_null(strstr(last_message, "16-byte device uuid"));
+  f.dev.uuid.len = 16;
+  x = session(r, 12); /* two descriptors: a protocol error */
+  fds[0] = memfd(4096, false);
+  fds[1] = memfd(4096, false);
+  assert_tb_err(reg_vmm(r, x, &f, 4096, fds, 2, &id), TB_EPROTO);
+  assert_non_null(strstr(last_message, "more than one descriptor"));
+  tbd_session_close(r, x);
+  assert_int_equal(counts(r).buffers, 0);
+  assert_int_equal(tbd_registry_fds_held(r), held0);
+
+  /* accepted: the daemon holds the descriptor */
+  fds0 = count_fds();
+  fds[0] = memfd(4096, false);
+  assert_tb_ok(reg_vmm(r, p, &f, 4096, fds, 1, &id));
+  assert_int_equal(count_fds(), fds0 + 1);
+  assert_int_equal(tbd_registry_fds_held(r), held0 + 1);
+  {
+    /* the metrics count it by kind, as the library names kinds */
+    char *text = NULL;
+    size_t len = 0;
+    assert_tb_ok(tbd_metrics_render(r, NULL, &text, &len));
+    assert_non_null(strstr(text, "tensorbroker_buffers_by_kind{kind=\"CUDA_"
+                                 "VMM_FD\"} 1\n"));
+    assert_non_null(strstr(text, "tensorbroker_buffers_by_kind{kind=\"HOST_"
+                                 "MEMFD\"} 0\n"));
+    free(text);
+  }
+  assert_int_equal(publish_ex(r, p, "v", id, &gpu, NULL), 0);
+  a = acquire(r, c, "v", LATEST, 0);
+  assert_int_equal(a.kind,
+                   TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD);
+  assert_int_equal(a.dev_type, kDLCUDA);
+  assert_true(a.fd_attached); /* first time: the descriptor comes along */
+  b = acquire(r, c, "v", LATEST, 0);
+  assert_false(b.fd_attached); /* the consumer has it mapped */
+  assert_tb_ok(release(r, c, a.lease));
+  assert_tb_ok(release(r, c, b.lease));
+
+  /* the producer is gone (as after SIGKILL): its version is still
+   * granted, with the descriptor, to a consumer that comes now */
+  tbd_session_close(r, p);
+  caps_clear();
+  x = session(r, 13);
+  a = acquire(r, x, "v", LATEST, 0);
+  assert_int_equal(a.version, 1);
+  assert_true(a.fd_attached);
+  assert_int_equal(acquire_ex(r, x, "v", NEXT, 1, 0, NULL, NULL), TB_ECLOSED);
+  assert_tb_ok(release(r, x, a.lease));
+  assert_int_equal(tbd_registry_fds_held(r), held0 + 1);
   reg_free(r);
 }
 
@@ -2510,6 +2639,7 @@ int main(void) {
       T(test_buffer_register_seals),
       T(test_kind_table),
       T(test_buffer_register_kinds),
+      T(test_vmm_buffers),
       T(test_wait_free),
       T(test_protocol_errors),
       T(test_alloc_failure_publish),

@@ -271,6 +271,8 @@ struct fk_mem {
   unsigned long long alloc_id; /*  name mP.N */
   long export_pid;               /* mappings: whose handle was opened */
   unsigned long long buffer_id;  /* CU_POINTER_ATTRIBUTE_BUFFER_ID here */
+  struct fk_vmm *vmm;            /* a VMM mapping (cuMemMap): its allocation */
+  int access;                    /* VMM: PROT_* set by cuMemSetAccess */
 };
 
 /* IPC handles: 64 bytes, this layout, the rest zero. */
@@ -316,6 +318,7 @@ static struct CUevent_st *fk_events;
 static struct CUgraph_st *fk_graphs;
 static struct CUgraphExec_st *fk_execs;
 static struct fk_mem *fk_mems;
+struct fk_vmm;
 
 static char *fk_memlog;
 static size_t fk_memlog_len, fk_memlog_cap;
@@ -647,7 +650,8 @@ static struct fk_mem *fk_mem_holding(CUdeviceptr p) {
 /* [p, p + n) inside one allocation or mapping: its host address. */
 static void *fk_mem_range(CUdeviceptr p, size_t n) {
   struct fk_mem *m = fk_mem_holding(p);
-  if (m == NULL || n > m->size - (size_t)(p - m->base))
+  if (m == NULL || n > m->size - (size_t)(p - m->base) ||
+      (m->vmm != NULL && m->access == 0))
     return NULL;
   return (void *)(uintptr_t)p;
 }
@@ -832,17 +836,20 @@ FK_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
   return FK_SUCCESS;
 }
 
-/* Every attribute is 0: in particular no memory pools, so the library
- * copies with cuMemAlloc, never cuMemAllocAsync. */
+/* VMM with POSIX descriptors: 1 unless FAKECUDA_NO_VMM=1 (the VMM block
+ * below). */
+static int fk_vmm_attribute(CUdevice_attribute attrib);
+
+/* Every attribute but VMM's is 0: in particular no memory pools, so the
+ * library copies with cuMemAlloc, never cuMemAllocAsync. */
 FK_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib,
                                         CUdevice dev) {
   CUresult r = fk_device_ok(dev);
-  (void)attrib;
   if (r != FK_SUCCESS)
     return r;
   if (pi == NULL)
     return FK_ERROR_INVALID_VALUE;
-  *pi = 0;
+  *pi = fk_vmm_attribute(attrib);
   return FK_SUCCESS;
 }
 
@@ -985,7 +992,8 @@ FK_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   pthread_mutex_lock(&fk_lock);
   r = fk_need_init();
   m = fk_mem_holding(dptr);
-  if (r == FK_SUCCESS && (m == NULL || m->opened || m->base != dptr))
+  if (r == FK_SUCCESS &&
+      (m == NULL || m->opened || m->vmm != NULL || m->base != dptr))
     r = FK_ERROR_INVALID_VALUE;
   if (r == FK_SUCCESS)
     r = fk_unsafe("cuMemFree");
@@ -1303,7 +1311,8 @@ FK_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle,
   pthread_mutex_lock(&fk_lock);
   r = fk_need_init();
   m = fk_mem_holding(dptr);
-  if (r == FK_SUCCESS && (pHandle == NULL || m == NULL || m->opened))
+  if (r == FK_SUCCESS &&
+      (pHandle == NULL || m == NULL || m->opened || m->vmm != NULL))
     r = FK_ERROR_INVALID_VALUE;
   if (r == FK_SUCCESS) {
     memset(&h, 0, sizeof(h));
@@ -1447,6 +1456,468 @@ FK_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   pthread_mutex_unlock(&fk_lock);
   return r;
 }
+
+/* ---- VMM: cuMemCreate and POSIX file descriptors (issue 25) -------------
+ * An allocation is a memfd named "fakecuda-vmm-<pid>-<id>"; its handle a
+ * struct fk_vmm. Export dups the memfd (the descriptor keeps the memory
+ * alive, as the real driver's does, measured); import dups the descriptor
+ * it is given and names the allocation from the memfd's name; map maps the
+ * memfd over a reservation (PROT_NONE until cuMemSetAccess), which joins
+ * fk_mems so that copies and cuMemGetAddressRange see it. FAKECUDA_NO_VMM=1
+ * answers 0 for the POSIX-descriptor attribute and refuses cuMemCreate and
+ * cuMemImportFromShareableHandle with CUDA_ERROR_NOT_SUPPORTED. */
+
+#ifndef FAKECUDA_DECLS_CHECK
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef int CUmemAllocationHandleType;
+typedef int CUmemAllocationGranularity_flags;
+typedef struct CUmemLocation_st {
+  int type;
+  int id;
+} CUmemLocation;
+typedef struct CUmemAllocationProp_st {
+  int type;
+  CUmemAllocationHandleType requestedHandleTypes;
+  CUmemLocation location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} CUmemAllocationProp;
+typedef struct CUmemAccessDesc_st {
+  CUmemLocation location;
+  int flags;
+} CUmemAccessDesc;
+#endif
+
+#define FK_MEM_ALLOCATION_TYPE_PINNED 1
+#define FK_MEM_HANDLE_TYPE_NONE 0
+#define FK_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
+#define FK_MEM_LOCATION_TYPE_DEVICE 1
+#define FK_MEM_ACCESS_FLAGS_PROT_READ 1
+#define FK_MEM_ACCESS_FLAGS_PROT_READWRITE 3
+#define FK_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+#define FK_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
+#define FK_VMM_GRANULARITY ((size_t)2 << 20) /* the H200's, measured */
+#ifdef FAKECUDA_DECLS_CHECK
+FK_SAME(FK_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_ALLOCATION_TYPE_PINNED);
+FK_SAME(FK_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+FK_SAME(FK_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_DEVICE);
+FK_SAME(FK_MEM_ACCESS_FLAGS_PROT_READ, CU_MEM_ACCESS_FLAGS_PROT_READ);
+FK_SAME(FK_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+FK_SAME(FK_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+        CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
+FK_SAME(FK_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+        CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED);
+#endif
+
+struct fk_vmm {
+  struct fk_vmm *next;
+  int fd;          /* the memfd (created or imported: our own dup) */
+  size_t size;
+  long pid;        /* the creating process and its id: the name mP.N */
+  unsigned long long id;
+  int exportable;  /* created with the POSIX descriptor handle type */
+  int imported;
+  int released;    /* cuMemRelease'd: freed when its last map goes */
+  unsigned maps;
+};
+
+/* A reserved range of addresses (cuMemAddressReserve). */
+struct fk_va {
+  struct fk_va *next;
+  CUdeviceptr base;
+  size_t size;
+};
+
+static struct fk_vmm *fk_vmms;
+static struct fk_va *fk_vas;
+static unsigned long long fk_vmm_ids;
+/* read at every call, so that a test may turn it on for one client */
+static int fk_vmm_off(void) {
+  const char *v = getenv("FAKECUDA_NO_VMM");
+  return v != NULL && strcmp(v, "1") == 0;
+}
+
+static struct fk_vmm *fk_vmm_get(CUmemGenericAllocationHandle h) {
+  for (struct fk_vmm *v = fk_vmms; v != NULL; v = v->next)
+    if ((CUmemGenericAllocationHandle)(uintptr_t)v == h && !v->released)
+      return v;
+  return NULL;
+}
+
+static void fk_vmm_free_if_done(struct fk_vmm *v) {
+  struct fk_vmm **pp = &fk_vmms;
+
+  if (!v->released || v->maps > 0)
+    return;
+  close(v->fd);
+  while (*pp != v)
+    pp = &(*pp)->next;
+  *pp = v->next;
+  free(v);
+}
+
+static struct fk_va *fk_va_holding(CUdeviceptr p, size_t n) {
+  for (struct fk_va *a = fk_vas; a != NULL; a = a->next)
+    if (p >= a->base && p - a->base <= a->size && n <= a->size - (p - a->base))
+      return a;
+  return NULL;
+}
+
+static CUresult fk_vmm_prop_ok(const CUmemAllocationProp *prop) {
+  if (prop == NULL || prop->type != FK_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != FK_MEM_LOCATION_TYPE_DEVICE)
+    return FK_ERROR_INVALID_VALUE;
+  return prop->location.id == 0 ? FK_SUCCESS : FK_ERROR_INVALID_DEVICE;
+}
+
+FK_EXPORT CUresult cuMemGetAllocationGranularity(
+    size_t *granularity, const CUmemAllocationProp *prop,
+    CUmemAllocationGranularity_flags option) {
+  CUresult r = fk_need_init();
+
+  if (r == FK_SUCCESS && (granularity == NULL || option < 0 || option > 1))
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS)
+    r = fk_vmm_prop_ok(prop);
+  if (r == FK_SUCCESS)
+    *granularity = FK_VMM_GRANULARITY;
+  return r;
+}
+
+FK_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle,
+                               size_t size, const CUmemAllocationProp *prop,
+                               unsigned long long flags) {
+  struct fk_vmm *v = NULL;
+  char name[64];
+  CUresult r;
+
+  pthread_mutex_lock(&fk_lock);
+  r = fk_need_ctx();
+  if (r == FK_SUCCESS && fk_vmm_off())
+    r = FK_ERROR_NOT_SUPPORTED;
+  if (r == FK_SUCCESS && (handle == NULL || flags != 0 || size == 0 ||
+                          size % FK_VMM_GRANULARITY != 0))
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS)
+    r = fk_vmm_prop_ok(prop);
+  if (r == FK_SUCCESS &&
+      (prop->requestedHandleTypes & ~FK_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    r = FK_ERROR_NOT_SUPPORTED;
+  if (r == FK_SUCCESS && (v = calloc(1, sizeof(*v))) == NULL)
+    r = FK_ERROR_OUT_OF_MEMORY;
+  if (r == FK_SUCCESS) {
+    v->id = ++fk_vmm_ids;
+    v->pid = (long)getpid();
+    snprintf(name, sizeof(name), "fakecuda-vmm-%ld-%llu", v->pid, v->id);
+    v->fd = memfd_create(name, MFD_CLOEXEC);
+    if (v->fd < 0 || ftruncate(v->fd, (off_t)size) < 0) {
+      if (v->fd >= 0)
+        close(v->fd);
+      free(v);
+      v = NULL;
+      r = FK_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  if (r == FK_SUCCESS) {
+    v->size = size;
+    v->exportable = prop->requestedHandleTypes != 0;
+    v->next = fk_vmms;
+    fk_vmms = v;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    fk_log(r, "vmm-create m%ld.%llu size %zu", v->pid, v->id, size);
+  } else {
+    fk_log(r, "vmm-create size %zu", size);
+  }
+  pthread_mutex_unlock(&fk_lock);
+  return r;
+}
+
+FK_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  struct fk_vmm *v;
+  CUresult r;
+
+  pthread_mutex_lock(&fk_lock);
+  r = fk_need_init();
+  v = fk_vmm_get(handle);
+  if (r == FK_SUCCESS && v == NULL)
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS) {
+    fk_log(r, "vmm-release m%ld.%llu", v->pid, v->id);
+    v->released = 1;
+    fk_vmm_free_if_done(v);
+  } else {
+    fk_log(r, "vmm-release invalid");
+  }
+  pthread_mutex_unlock(&fk_lock);
+  return r;
+}
+
+FK_EXPORT CUresult cuMemExportToShareableHandle(
+    void *shareableHandle, CUmemGenericAllocationHandle handle,
+    CUmemAllocationHandleType handleType, unsigned long long flags) {
+  struct fk_vmm *v;
+  CUresult r;
+  int fd = -1;
+
+  pthread_mutex_lock(&fk_lock);
+  r = fk_need_init();
+  v = fk_vmm_get(handle);
+  if (r == FK_SUCCESS &&
+      (v == NULL || shareableHandle == NULL || flags != 0 ||
+       handleType != FK_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS && !v->exportable)
+    r = FK_ERROR_NOT_SUPPORTED;
+  if (r == FK_SUCCESS && (fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0)) < 0)
+    r = FK_ERROR_OUT_OF_MEMORY;
+  if (r == FK_SUCCESS) {
+    memcpy(shareableHandle, &fd, sizeof(fd));
+    fk_log(r, "vmm-export m%ld.%llu", v->pid, v->id);
+  } else {
+    fk_log(r, "vmm-export invalid");
+  }
+  pthread_mutex_unlock(&fk_lock);
+  return r;
+}
+
+/* pid and id of a fake VMM memfd from its name, or 0. */
+static int fk_vmm_fd_name(int fd, long *pid, unsigned long long *id) {
+  char path[64], link[128];
+  ssize_t n;
+
+  snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+  n = readlink(path, link, sizeof(link) - 1);
+  if (n < 0)
+    return 0;
+  link[n] = '\0';
+  return sscanf(link, "/memfd:fakecuda-vmm-%ld-%llu", pid, id) == 2;
+}
+
+FK_EXPORT CUresult cuMemImportFromShareableHandle(
+    CUmemGenericAllocationHandle *handle, void *osHandle,
+    CUmemAllocationHandleType shHandleType) {
+  int fd = (int)(intptr_t)osHandle, dup = -1;
+  struct fk_vmm *v = NULL;
+  unsigned long long id = 0;
+  struct stat st;
+  long pid = 0;
+  CUresult r;
+
+  pthread_mutex_lock(&fk_lock);
+  r = fk_need_ctx();
+  if (r == FK_SUCCESS && fk_vmm_off())
+    r = FK_ERROR_NOT_SUPPORTED;
+  if (r == FK_SUCCESS &&
+      (handle == NULL ||
+       shHandleType != FK_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS &&
+      (!fk_vmm_fd_name(fd, &pid, &id) || fstat(fd, &st) < 0))
+    r = FK_ERROR_INVALID_HANDLE;
+  if (r == FK_SUCCESS && ((v = calloc(1, sizeof(*v))) == NULL ||
+                          (dup = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)) {
+    free(v);
+    r = FK_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == FK_SUCCESS) {
+    v->fd = dup;
+    v->size = (size_t)st.st_size;
+    v->pid = pid;
+    v->id = id;
+    v->imported = 1;
+    v->next = fk_vmms;
+    fk_vmms = v;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    fk_log(r, "vmm-import m%ld.%llu size %zu", pid, id, v->size);
+  } else {
+    fk_log(r, "vmm-import fd");
+  }
+  pthread_mutex_unlock(&fk_lock);
+  return r;
+}
+
+FK_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size,
+                                       size_t alignment, CUdeviceptr addr,
+                                       unsigned long long flags) {
+  struct fk_va *a = NULL;
+  void *p = MAP_FAILED;
+  CUresult r;
+
+  (void)addr; /* a hint */
+  pthread_mutex_lock(&fk_lock);
+  r = fk_need_ctx();
+  if (r == FK_SUCCESS && (ptr == NULL || size == 0 || flags != 0 ||
+                          size % FK_VMM_GRANULARITY != 0 ||
+                          (alignment != 0 && alignment > FK_VMM_GRANULARITY)))
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS) {
+    p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
+             MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED || (a = calloc(1, sizeof(*a))) == NULL) {
+      if (p != MAP_FAILED)
+        munmap(p, size);
+      r = FK_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  if (r == FK_SUCCESS) {
+    a->base = (CUdeviceptr)(uintptr_t)p;
+    a->size = size;
+    a->next = fk_vas;
+    fk_vas = a;
+    *ptr = a->base;
+  }
+  fk_log(r, "vmm-reserve size %zu", size);
+  pthread_mutex_unlock(&fk_lock);
+  return r;
+}
+
+FK_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  struct fk_va **pp = &fk_vas, *a;
+  CUresult r;
+
+  pthread_mutex_lock(&fk_lock);
+  r = fk_need_init();
+  while (*pp != NULL && ((*pp)->base != ptr || (*pp)->size != size))
+    pp = &(*pp)->next;
+  a = *pp;
+  if (r == FK_SUCCESS && a == NULL)
+    r = FK_ERROR_INVALID_VALUE;
+  /* still mapped: the real driver refuses too */
+  for (struct fk_mem *m = fk_mems; r == FK_SUCCESS && m != NULL; m = m->next)
+    if (m->vmm && m->base >= ptr && m->base - ptr < size)
+      r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS) {
+    *pp = a->next;
+    munmap((void *)(uintptr_t)a->base, a->size);
+    free(a);
+  }
+  fk_log(r, "vmm-address-free size %zu", size);
+  pthread_mutex_unlock(&fk_lock);
+  return r;
+}
+
+FK_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                            CUmemGenericAllocationHandle handle,
+                            unsigned long long flags) {
+  struct fk_mem *m = NULL;
+  struct fk_vmm *v;
+  CUresult r;
+
+  pthread_mutex_lock(&fk_lock);
+  r = fk_need_ctx();
+  v = fk_vmm_get(handle);
+  if (r == FK_SUCCESS &&
+      (v == NULL || flags != 0 || offset != 0 || size == 0 ||
+       size > v->size || fk_va_holding(ptr, size) == NULL ||
+       fk_mem_holding(ptr) != NULL))
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS && (m = calloc(1, sizeof(*m))) == NULL)
+    r = FK_ERROR_OUT_OF_MEMORY;
+  if (r == FK_SUCCESS &&
+      mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED,
+           v->fd, 0) == MAP_FAILED) {
+    free(m);
+    r = FK_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == FK_SUCCESS) {
+    m->base = ptr;
+    m->size = size;
+    m->maplen = size;
+    m->fd = -1;
+    m->vmm = v;
+    m->pid = v->pid;
+    m->alloc_id = v->id;
+    m->buffer_id = ++fk_buffer_ids;
+    m->next = fk_mems;
+    fk_mems = m;
+    v->maps++;
+    fk_log(r, "vmm-map m%ld.%llu size %zu", v->pid, v->id, size);
+  } else {
+    fk_log(r, "vmm-map invalid");
+  }
+  pthread_mutex_unlock(&fk_lock);
+  return r;
+}
+
+FK_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
+                                  const CUmemAccessDesc *desc, size_t count) {
+  struct fk_mem *m;
+  CUresult r;
+  int prot = 0;
+
+  pthread_mutex_lock(&fk_lock);
+  r = fk_need_ctx();
+  m = fk_mem_holding(ptr);
+  if (r == FK_SUCCESS &&
+      (m == NULL || m->vmm == NULL || m->base != ptr || m->size != size ||
+       desc == NULL || count != 1 ||
+       desc[0].location.type != FK_MEM_LOCATION_TYPE_DEVICE))
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS && desc[0].location.id != 0)
+    r = FK_ERROR_INVALID_DEVICE;
+  if (r == FK_SUCCESS) {
+    if (desc[0].flags == FK_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      prot = PROT_READ | PROT_WRITE;
+    else if (desc[0].flags == FK_MEM_ACCESS_FLAGS_PROT_READ)
+      prot = PROT_READ;
+    else
+      r = FK_ERROR_INVALID_VALUE;
+  }
+  if (r == FK_SUCCESS &&
+      mprotect((void *)(uintptr_t)ptr, size, prot) < 0)
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS) {
+    m->access = prot;
+    fk_log(r, "vmm-access m%ld.%llu %s", m->pid, m->alloc_id,
+           prot & PROT_WRITE ? "rw" : "r");
+  } else {
+    fk_log(r, "vmm-access invalid");
+  }
+  pthread_mutex_unlock(&fk_lock);
+  return r;
+}
+
+FK_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  struct fk_mem *m;
+  struct fk_vmm *v;
+  CUresult r;
+
+  pthread_mutex_lock(&fk_lock);
+  r = fk_need_init();
+  m = fk_mem_holding(ptr);
+  if (r == FK_SUCCESS &&
+      (m == NULL || m->vmm == NULL || m->base != ptr || m->size != size))
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS) {
+    v = m->vmm;
+    fk_log(r, "vmm-unmap m%ld.%llu", m->pid, m->alloc_id);
+    /* the addresses go back to the reservation */
+    (void)mmap((void *)(uintptr_t)ptr, size, PROT_NONE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    fk_mem_unlink(m);
+    free(m);
+    v->maps--;
+    fk_vmm_free_if_done(v);
+  } else {
+    fk_log(r, "vmm-unmap invalid");
+  }
+  pthread_mutex_unlock(&fk_lock);
+  return r;
+}
+static int fk_vmm_attribute(CUdevice_attribute attrib) {
+  if (attrib != FK_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED &&
+      attrib != FK_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
+    return 0;
+  return !fk_vmm_off();
+}
+/* ---- end of VMM ---------------------------------------------------------- */
 
 /* ---- events ------------------------------------------------------------- */
 
@@ -2135,6 +2606,17 @@ static const struct {
     FK_PROC("cuModuleGetFunction", cuModuleGetFunction),
     FK_PROC("cuModuleUnload", cuModuleUnload),
     FK_PROC("cuLaunchKernel", cuLaunchKernel),
+    /* VMM (issue 25) */
+    FK_PROC("cuMemGetAllocationGranularity", cuMemGetAllocationGranularity),
+    FK_PROC("cuMemCreate", cuMemCreate),
+    FK_PROC("cuMemRelease", cuMemRelease),
+    FK_PROC("cuMemExportToShareableHandle", cuMemExportToShareableHandle),
+    FK_PROC("cuMemImportFromShareableHandle", cuMemImportFromShareableHandle),
+    FK_PROC("cuMemAddressReserve", cuMemAddressReserve),
+    FK_PROC("cuMemAddressFree", cuMemAddressFree),
+    FK_PROC("cuMemMap", cuMemMap),
+    FK_PROC("cuMemUnmap", cuMemUnmap),
+    FK_PROC("cuMemSetAccess", cuMemSetAccess),
 };
 
 FK_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn,
@@ -2279,10 +2761,13 @@ FK_EXPORT void fakecuda_counts(struct fakecuda_counts *out) {
     c.events_opened += !e->destroyed && e->opened;
   }
   for (struct fk_mem *m = fk_mems; m != NULL; m = m->next) {
-    c.allocations += !m->opened;
+    c.allocations += !m->opened && m->vmm == NULL;
+    c.vmm_mappings += m->vmm != NULL;
     c.ipc_mappings += m->opened != 0;
     c.ipc_mapping_refs += m->opened ? m->refs : 0;
   }
+  for (struct fk_vmm *v = fk_vmms; v != NULL; v = v->next)
+    c.vmm_handles += !v->released;
   for (struct CUgraph_st *g = fk_graphs; g != NULL; g = g->next)
     c.graphs += !g->destroyed;
   for (struct CUgraphExec_st *x = fk_execs; x != NULL; x = x->next)

@@ -87,6 +87,20 @@
  *                                  (e.g. cuStreamQuery, cuMemAlloc)
  *   graph-instantiate G
  *   graph-launch G on S [(capturing)]
+ *   VMM (cuMemCreate memory shared by POSIX descriptor; M names the
+ *   allocation mP.N after its creating process, in every process):
+ *   vmm-create M size N       N: rounded to the 2 MiB granularity
+ *   vmm-export M
+ *   vmm-import M size N       from the descriptor a test or the daemon sent
+ *   vmm-reserve size N
+ *   vmm-map M size N
+ *   vmm-access M r|rw         cuMemSetAccess: read-only or read-write
+ *   vmm-unmap M
+ *   vmm-address-free size N
+ *   vmm-release M
+ *   FAKECUDA_NO_VMM=1 (read at each call): the POSIX-descriptor attribute
+ *   is 0, and cuMemCreate and cuMemImportFromShareableHandle fail with
+ *   CUDA_ERROR_NOT_SUPPORTED.
  *   host-register 0xADDR size N FLAGS   cuMemHostRegister; FLAGS: "default"
  *                             or the words of those set, in this order:
  *                             portable devicemap iomemory read-only
@@ -130,6 +144,8 @@ struct fakecuda_counts {
   unsigned long capturing;       /* streams in a capture (active or not) */
   unsigned long log_dropped;     /* lines not kept in memory (16 MiB cap) */
   unsigned long log_write_errors;/* FAKECUDA_LOG opens or writes failed */
+  unsigned long vmm_handles;     /* cuMemCreate'd or imported, not released */
+  unsigned long vmm_mappings;    /* cuMemMap'ped, not unmapped */
   unsigned long host_registered; /* cuMemHostRegister'ed ranges (pinned) */
 };
 

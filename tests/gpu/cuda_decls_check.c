@@ -246,6 +246,62 @@ EQ(TB_CU_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
 EQ(TB_CU_ERROR_HOST_MEMORY_NOT_REGISTERED,
    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
 
+/* VMM buffers (issue 25): the structs by layout, the constants, the
+ * entry points. */
+#include <stddef.h>
+SAME(CUmemGenericAllocationHandle, tb_cu_mem_handle);
+SAME(CUmemLocation, tb_cu_mem_location);
+SAME(CUmemAllocationProp, tb_cu_mem_prop);
+SAME(CUmemAccessDesc, tb_cu_mem_access);
+EQ(offsetof(CUmemAllocationProp, requestedHandleTypes),
+   offsetof(tb_cu_mem_prop, requested_handle_types));
+EQ(offsetof(CUmemAllocationProp, location), offsetof(tb_cu_mem_prop, location));
+EQ(offsetof(CUmemAllocationProp, allocFlags),
+   offsetof(tb_cu_mem_prop, alloc_flags));
+EQ(offsetof(CUmemAccessDesc, flags), offsetof(tb_cu_mem_access, flags));
+EQ(TB_CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_ALLOCATION_TYPE_PINNED);
+EQ(TB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+EQ(TB_CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_DEVICE);
+EQ(TB_CU_MEM_ACCESS_FLAGS_PROT_READ, CU_MEM_ACCESS_FLAGS_PROT_READ);
+EQ(TB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+EQ(TB_CU_MEM_ALLOC_GRANULARITY_MINIMUM, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+EQ(TB_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+   CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED);
+#define S_granul(R, P, O) R (*)(size_t *, const P *, O)
+#define S_memcreate(R, H, P) R (*)(H *, size_t, const P *, unsigned long long)
+#define S_export(R, H, T) R (*)(void *, H, T, unsigned long long)
+#define S_import(R, H, T) R (*)(H *, void *, T)
+#define S_reserve(R, D)                                                      \
+  R (*)(D *, size_t, size_t, D, unsigned long long)
+#define S_memmap(R, D, H) R (*)(D, size_t, size_t, H, unsigned long long)
+#define S_access(R, D, A) R (*)(D, size_t, const A *, size_t)
+CHECK(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity,
+      S_granul, CU(CUmemAllocationProp, CUmemAllocationGranularity_flags),
+      TB(tb_cu_mem_prop, int));
+CHECK(cuMemCreate, cuMemCreate, S_memcreate,
+      CU(CUmemGenericAllocationHandle, CUmemAllocationProp),
+      TB(tb_cu_mem_handle, tb_cu_mem_prop));
+CHECK(cuMemRelease, cuMemRelease, S_i, CU(CUmemGenericAllocationHandle),
+      TB(tb_cu_mem_handle));
+CHECK(cuMemExportToShareableHandle, cuMemExportToShareableHandle, S_export,
+      CU(CUmemGenericAllocationHandle, CUmemAllocationHandleType),
+      TB(tb_cu_mem_handle, int));
+CHECK(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle,
+      S_import, CU(CUmemGenericAllocationHandle, CUmemAllocationHandleType),
+      TB(tb_cu_mem_handle, int));
+CHECK(cuMemAddressReserve, cuMemAddressReserve, S_reserve, CU(CUdeviceptr),
+      TB(tb_cu_deviceptr));
+CHECK(cuMemAddressFree, cuMemAddressFree, S_vv, CU(CUdeviceptr, size_t),
+      TB(tb_cu_deviceptr, size_t));
+CHECK(cuMemMap, cuMemMap, S_memmap,
+      CU(CUdeviceptr, CUmemGenericAllocationHandle),
+      TB(tb_cu_deviceptr, tb_cu_mem_handle));
+CHECK(cuMemUnmap, cuMemUnmap, S_vv, CU(CUdeviceptr, size_t),
+      TB(tb_cu_deviceptr, size_t));
+CHECK(cuMemSetAccess, cuMemSetAccess, S_access,
+      CU(CUdeviceptr, CUmemAccessDesc), TB(tb_cu_deviceptr, tb_cu_mem_access));
+
 /* cuGetProcAddress_v2, which cuda_driver.c declares privately. */
 _Static_assert(IS(__typeof__(&cuGetProcAddress_v2),
                   CUresult (*)(const char *, void **, int, cuuint64_t,

@@ -277,12 +277,14 @@ static void test_views(void **state) {
   assert_true(flag(e, "waiting"));
   assert_int_equal((int)num(e, "waiters"), 1);
   assert_string_equal(str(e, "state"), "waiting");
+  assert_string_equal(str(e, "memory_kind"), ""); /* nothing held */
   assert_int_equal((int)num(e, "latest_version"), 0);
   e = find_str(a, "name", "op/frames");
   assert_non_null(e);
   assert_false(flag(e, "waiting"));
   assert_int_equal((int)num(e, "waiters"), 0);
   assert_string_equal(str(e, "state"), "open");
+  assert_string_equal(str(e, "memory_kind"), "host");
   assert_int_equal((int)num(e, "leases"), 1);
   cJSON_Delete(a);
 

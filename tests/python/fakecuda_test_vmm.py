@@ -1,0 +1,183 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPU: Client.empty(shape, dtype, device="cuda") with the fake CUDA driver
+(tests/fakecuda) standing in for libcuda.so.1.
+
+The array is a CUDA VMM buffer (docs/cuda.md, "VMM buffers"). A framework's
+from_dlpack is emulated the way PyTorch treats a capsule (it renames it
+"used_dltensor_versioned" and calls the deleter when its tensor dies): the
+capsule must describe the buffer's device memory with the asked shape and
+dtype, and keep the buffer alive until the deleter runs. The array is then
+filled through the fake's cuMemcpyHtoD, published, and read back by a
+consumer process-side client (lease.memory_kind 3, cuda-vmm in the channel
+list), the data checked through cuMemcpyDtoH. A driver without POSIX
+descriptor support gives TB_ENOTSUP, and a bad dtype or device a clear
+error.
+
+Registered as python_fakecuda_vmm with LD_LIBRARY_PATH pointing at the fake;
+anywhere else it skips."""
+import ctypes
+import gc
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tbtest  # noqa: E402
+from tbtest import daemon  # noqa: E402
+
+import tensorbroker as tb  # noqa: E402
+
+try:
+    cu = ctypes.CDLL("libcuda.so.1")
+    cu.fakecuda_hooks  # only the fake has it
+except (OSError, AttributeError):
+    raise tbtest.Skip("libcuda.so.1 is not the fake CUDA driver here")
+
+cu.fakecuda_log_count.restype = ctypes.c_size_t
+cu.fakecuda_log_count.argtypes = [ctypes.c_char_p]
+cu.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+cu.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+
+
+def check(r, what):
+    if r != 0:
+        raise AssertionError("%s failed: CUresult %d" % (what, r))
+
+
+check(cu.cuInit(0), "cuInit")
+_dev = ctypes.c_int()
+check(cu.cuDeviceGet(ctypes.byref(_dev), 0), "cuDeviceGet")
+_ctx = ctypes.c_void_p()
+check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(_ctx), _dev), "retain")
+check(cu.cuCtxSetCurrent(_ctx), "cuCtxSetCurrent")
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    pass
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensorVersioned))
+DLManagedTensorVersioned._fields_ = [
+    ("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+    ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+capi = ctypes.pythonapi
+capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
+capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+capi.PyCapsule_SetName.restype = ctypes.c_int
+capi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+N = 1024
+
+
+def fill(ptr, base):
+    host = (ctypes.c_uint32 * N)(*[base + i for i in range(N)])
+    check(cu.cuMemcpyHtoD_v2(ptr, host, N * 4), "cuMemcpyHtoD")
+
+
+def words(ptr):
+    host = (ctypes.c_uint32 * N)()
+    check(cu.cuMemcpyDtoH_v2(host, ptr, N * 4), "cuMemcpyDtoH")
+    return list(host)
+
+
+def from_dlpack(obj):
+    """What a framework does: take the capsule, keep the tensor."""
+    cap = obj.__dlpack__(stream=1, max_version=(1, 0))
+    p = capi.PyCapsule_GetPointer(cap, b"dltensor_versioned")
+    assert capi.PyCapsule_SetName(cap, b"used_dltensor_versioned") == 0
+    return ctypes.cast(p, ctypes.POINTER(DLManagedTensorVersioned))
+
+
+def test_empty_cuda_is_a_vmm_buffer_frameworks_import():
+    with daemon() as sock:
+        p = tb.Client(socket=sock, name="py-vmm-producer")
+        a = p.empty((N,), "uint32", device="cuda")
+        assert a.__dlpack_device__() == (tb.DEVICE_CUDA, 0)
+        assert a.shape == (N,)
+        m = from_dlpack(a)
+        t = m.contents.dl_tensor
+        assert (t.device.device_type, t.device.device_id) == (2, 0)
+        assert t.data == a.data_ptr
+        assert t.ndim == 1 and t.shape[0] == N
+        assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (1, 32, 1)
+        # the framework's tensor keeps the buffer: dropping our array
+        # leaves it mapped until the deleter runs
+        buf = a._buf
+        refs = sys.getrefcount(buf)
+        DELETER(m.contents.deleter)(m)
+        assert sys.getrefcount(buf) == refs - 1
+        del buf
+        # fill, publish, read back as a consumer
+        fill(a.data_ptr, 7000)
+        v = p.publish("py/vmm", a, stream=1)
+        c = tb.Client(socket=sock, name="py-vmm-consumer")
+        lease = c.acquire("py/vmm", exact=v)
+        assert lease.memory_kind == 3
+        cm = from_dlpack(lease)
+        got = words(cm.contents.dl_tensor.data + cm.contents.dl_tensor.byte_offset)
+        assert got == [7000 + i for i in range(N)], got[:4]
+        DELETER(cm.contents.deleter)(cm)
+        lease.release()
+        kinds = {ch["name"]: ch["memory_kind"] for ch in c.channels()}
+        assert kinds == {"py/vmm": "cuda-vmm"}, kinds
+        c.close()
+        del a
+        gc.collect()
+        p.close()
+
+
+def test_empty_cuda_dtypes():
+    with daemon() as sock:
+        p = tb.Client(socket=sock, name="py-vmm-dtypes")
+        for dtype, want in (("float32", (2, 32)), ("bfloat16", (4, 16)),
+                            ("int8", (0, 8)), ("bool", (6, 8))):
+            a = p.empty((2, 3), dtype, device="cuda:0")
+            m = from_dlpack(a)
+            t = m.contents.dl_tensor
+            assert (t.dtype.code, t.dtype.bits) == want, (dtype, t.dtype.code, t.dtype.bits)
+            assert (t.ndim, t.shape[0], t.shape[1]) == (2, 2, 3)
+            DELETER(m.contents.deleter)(m)
+        try:
+            p.empty((4,), "no-such-type", device="cuda")
+        except TypeError as e:
+            assert "unsupported dtype" in str(e)
+        else:
+            raise AssertionError("a bad dtype was accepted")
+        try:
+            p.empty((4,), "uint8", device="tpu")
+        except tb.Error as e:
+            assert "device must be 'cpu' or 'cuda'" in str(e), str(e)
+        else:
+            raise AssertionError("a bad device was accepted")
+        p.close()
+
+
+def test_empty_cuda_without_posix_fd_support():
+    with daemon() as sock:
+        p = tb.Client(socket=sock, name="py-vmm-nofd")
+        os.environ["FAKECUDA_NO_VMM"] = "1"
+        try:
+            p.empty((N,), "uint32", device="cuda")
+        except tb.Error as e:
+            assert e.code == tb.TB_ENOTSUP, e.code
+            assert "cannot create a cuda-vmm buffer" in str(e), str(e)
+        else:
+            raise AssertionError("empty(device='cuda') worked without VMM support")
+        finally:
+            del os.environ["FAKECUDA_NO_VMM"]
+        assert cu.fakecuda_log_count(b"vmm-create size 2097152") == 0
+        p.close()

@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: Apache-2.0
+"""GPU: Client.empty(shape, dtype, device="cuda"), a CUDA VMM buffer
+(docs/cuda.md, "VMM buffers"). NOT YET RUN ON A GPU.
+
+- PyTorch (and CuPy, JAX where installed) take the array with from_dlpack
+  and write it without a copy; published, a consumer process reads the
+  data with each library (gpu_peer.py), and the channel says cuda-vmm.
+- A producer process that publishes from such an array and is SIGKILLed
+  leaves its version readable: a consumer started afterwards reads it."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tbtest  # noqa: E402
+from tbtest import daemon, PYTHON, HERE  # noqa: E402
+
+torch = tbtest.require_torch_cuda()
+import tensorbroker as tb  # noqa: E402
+
+N = 1 << 20
+
+
+def peer(sock, lib, channel):
+    out = subprocess.run([PYTHON, os.path.join(HERE, "gpu_peer.py"), sock, lib, channel],
+                         stdout=subprocess.PIPE, text=True, timeout=300)
+    assert out.returncode == 0, out
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_empty_cuda_with_frameworks():
+    with daemon() as sock, tb.Client(socket=sock, name="producer") as c:
+        a = c.empty((N,), "float32", device="cuda")
+        t = torch.from_dlpack(a)
+        assert t.data_ptr() == a.data_ptr and t.device.type == "cuda"
+        t.fill_(3.0)
+        c.publish("vmm/x", t, stream=torch.cuda.current_stream())
+        assert {ch["name"]: ch["memory_kind"] for ch in c.channels()} == {"vmm/x": "cuda-vmm"}
+        libs = ["torch"]
+        for name in ("cupy", "jax"):
+            try:
+                __import__(name)
+                libs.append(name)
+            except ImportError:
+                pass
+        for lib in libs:
+            got = peer(sock, lib, "vmm/x")
+            assert got["sum"] == 3.0 * N and got["shape"] == [N], (lib, got)
+        try:
+            import cupy
+            y = cupy.from_dlpack(c.empty((4, 8), "int32", device="cuda"))
+            y[:] = 5
+            assert int(y.sum()) == 5 * 32
+        except ImportError:
+            pass
+
+
+PRODUCER = r"""
+import sys, torch, tensorbroker as tb
+c = tb.Client(socket=sys.argv[1], name="doomed-producer")
+a = c.empty((%d,), "float32", device="cuda")
+torch.from_dlpack(a).fill_(7.0)
+torch.cuda.synchronize()
+c.publish("vmm/kill", a, stream=torch.cuda.current_stream())
+print("published", flush=True)
+sys.stdin.read()
+""" % N
+
+
+def test_version_outlives_killed_producer():
+    with daemon() as sock:
+        p = subprocess.Popen([PYTHON, "-c", PRODUCER, sock], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "published"
+        p.send_signal(signal.SIGKILL)
+        assert p.wait(timeout=60) == -signal.SIGKILL
+        p.stdout.close()
+        p.stdin.close()
+        got = peer(sock, "torch", "vmm/kill")    # a consumer that starts now
+        assert got["sum"] == 7.0 * N, got
