@@ -272,6 +272,10 @@ void tb__freed_free_all(struct tb_client *c);
 
 /* ---- kind_host.c: the producer's host buffers ---- */
 /* The buffer of c whose mapping holds [p, p + len), or NULL. */
+/* tb_buffer_destroy() with call_lock held, keeping the client's last
+ * error (tb_publish_copy's temporary buffer goes after a refused publish
+ * without losing the daemon's reason). */
+int tb__buffer_destroy(struct tb_client *c, struct tb_buffer *b);
 struct tb_buffer *tb__buffer_find(struct tb_client *c, const void *p,
                                   size_t len);
 /* Unmap and free every buffer (disconnect: the daemon retires them). */

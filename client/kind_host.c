@@ -175,6 +175,18 @@ static void buffer_unmap(struct tb_buffer *b) {
   munmap(b->data, b->size);
 }
 
+int tb__buffer_destroy(struct tb_client *c, struct tb_buffer *b) {
+  int rc;
+
+  if (b->ops != NULL)
+    return b->ops->buffer_destroy(c, b);
+  rc = tb__buffer_unregister(c, b->id);
+  DL_DELETE(c->buffers, b);
+  buffer_unmap(b);
+  free(b);
+  return rc;
+}
+
 int tb_buffer_destroy(tb_buffer *b) {
   struct tb_client *c;
   int rc;
@@ -184,15 +196,7 @@ int tb_buffer_destroy(tb_buffer *b) {
   c = b->c;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
-  if (b->ops != NULL) {
-    rc = b->ops->buffer_destroy(c, b);
-    pthread_mutex_unlock(&c->call_lock);
-    return rc;
-  }
-  rc = tb__buffer_unregister(c, b->id);
-  DL_DELETE(c->buffers, b);
-  buffer_unmap(b);
-  free(b);
+  rc = tb__buffer_destroy(c, b);
   pthread_mutex_unlock(&c->call_lock);
   return rc;
 }

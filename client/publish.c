@@ -308,21 +308,13 @@ int tb_publish_copy(tb_client *c, const char *channel, const DLTensor *t,
   copy.byte_offset = 0;
   copy.strides = NULL;
   rc = tb_publish(c, channel, &copy, &o, out_version);
-  if (rc < 0) {
-    /* the daemon's reason, which destroying the buffer would clear */
-    char why[TB__LAST_ERROR_MAX];
-
-    tb_client_last_error(c, why, sizeof(why));
-    (void)tb_buffer_destroy(b);
-    pthread_mutex_lock(&c->call_lock);
-    tb__set_error(c, rc, "%s", why);
-    pthread_mutex_unlock(&c->call_lock);
-    return rc;
-  }
   /* Unregistered right away: the daemon retires the buffer once the version
-   * is freed, and our mapping is not needed any more. */
-  (void)tb_buffer_destroy(b); /* a failure leaks only until the session
-                                 ends; the version is out either way */
+   * is freed, and our mapping is not needed any more. A refused publish
+   * keeps the daemon's reason as the last error. A failure here leaks only
+   * until the session ends; the version is out either way. */
+  pthread_mutex_lock(&c->call_lock);
+  (void)tb__buffer_destroy(c, b);
+  pthread_mutex_unlock(&c->call_lock);
   return rc;
 }
 
