@@ -109,6 +109,7 @@ struct tb__done_event {
 struct tb__freed {
   char *channel;
   uint64_t version;
+  uint64_t buffer_id; /* the producer's buffer it was published from */
   size_t n_done;
   struct tb__done_event *done;
   /* consumers' done events the daemon did not keep (--max-done-events):

@@ -3,6 +3,8 @@
  * protocol's MemoryKind. Adding a kind adds its row here. */
 #include "kind.h"
 
+#include <utlist.h>
+
 static const struct tb__kind_ops *const kinds[] = {
     [TB_MEMORY_HOST] = &tb__kind_host,
     [TB_MEMORY_CUDA_IPC] = &tb__kind_cuda_ipc,
@@ -88,8 +90,21 @@ void tb__kind_prefetch(struct tb_client *c,
 
 int tb__kinds_done_wait(struct tb_client *c, const struct tb__freed *f,
                         void *stream) {
-  for (size_t i = 0; i < N_KINDS; i++)
-    if (kinds[i] != NULL && kinds[i]->done_wait != NULL)
-      return kinds[i]->done_wait(c, f, stream);
-  return 0;
+  const struct tb__kind_ops *ops = tb__kind(TB_MEMORY_CUDA_IPC);
+  struct tb_buffer *b;
+
+  /* A version of one of c's host buffers waits as the buffer's kind says
+   * (pinned memory: the host blocks); device memory, and a buffer c no
+   * longer has, as the CUDA kinds do (stream waits). */
+  if (f->buffer_id != 0) {
+    DL_FOREACH(c->buffers, b) {
+      if (b->id == f->buffer_id) {
+        ops = tb__kind(b->kind);
+        break;
+      }
+    }
+  }
+  if (ops == NULL || ops->done_wait == NULL)
+    return 0;
+  return ops->done_wait(c, f, stream);
 }

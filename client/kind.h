@@ -179,6 +179,32 @@ int tb__pinned_pin(struct tb_client *c, void *p, size_t size, int writable,
 /* Undo tb__pinned_pin (before the munmap). Any thread. */
 void tb__pinned_unpin(void *p);
 
+/* ---- cuda/pinned_lease.c: the streams that read a pinned lease ---- */
+
+/* A lease of a mapping pinned here (its state zeroed, at most
+ * TB__KIND_LEASE_STATE bytes): make sure the done event of device 0 is
+ * registered, and remember the acquire's stream (NULL: none yet) as one
+ * that reads it. A lease that does not begin so (no driver here) is read
+ * by the host alone, and the functions below do nothing for it. Errors are
+ * set on c; call_lock held. */
+int tb__pinned_lease_begin(struct tb_client *c, void *stream, void *state);
+/* kind.h's ready_wait, use_locked and done_record_locked for pinned
+ * leases: remember the stream; record the done event after the declared
+ * streams, or on the contract's default stream when none was declared
+ * (nothing under TB_CONTRACT_EXPLICIT: the host read it). */
+int tb__pinned_lease_wait(struct tb__conn *k, void *state, const DLTensor *t,
+                          void *stream);
+int tb__pinned_lease_use_locked(struct tb__conn *k, void *state,
+                                void *stream);
+int tb__pinned_lease_end_locked(struct tb__conn *k, void *state,
+                                void *stream, uint64_t *done_event_id,
+                                int *implicit);
+/* kind.h's done_wait for a version of a pinned buffer: stream NULL (the
+ * host rewrites it) blocks until every done event completes; a stream
+ * waits for them on the GPU instead. */
+int tb__pinned_done_wait(struct tb_client *c, const struct tb__freed *f,
+                         void *stream);
+
 /* ---- tensor.c: the one check of a tensor to publish ---- */
 
 /* ndim (against the daemon's max_ndim), dtype, and data + byte_offset: the

@@ -95,10 +95,13 @@ static int pinned_acquire(struct tb_client *c, struct tb__map *m,
                           struct tb__kind_acq *out) {
   struct pinned_map *pm = (struct pinned_map *)m;
 
-  (void)c;
   (void)ar;
-  (void)o;
-  (void)state;
+  /* the GPU may read pinned pages: the lease ends with a done event */
+  if (pm->pinned) {
+    int rc = tb__pinned_lease_begin(c, o->stream, state);
+    if (rc < 0)
+      return rc;
+  }
   out->base = (uint64_t)(uintptr_t)pm->p;
   out->device.device_type = pm->pinned ? kDLCUDAHost : kDLCPU;
   out->device.device_id = 0;
@@ -109,8 +112,13 @@ const struct tb__kind_ops tb__kind_pinned = {
     .name = "cuda-host",
     .kind = TB_MEMORY_CUDA_HOST,
     .dl_device = kDLCUDAHost,
+    .lease_state = TB__KIND_LEASE_STATE,
     .publish = pinned_publish,
+    .done_wait = tb__pinned_done_wait,
     .map = pinned_map,
     .unmap = pinned_unmap,
     .acquire = pinned_acquire,
+    .ready_wait = tb__pinned_lease_wait,
+    .use_locked = tb__pinned_lease_use_locked,
+    .done_record_locked = tb__pinned_lease_end_locked,
 };

@@ -60,6 +60,7 @@ void tb__freed_add(struct tb_client *c,
   if (f.channel == NULL)
     return;
   f.version = vf->version;
+  f.buffer_id = vf->buffer_id;
   f.dropped = vf->done_events_dropped;
   if (vf->n_done_events > 0) {
     f.done = calloc(vf->n_done_events, sizeof(*f.done));
@@ -362,6 +363,7 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
       Tensorbroker__V1__VersionFree vf = TENSORBROKER__V1__VERSION_FREE__INIT;
       vf.channel = (char *)channel;
       vf.version = version;
+      vf.buffer_id = m->reply->wait_free->buffer_id;
       vf.n_done_events = m->reply->wait_free->n_done_events;
       vf.done_events = m->reply->wait_free->done_events;
       vf.done_events_dropped = m->reply->wait_free->done_events_dropped;
@@ -386,7 +388,8 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
     goto out_unlock;
   }
   rc = 0;
-  /* Host versions carry no done events and never touch CUDA. */
+  /* Plain host versions carry no done events and never touch CUDA;
+   * pinned ones do when a consumer's GPU read them. */
   if (f.n_done > 0)
     rc = tb__kinds_done_wait(c, &f, stream);
   tb__freed_clear(&f);

@@ -109,6 +109,7 @@ static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
     rep.body_case = TENSORBROKER__V1__REPLY__BODY_WAIT_FREE;
     rep.wait_free = &wf;
     wf.version = v->number;
+    wf.buffer_id = v->buf->id;
     wf.n_done_events = nev;
     wf.done_events = evp;
     wf.done_events_dropped = dropped;

@@ -429,13 +429,18 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
       return NULL;
     versioned = major >= 1;
   }
-  if (!is_cuda && stream != Py_None) {
+  /* Pinned host memory (kDLCUDAHost) is read by a GPU on a stream too: the
+   * stream a consumer names is remembered, and the lease's end recorded
+   * after it (docs/cuda.md, "Pinned host memory"). */
+  bool streamed = is_cuda || (self->device.device_type == kDLCUDAHost && !as_cpu);
+  if (!streamed && stream != Py_None) {
     PyErr_SetString(PyExc_BufferError,
                     "stream must be None for a host (kDLCPU) lease, as the DLPack "
                     "protocol says");
     return NULL;
   }
-  if (is_cuda) {
+  /* a CUDA lease: None is the contract's default stream, which waits */
+  if (is_cuda || (streamed && stream != Py_None)) {
     void *s;
     if (PyLong_Check(stream) && PyObject_Not(stream) == 1) {
       PyErr_SetString(PyExc_BufferError,
@@ -515,7 +520,7 @@ static PyObject *lease_release(LeaseObject *self, PyObject *args, PyObject *kw) 
   if (lease_check(self) < 0)
     return NULL;
   void *s = TB_STREAM_DEFAULT;
-  if (self->device.device_type != kDLCUDA) {
+  if (self->device.device_type != kDLCUDA && self->device.device_type != kDLCUDAHost) {
     if (stream != Py_None && !(PyLong_Check(stream) && PyLong_AsLong(stream) == -1)) {
       if (PyErr_Occurred())
         return NULL;

@@ -10,7 +10,8 @@
  * driver that refuses is an error naming the kind with nothing changed.
  * integration_pinned_nodriver (argument "nodriver") runs where no driver
  * loads: the same buffers are plain host memory, kDLCPU, the same pages and
- * not a copy. One process holds the producer and consumer clients; each
+ * not a copy. done_events shows a consumer's GPU reads of pinned memory
+ * ordered before the producer rewrites it. One process holds the producer and consumer clients; each
  * client maps the memfd for itself, as separate processes do. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "cuda/driver.h"
 #include "fake_libcuda.h"
 #include "harness.h"
 
@@ -460,6 +462,113 @@ static void no_driver_fallback(void **state) {
   tb_client_disconnect(p);
 }
 
+/* The log's name of the event recorded on stream name (any process), or
+ * fail. */
+static void recorded_on(const char *stream, char *ev, size_t len) {
+  char text[16384], suffix[64];
+
+  fk->log_read(text, sizeof(text));
+  snprintf(suffix, sizeof(suffix), " on %s", stream);
+  if (!fakecuda_text_find(text, 0, "record ", suffix, ev, len)) {
+    show_log();
+    fail_msg("no event recorded on %s", stream);
+  }
+}
+
+/* A GPU reads pinned memory asynchronously (a non-blocking host-to-device
+ * copy on a side stream), so a pinned lease ends as a CUDA lease does: the
+ * consumer's done event is recorded after the stream it named, and the
+ * producer's tb_wait_free with no stream (the host rewrites the buffer)
+ * blocks on that event before it returns; with a stream, the stream waits
+ * instead. Released with no stream, the event goes on the contract's
+ * default stream (spec: legacy); under the explicit contract such a
+ * consumer is a host reader and nothing is recorded or waited for. Busy
+ * mode: every stream looks busy, so no record is skipped as idle. */
+static void done_events(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tb_acquire_options o = latest();
+  const struct tb_cuda *cu;
+  tb_cu_stream s = NULL, sp = NULL;
+  tb_client *p, *c, *x;
+  tb_buffer *b[2];
+  DLManagedTensorVersioned *t = NULL;
+  char ev[64], sp_name[32];
+  uint64_t v;
+
+  assert_int_equal(tb__cuda_load(&cu), 0);
+  fk->set_busy(1);
+  assert_int_equal(tbt_connect(d, "producer", &p), 0);
+  assert_int_equal(tbt_connect(d, "consumer", &c), 0);
+  assert_int_equal(
+      tbt_connect_contract(d, "explicit", TB_CONTRACT_EXPLICIT, &x), 0);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(tb_buffer_create_host(p, 4096, TB_BUFFER_PINNED, &b[i]),
+                     0);
+  assert_int_equal(cu->cuStreamCreate(&s, TB_CU_STREAM_NON_BLOCKING), 0);
+  assert_int_equal(cu->cuStreamCreate(&sp, TB_CU_STREAM_NON_BLOCKING), 0);
+  snprintf(sp_name, sizeof(sp_name), "%s", fk->stream_name(sp));
+
+  /* named at release: recorded on s; the host producer blocks on it */
+  v = publish(p, b[0], 4096, kDLCUDAHost, 1);
+  assert_int_equal(tb_acquire(c, CH, &o, &t), 0);
+  check_bytes(t, 4096, 1);
+  fk->log_clear();
+  assert_int_equal(tb_release(t, s), 0);
+  recorded_on(fk->stream_name(s), ev, sizeof(ev));
+  publish(p, b[1], 4096, kDLCUDAHost, 2); /* v leaves the history */
+  fk->log_clear();
+  assert_int_equal(tb_wait_free(p, CH, v, TBT_TIMEOUT_MS, NULL), 0);
+  expect_lines(log_count("event-synchronize %s", ev), 1,
+               "the producer's host wait on the done event");
+
+  /* declared with tb_lease_use, released with none: recorded on s; a
+   * producer that writes with a stream makes it wait instead */
+  v = v + 1;
+  assert_int_equal(tb_acquire(c, CH, &o, &t), 0);
+  assert_int_equal(tb_lease_use(t, s), 0);
+  fk->log_clear();
+  assert_int_equal(tb_release(t, NULL), 0);
+  recorded_on(fk->stream_name(s), ev, sizeof(ev));
+  publish(p, b[0], 4096, kDLCUDAHost, 3);
+  fk->log_clear();
+  assert_int_equal(tb_wait_free(p, CH, v, TBT_TIMEOUT_MS, sp), 0);
+  expect_lines(log_count("wait %s on %s", sp_name, ev), 1,
+               "the producer stream's wait on the done event");
+  expect_lines(log_prefixed("event-synchronize "), 0,
+               "host waits when a stream was given");
+
+  /* none named, spec contract: the legacy stream, as for a CUDA lease */
+  v = v + 1;
+  assert_int_equal(tb_acquire(c, CH, &o, &t), 0);
+  fk->log_clear();
+  assert_int_equal(tb_release(t, NULL), 0);
+  recorded_on("legacy", ev, sizeof(ev));
+  publish(p, b[1], 4096, kDLCUDAHost, 4);
+  fk->log_clear();
+  assert_int_equal(tb_wait_free(p, CH, v, TBT_TIMEOUT_MS, NULL), 0);
+  expect_lines(log_count("event-synchronize %s", ev), 1,
+               "the host wait after a legacy-stream record");
+
+  /* none named, explicit contract: a host reader, nothing recorded */
+  v = v + 1;
+  assert_int_equal(tb_acquire(x, CH, &o, &t), 0);
+  check_bytes(t, 4096, 4);
+  fk->log_clear();
+  assert_int_equal(tb_release(t, NULL), 0);
+  expect_lines(log_prefixed("record "), 0, "records of a host reader");
+  publish(p, b[0], 4096, kDLCUDAHost, 5);
+  assert_int_equal(tb_wait_free(p, CH, v, TBT_TIMEOUT_MS, NULL), 0);
+  expect_lines(log_prefixed("event-synchronize "), 0,
+               "host waits for a host reader");
+
+  fk->set_busy(0);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(tb_buffer_destroy(b[i]), 0);
+  tb_client_disconnect(x);
+  tb_client_disconnect(c);
+  tb_client_disconnect(p);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest fake[] = {
       cmocka_unit_test_setup_teardown(exchange, tbt_setup, tbt_teardown),
@@ -471,6 +580,7 @@ int main(int argc, char **argv) {
                                       tbt_teardown),
       cmocka_unit_test_setup_teardown(bad_input, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(older_daemon, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(done_events, tbt_setup, tbt_teardown),
   };
   const struct CMUnitTest nodriver[] = {
       cmocka_unit_test_setup_teardown(no_driver_fallback, tbt_setup,

@@ -124,3 +124,72 @@ def test_driver_refuses():
         finally:
             del os.environ["FAKECUDA_HOST_REGISTER_MAX"]
             prod.close()
+
+
+def _cuda_here():
+    """The fake's primary context current and busy mode on (every stream
+    looks busy, so no done event is skipped as idle); a new stream."""
+    cu.cuInit(0)
+    dev = ctypes.c_int()
+    ctx = ctypes.c_void_p()
+    assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+    cu.fakecuda_set_busy(1)
+    s = ctypes.c_void_p()
+    assert cu.cuStreamCreate(ctypes.byref(s), 1) == 0
+    cu.fakecuda_stream_name.restype = ctypes.c_char_p
+    cu.fakecuda_stream_name.argtypes = [ctypes.c_void_p]
+    return s.value, cu.fakecuda_stream_name(s.value).decode()
+
+
+def recorded_on(stream_name):
+    """The event recorded on the stream, as the log names it."""
+    for b in log_bodies():
+        if b.startswith("record ") and b.endswith(" on " + stream_name):
+            return b.split(" ")[1]
+    raise AssertionError("no event recorded on %s: %s" % (stream_name, log_bodies()))
+
+
+def test_gpu_reader_orders_rewrite():
+    """A GPU stage reads a pinned lease asynchronously (a non-blocking copy
+    on its side stream) and says so at release(stream=); the producer's
+    wait_free() blocks until that stream's work is done before it writes
+    the buffer again. A consumer that just drops the lease (del) gets its
+    done event on the contract's default stream (spec: legacy)."""
+    s, s_name = _cuda_here()
+    try:
+        with daemon() as sock:
+            prod = tb.Client(socket=sock, name="cpu-stage")
+            gpu = tb.Client(socket=sock, name="gpu-stage")
+            try:
+                bufs = [prod.empty(N, "B", pinned=True) for _ in range(2)]
+                memoryview(bufs[0]).cast("B")[:] = bytes([1]) * N
+                v = prod.publish(CH, bufs[0])
+                lease = gpu.acquire(CH, exact=v)
+                view = memoryview(lease)      # the consumer library's hold
+                lease.release(stream=s)       # its copy runs on s
+                cu.fakecuda_log_clear()
+                view.release()                # the lease ends here
+                ev = recorded_on(s_name)
+                prod.publish(CH, bufs[1])     # v leaves the history
+                cu.fakecuda_log_clear()
+                prod.wait_free(CH, v, timeout=10)
+                assert ("event-synchronize " + ev) in log_bodies(), log_bodies()
+                memoryview(bufs[0]).cast("B")[:] = bytes([2]) * N  # now safe
+
+                lease = gpu.acquire(CH, exact=v + 1)
+                assert bytes(memoryview(lease))[:4] == bytes(4)
+                cu.fakecuda_log_clear()
+                del lease                     # no stream named: spec's legacy
+                ev = recorded_on("legacy")
+                prod.publish(CH, bufs[0])
+                cu.fakecuda_log_clear()
+                prod.wait_free(CH, v + 1, timeout=10)
+                assert ("event-synchronize " + ev) in log_bodies(), log_bodies()
+                del view, bufs
+            finally:
+                gpu.close()
+                prod.close()
+    finally:
+        cu.fakecuda_set_busy(0)
