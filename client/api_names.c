@@ -148,6 +148,21 @@ const char *tb_memory_kind_name(int kind) {
   }
 }
 
+const char *tb_wait_what_name(int what) {
+  switch (what) {
+  case TB_WAIT_ACQUIRE_LATEST:
+    return "acquire-latest";
+  case TB_WAIT_ACQUIRE_NEXT:
+    return "acquire-next";
+  case TB_WAIT_ACQUIRE_EXACT:
+    return "acquire-exact";
+  case TB_WAIT_FREE:
+    return "wait-free";
+  default:
+    return NULL;
+  }
+}
+
 /* ---- names that take a struct_size ---- */
 
 int tb_lease_get_info(const DLManagedTensorVersioned *t, size_t struct_size,

@@ -324,18 +324,8 @@ static int cmd_leases(tb_client *c, int json) {
 }
 
 static const char *wait_what(int what) {
-  switch (what) {
-  case TB_WAIT_ACQUIRE_LATEST:
-    return "acquire-latest";
-  case TB_WAIT_ACQUIRE_NEXT:
-    return "acquire-next";
-  case TB_WAIT_ACQUIRE_EXACT:
-    return "acquire-exact";
-  case TB_WAIT_FREE:
-    return "wait-free";
-  default:
-    return "?";
-  }
+  const char *name = tb_wait_what_name(what);
+  return name != NULL ? name : "?";
 }
 
 static int cmd_waits(tb_client *c, int json) {

@@ -718,6 +718,12 @@ enum tb_wait_what {
   TB_WAIT_FREE = 3            /* tb_channel_wait_free(): .version freed */
 };
 
+/* "acquire-latest", "acquire-next", "acquire-exact", "wait-free" (as tbctl
+ * and the Python binding show them); NULL for any value this library does
+ * not know (a newer daemon may report waits it does not). Static storage;
+ * any thread. */
+TB_EXPORT const char *tb_wait_what_name(int what);
+
 /* One parked request in the daemon (tb_wait_list); a session has at most
  * one. */
 struct tb_wait_entry {

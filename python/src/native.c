@@ -1518,13 +1518,8 @@ static PyObject *client_leases(ClientObject *self, PyObject *unused) {
 }
 
 static const char *wait_what_name(int what) {
-  switch (what) {
-  case TB_WAIT_ACQUIRE_LATEST: return "acquire-latest";
-  case TB_WAIT_ACQUIRE_NEXT: return "acquire-next";
-  case TB_WAIT_ACQUIRE_EXACT: return "acquire-exact";
-  case TB_WAIT_FREE: return "wait-free";
-  default: return "?";
-  }
+  const char *name = tb_wait_what_name(what);
+  return name != NULL ? name : "?";
 }
 
 static PyObject *client_waits(ClientObject *self, PyObject *unused) {

@@ -19,6 +19,7 @@
 #include <dlpack/dlpack.h>
 
 #include "acl.h"
+#include "capture.h"
 #include "config.h"
 #include "log.h"
 #include "registry.h"
@@ -29,8 +30,6 @@
 typedef Tensorbroker__V1__Request req_t;
 typedef Tensorbroker__V1__ServerMessage msg_t;
 
-#define REPLY_CASE TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY
-#define NOTICE_CASE TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE
 #define LATEST TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_LATEST
 #define PARKED 1
 
@@ -39,82 +38,10 @@ typedef Tensorbroker__V1__ServerMessage msg_t;
 #define CAROL 1002
 #define VIDEO 4400 /* a group bob is in through his supplementary groups */
 
-/* ---- captured output ---- */
+/* ---- request state (captured output: capture.h) ---- */
 
-struct cap {
-  uint64_t sid;
-  msg_t *m;
-  int fd;
-  struct cap *next;
-};
-
-static struct cap *caps;
 static uint64_t next_req = 1;
 static char last_message[512];
-
-static void cap_emit(void *ud, struct tbd_session *s, const msg_t *m,
-                     const int *fds, int nfds) {
-  struct cap *c = calloc(1, sizeof(*c)), **p;
-  size_t n = tensorbroker__v1__server_message__get_packed_size(m);
-  uint8_t *buf = malloc(n + 1);
-
-  (void)ud;
-  assert_non_null(c);
-  assert_non_null(buf);
-  assert_int_equal(tb__server_message_encode(m, buf, n + 1), (long)n);
-  assert_tb_ok(tb__server_message_decode(buf, n, &c->m));
-  free(buf);
-  c->sid = tbd_session_id(s);
-  c->fd = -1;
-  if (nfds == 1) {
-    c->fd = fcntl(fds[0], F_DUPFD_CLOEXEC, 0);
-    assert_true(c->fd >= 0);
-  }
-  for (p = &caps; *p != NULL; p = &(*p)->next)
-    ;
-  *p = c;
-}
-
-static void cap_free(struct cap *c) {
-  if (c->fd >= 0)
-    close(c->fd);
-  tb__server_message_free(c->m);
-  free(c);
-}
-
-static void caps_clear(void) {
-  while (caps != NULL) {
-    struct cap *c = caps;
-    caps = c->next;
-    cap_free(c);
-  }
-}
-
-static struct cap *take(struct tbd_session *s, bool reply, uint64_t arg) {
-  for (struct cap **p = &caps; *p != NULL; p = &(*p)->next) {
-    struct cap *c = *p;
-    bool hit = c->sid == tbd_session_id(s) &&
-               (reply ? c->m->body_case == REPLY_CASE &&
-                            c->m->reply->request_id == arg
-                      : c->m->body_case == NOTICE_CASE &&
-                            (uint64_t)c->m->notice->body_case == arg);
-    if (hit) {
-      *p = c->next;
-      return c;
-    }
-  }
-  return NULL;
-}
-
-static int notices(struct tbd_session *s, int which) {
-  int n = 0;
-  struct cap *c;
-  while ((c = take(s, false, (uint64_t)which)) != NULL) {
-    cap_free(c);
-    n++;
-  }
-  return n;
-}
 
 /* ---- fixtures ---- */
 
@@ -126,7 +53,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  caps_clear();
+  tbt_caps_clear();
   return 0;
 }
 
@@ -157,7 +84,7 @@ static struct tbd_registry *reg_new(const char *const *lines) {
   struct tbd_registry *r;
 
   tbd_limits_default(&lim);
-  assert_tb_ok(tbd_registry_new(&lim, cap_emit, NULL, &r));
+  assert_tb_ok(tbd_registry_new(&lim, tbt_cap_emit, NULL, &r));
   /* root and the daemon's own uid (here 4242) are privileged */
   tbd_registry_set_operators(r, 0, 4242);
   if (lines != NULL)
@@ -167,15 +94,15 @@ static struct tbd_registry *reg_new(const char *const *lines) {
 
 static void reg_free(struct tbd_registry *r) {
   tbd_registry_free(r);
-  caps_clear();
+  tbt_caps_clear();
 }
 
 /* ---- requests ---- */
 
 /* Send q; the reply's status, or PARKED; the reply into *out if asked. */
 static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
-                    int *fds, int nfds, struct cap **out) {
-  struct cap *c;
+                    int *fds, int nfds, struct tbt_cap **out) {
+  struct tbt_cap *c;
   int rc, st;
 
   if (out != NULL)
@@ -183,14 +110,14 @@ static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
   if (q->request_id == 0)
     q->request_id = next_req++;
   rc = tbd_session_request(r, s, q, fds, nfds);
-  c = take(s, true, q->request_id);
+  c = tbt_cap_take_reply(s, q->request_id);
   last_message[0] = '\0';
   if (c != NULL)
     snprintf(last_message, sizeof(last_message), "%s",
              c->m->reply->message ? c->m->reply->message : "");
   if (rc < 0) {
     if (c != NULL)
-      cap_free(c);
+      tbt_cap_free(c);
     return rc;
   }
   if (c == NULL)
@@ -199,7 +126,7 @@ static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
   if (out != NULL)
     *out = c;
   else
-    cap_free(c);
+    tbt_cap_free(c);
   return st;
 }
 
@@ -244,7 +171,7 @@ static uint64_t buffer_ex(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__BufferRegister b =
       TENSORBROKER__V1__BUFFER_REGISTER__INIT;
   int fds[1] = {memfd(may_write)};
-  struct cap *c;
+  struct tbt_cap *c;
   uint64_t id;
 
   if (fd_out != NULL)
@@ -256,7 +183,7 @@ static uint64_t buffer_ex(struct tbd_registry *r, struct tbd_session *s,
   b.consumers_may_write = may_write;
   assert_tb_ok(send_req(r, s, &q, fds, 1, &c));
   id = c->m->reply->buffer_register->buffer_id;
-  cap_free(c);
+  tbt_cap_free(c);
   return id;
 }
 
@@ -268,7 +195,7 @@ static uint64_t event(struct tbd_registry *r, struct tbd_session *s) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__EventRegister e = TENSORBROKER__V1__EVENT_REGISTER__INIT;
   uint8_t handle[64] = {1, 2, 3};
-  struct cap *c;
+  struct tbt_cap *c;
   uint64_t id;
 
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_EVENT_REGISTER;
@@ -277,7 +204,7 @@ static uint64_t event(struct tbd_registry *r, struct tbd_session *s) {
   e.cuda_ipc_event_handle.len = sizeof(handle);
   assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
   id = c->m->reply->event_register->event_id;
-  cap_free(c);
+  tbt_cap_free(c);
   return id;
 }
 
@@ -329,7 +256,7 @@ static int acquire_rel(struct tbd_registry *r, struct tbd_session *s,
                        struct acq *out, uint64_t *req_id) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__Acquire a = TENSORBROKER__V1__ACQUIRE__INIT;
-  struct cap *c;
+  struct tbt_cap *c;
   int st;
 
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
@@ -352,7 +279,7 @@ static int acquire_rel(struct tbd_registry *r, struct tbd_session *s,
     }
   }
   if (c != NULL)
-    cap_free(c);
+    tbt_cap_free(c);
   return st;
 }
 
@@ -418,7 +345,7 @@ static void list_channels(struct tbd_registry *r, struct tbd_session *s,
                           char *out, size_t len) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__ListChannels lc = TENSORBROKER__V1__LIST_CHANNELS__INIT;
-  struct cap *c;
+  struct tbt_cap *c;
 
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_CHANNELS;
   q.list_channels = &lc;
@@ -427,7 +354,7 @@ static void list_channels(struct tbd_registry *r, struct tbd_session *s,
   for (size_t i = 0; i < c->m->reply->list_channels->n_channels; i++)
     snprintf(out + strlen(out), len - strlen(out), "%s%s", i ? " " : "",
              c->m->reply->list_channels->channels[i]->name);
-  cap_free(c);
+  tbt_cap_free(c);
 }
 
 /* The uids of the sessions s is told of, joined by spaces. */
@@ -435,7 +362,7 @@ static void list_sessions(struct tbd_registry *r, struct tbd_session *s,
                           char *out, size_t len) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__ListSessions ls = TENSORBROKER__V1__LIST_SESSIONS__INIT;
-  struct cap *c;
+  struct tbt_cap *c;
 
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_SESSIONS;
   q.list_sessions = &ls;
@@ -444,7 +371,7 @@ static void list_sessions(struct tbd_registry *r, struct tbd_session *s,
   for (size_t i = 0; i < c->m->reply->list_sessions->n_sessions; i++)
     snprintf(out + strlen(out), len - strlen(out), "%s%u", i ? " " : "",
              c->m->reply->list_sessions->sessions[i]->uid);
-  cap_free(c);
+  tbt_cap_free(c);
 }
 
 static struct tbd_counts counts(struct tbd_registry *r) {
@@ -613,20 +540,22 @@ static void test_no_squatting_by_waiting(void **state) {
   assert_tb_ok(publish(r, alice, "later", bid));
   assert_int_equal(tbd__channel_find(r, "later")->owner, ALICE);
   {
-    struct cap *c = take(bob, true, req);
+    struct tbt_cap *c = tbt_cap_take_reply(bob, req);
     assert_non_null(c);
     assert_int_equal(c->m->reply->status, TB_EPERM);
     assert_non_null(strstr(c->m->reply->message,
                            "belongs to uid 1000 (default = owner)"));
-    cap_free(c);
+    tbt_cap_free(c);
   }
-  assert_int_equal(notices(bob, TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION),
-                   0);
+  assert_int_equal(
+      tbt_cap_drop_notices(bob, TENSORBROKER__V1__NOTICE__BODY_NEW_VERSION),
+      0);
   assert_int_equal(counts(r).leases, 0);
   /* nor a ChannelClosed when alice goes */
   tbd_session_close(r, alice);
   assert_int_equal(
-      notices(bob, TENSORBROKER__V1__NOTICE__BODY_CHANNEL_CLOSED), 0);
+      tbt_cap_drop_notices(bob, TENSORBROKER__V1__NOTICE__BODY_CHANNEL_CLOSED),
+      0);
   reg_free(r);
 }
 
@@ -849,7 +778,7 @@ static void test_hello_latest(void **state) {
   static const char *const names[] = {"cuda/a"};
   struct tbt_fake_cuda f;
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  struct cap *c;
+  struct tbt_cap *c;
   uint64_t bid;
 
   (void)state;
@@ -858,7 +787,7 @@ static void test_hello_latest(void **state) {
   q.buffer_register = &f.reg;
   assert_tb_ok(send_req(r, alice, &q, NULL, 0, &c));
   bid = c->m->reply->buffer_register->buffer_id;
-  cap_free(c);
+  tbt_cap_free(c);
   assert_tb_ok(publish_dev(r, alice, "cuda/a", bid, 0, kDLCUDA));
   for (uid_t uid = ALICE; uid <= BOB; uid++) {
     req_t h = TENSORBROKER__V1__REQUEST__INIT;
@@ -877,7 +806,7 @@ static void test_hello_latest(void **state) {
     assert_tb_ok(send_req(r, s, &h, NULL, 0, &c));
     /* alice gets her channel's version; bob not even its name */
     assert_int_equal(c->m->reply->hello->n_latest, uid == ALICE ? 1 : 0);
-    cap_free(c);
+    tbt_cap_free(c);
   }
   reg_free(r);
 }
@@ -890,7 +819,7 @@ static size_t list_count(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__ListLeases ll = TENSORBROKER__V1__LIST_LEASES__INIT;
   Tensorbroker__V1__ListWaits lw = TENSORBROKER__V1__LIST_WAITS__INIT;
   Tensorbroker__V1__ListChannels lc = TENSORBROKER__V1__LIST_CHANNELS__INIT;
-  struct cap *c;
+  struct tbt_cap *c;
   size_t n;
 
   q.body_case = body;
@@ -907,7 +836,7 @@ static size_t list_count(struct tbd_registry *r, struct tbd_session *s,
       : body == TENSORBROKER__V1__REQUEST__BODY_LIST_WAITS
           ? c->m->reply->list_waits->n_waits
           : c->m->reply->list_channels->n_channels;
-  cap_free(c);
+  tbt_cap_free(c);
   return n;
 }
 
@@ -970,7 +899,7 @@ static void test_metrics_filtered(void **state) {
   for (int i = 0; i < 3; i++) {
     req_t q = TENSORBROKER__V1__REQUEST__INIT;
     Tensorbroker__V1__Metrics mq = TENSORBROKER__V1__METRICS__INIT;
-    struct cap *c;
+    struct tbt_cap *c;
     char *text;
 
     q.body_case = TENSORBROKER__V1__REQUEST__BODY_METRICS;
@@ -984,7 +913,7 @@ static void test_metrics_filtered(void **state) {
                      sees[i]);
     assert_non_null(strstr(text, "tensorbroker_channels 1"));
     free(text);
-    cap_free(c);
+    tbt_cap_free(c);
   }
   reg_free(r);
 }

@@ -19,6 +19,7 @@
 #include <dlpack/dlpack.h>
 
 #include "acl.h"
+#include "capture.h"
 #include "config.h"
 #include "log.h"
 #include "registry.h"
@@ -33,68 +34,23 @@ typedef Tensorbroker__V1__ServerMessage msg_t;
 #define EXACT TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT
 #define PARKED 1
 
-/* ---- captured output: the last reply per session, and VersionFree ---- */
+/* ---- request state (captured output: capture.h) ---- */
 
-struct cap {
-  uint64_t sid;
-  msg_t *m;
-  struct cap *next;
-};
-
-static struct cap *caps;
 static uint64_t next_req = 1;
 static char last_message[512];
 static int fds_at_start;
 
-static void cap_emit(void *ud, struct tbd_session *s, const msg_t *m,
-                     const int *fds, int nfds) {
-  struct cap *c = calloc(1, sizeof(*c)), **p;
-  size_t n = tensorbroker__v1__server_message__get_packed_size(m);
-  uint8_t *buf = malloc(n + 1);
+/* c's message, for the caller to free with tb__server_message_free; c goes,
+ * with any descriptor it carried. NULL when c is NULL. */
+static msg_t *cap_message(struct tbt_cap *c) {
+  msg_t *m;
 
-  (void)ud;
-  (void)fds;
-  (void)nfds;
-  assert_non_null(c);
-  assert_non_null(buf);
-  assert_int_equal(tb__server_message_encode(m, buf, n + 1), (long)n);
-  assert_tb_ok(tb__server_message_decode(buf, n, &c->m));
-  free(buf);
-  c->sid = tbd_session_id(s);
-  for (p = &caps; *p != NULL; p = &(*p)->next)
-    ;
-  *p = c;
-}
-
-static void caps_clear(void) {
-  while (caps != NULL) {
-    struct cap *c = caps;
-    caps = c->next;
-    tb__server_message_free(c->m);
-    free(c);
-  }
-}
-
-/* Unlink and return s's first message of kind: a reply to id (id != 0), or
- * a notice of body case notice. */
-static msg_t *take(struct tbd_session *s, uint64_t id, int notice) {
-  for (struct cap **p = &caps; *p != NULL; p = &(*p)->next) {
-    struct cap *c = *p;
-    msg_t *m = c->m;
-    bool hit = c->sid == tbd_session_id(s) &&
-               (id != 0 ? m->body_case ==
-                                  TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY &&
-                              m->reply->request_id == id
-                        : m->body_case ==
-                                  TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE &&
-                              (int)m->notice->body_case == notice);
-    if (hit) {
-      *p = c->next;
-      free(c);
-      return m;
-    }
-  }
-  return NULL;
+  if (c == NULL)
+    return NULL;
+  m = c->m;
+  c->m = NULL;
+  tbt_cap_free(c);
+  return m;
 }
 
 static int count_fds(void) {
@@ -118,7 +74,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  caps_clear();
+  tbt_caps_clear();
   assert_int_equal(count_fds(), fds_at_start);
   return 0;
 }
@@ -130,7 +86,7 @@ static struct tbd_registry *reg_new(const struct tbd_limits *lim) {
   struct tbd_acl *open;
   char err[200];
 
-  assert_tb_ok(tbd_registry_new(lim, cap_emit, NULL, &r));
+  assert_tb_ok(tbd_registry_new(lim, tbt_cap_emit, NULL, &r));
   assert_tb_ok(tbd_acl_new(&open));
   assert_int_equal(tbd_acl_set(open, NULL, "default", "open", err,
                                sizeof(err)), 0);
@@ -140,7 +96,7 @@ static struct tbd_registry *reg_new(const struct tbd_limits *lim) {
 
 static void reg_free(struct tbd_registry *r) {
   tbd_registry_free(r);
-  caps_clear();
+  tbt_caps_clear();
 }
 
 /* Send q; the reply's status (PARKED when none came); its message goes to
@@ -155,7 +111,7 @@ static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
     *out = NULL;
   q->request_id = next_req++;
   rc = tbd_session_request(r, s, q, fds, nfds);
-  m = take(s, q->request_id, 0);
+  m = cap_message(tbt_cap_take_reply(s, q->request_id));
   last_message[0] = '\0';
   if (m != NULL)
     snprintf(last_message, sizeof(last_message), "%s",
@@ -929,13 +885,14 @@ static void test_done_event_cap(void **state) {
     assert_tb_ok(release(r, c[0], lease, e[0]));
     assert_int_equal(wait_free(r, c[0], "d/x", v, -1, NULL), PARKED);
     assert_tb_ok(publish_d(r, p, "d/x", b, true, 0, NULL)); /* v leaves */
-    m = take(p, 0, TENSORBROKER__V1__NOTICE__BODY_VERSION_FREE);
+    m = cap_message(tbt_cap_take_notice(
+        p, TENSORBROKER__V1__NOTICE__BODY_VERSION_FREE));
     assert_non_null(m);
     assert_int_equal(m->notice->version_free->n_done_events, n > 3 ? 3 : n);
     assert_int_equal(m->notice->version_free->done_events_dropped,
                      n > 3 ? n - 3 : 0);
     tb__server_message_free(m);
-    for (struct cap *k = caps; k != NULL; k = k->next)
+    for (struct tbt_cap *k = tbt_caps; k != NULL; k = k->next)
       if (k->sid == tbd_session_id(c[0]) &&
           k->m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY) {
         assert_int_equal(k->m->reply->wait_free->done_events_dropped,

@@ -20,6 +20,7 @@
 #include <dlpack/dlpack.h>
 
 #include "alloc.h"
+#include "capture.h"
 #include "config.h"
 #include "log.h"
 #include "metrics.h"
@@ -48,16 +49,8 @@ typedef Tensorbroker__V1__ServerMessage msg_t;
 #define EXACT TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT
 #define PARKED 1
 
-/* ---- captured output ---- */
+/* ---- fake clock, request state (captured output: capture.h) ---- */
 
-struct cap {
-  uint64_t sid;
-  msg_t *m;
-  int fd;
-  struct cap *next;
-};
-
-static struct cap *caps;
 static uint64_t fake_now = 1000;
 static uint64_t next_req = 1;
 static int fds_at_start;
@@ -67,93 +60,6 @@ static char last_message[256];
 static uint64_t fake_clock(void *ud) {
   (void)ud;
   return fake_now;
-}
-
-static void cap_emit(void *ud, struct tbd_session *s, const msg_t *m,
-                     const int *fds, int nfds) {
-  struct cap *c = calloc(1, sizeof(*c)), **p;
-  size_t n = tensorbroker__v1__server_message__get_packed_size(m);
-  uint8_t *buf = malloc(n + 1);
-
-  (void)ud;
-  assert_non_null(c);
-  assert_non_null(buf);
-  /* through the real codec, as a client would see it */
-  assert_int_equal(tb__server_message_encode(m, buf, n + 1), (long)n);
-  assert_tb_ok(tb__server_message_decode(buf, n, &c->m));
-  free(buf);
-  c->sid = tbd_session_id(s);
-  c->fd = -1;
-  assert_true(nfds <= 1);
-  if (nfds == 1) {
-    c->fd = fcntl(fds[0], F_DUPFD_CLOEXEC, 0);
-    assert_true(c->fd >= 0);
-  }
-  for (p = &caps; *p != NULL; p = &(*p)->next)
-    ;
-  *p = c;
-}
-
-static void cap_free(struct cap *c) {
-  if (c->fd >= 0)
-    close(c->fd);
-  tb__server_message_free(c->m);
-  free(c);
-}
-
-static void caps_clear(void) {
-  while (caps != NULL) {
-    struct cap *c = caps;
-    caps = c->next;
-    cap_free(c);
-  }
-}
-
-static int count_for(struct tbd_session *s) {
-  int n = 0;
-  for (struct cap *c = caps; c != NULL; c = c->next)
-    n += c->sid == tbd_session_id(s);
-  return n;
-}
-
-static struct cap *unlink_first(bool (*pred)(struct cap *, uint64_t),
-                                uint64_t sid, uint64_t arg) {
-  for (struct cap **p = &caps; *p != NULL; p = &(*p)->next) {
-    struct cap *c = *p;
-    if (c->sid == sid && pred(c, arg)) {
-      *p = c->next;
-      return c;
-    }
-  }
-  return NULL;
-}
-
-static bool is_reply(struct cap *c, uint64_t id) {
-  return c->m->body_case == REPLY_CASE && c->m->reply->request_id == id;
-}
-
-static bool is_notice(struct cap *c, uint64_t which) {
-  return c->m->body_case == NOTICE_CASE &&
-         (uint64_t)c->m->notice->body_case == which;
-}
-
-/* The reply to request id for s, or NULL when none was sent. */
-static struct cap *take_reply(struct tbd_session *s, uint64_t id) {
-  return unlink_first(is_reply, tbd_session_id(s), id);
-}
-
-static struct cap *take_notice(struct tbd_session *s, int which) {
-  return unlink_first(is_notice, tbd_session_id(s), (uint64_t)which);
-}
-
-static int drop_notices(struct tbd_session *s, int which) {
-  int n = 0;
-  struct cap *c;
-  while ((c = take_notice(s, which)) != NULL) {
-    cap_free(c);
-    n++;
-  }
-  return n;
 }
 
 /* ---- fixtures ---- */
@@ -178,7 +84,7 @@ static struct tbd_registry *reg_new(const struct tbd_limits *lim) {
     tbd_limits_default(&def);
     lim = &def;
   }
-  assert_tb_ok(tbd_registry_new(lim, cap_emit, NULL, &r));
+  assert_tb_ok(tbd_registry_new(lim, tbt_cap_emit, NULL, &r));
   tbd_registry_set_clock(r, fake_clock, NULL);
   return r;
 }
@@ -192,7 +98,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  caps_clear();
+  tbt_caps_clear();
   tbd_alloc_fail_at(0, 0);
   assert_int_equal(count_fds(), fds_at_start);
   return 0;
@@ -200,7 +106,7 @@ static int teardown(void **state) {
 
 static void reg_free(struct tbd_registry *r) {
   tbd_registry_free(r);
-  caps_clear();
+  tbt_caps_clear();
 }
 
 /* ---- requests ---- */
@@ -208,8 +114,8 @@ static void reg_free(struct tbd_registry *r) {
 /* Send q; returns the reply's status, PARKED when none came, and passes the
  * reply (or NULL) to *out when out is not NULL. */
 static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
-                    int *fds, int nfds, struct cap **out) {
-  struct cap *c;
+                    int *fds, int nfds, struct tbt_cap **out) {
+  struct tbt_cap *c;
   int rc, st;
 
   if (out != NULL)
@@ -217,13 +123,13 @@ static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
   if (q->request_id == 0)
     q->request_id = next_req++;
   rc = tbd_session_request(r, s, q, fds, nfds);
-  c = take_reply(s, q->request_id);
+  c = tbt_cap_take_reply(s, q->request_id);
   if (c != NULL)
     snprintf(last_message, sizeof(last_message), "%s",
              c->m->reply->message ? c->m->reply->message : "");
   if (rc < 0) {
     if (c != NULL)
-      cap_free(c);
+      tbt_cap_free(c);
     return rc;
   }
   if (c == NULL) {
@@ -235,7 +141,7 @@ static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
   if (out != NULL)
     *out = c;
   else
-    cap_free(c);
+    tbt_cap_free(c);
   return st;
 }
 
@@ -258,7 +164,7 @@ static int hello(struct tbd_registry *r, struct tbd_session *s,
  * and passes the reply to *out when out is not NULL. */
 static int hello_ex(struct tbd_registry *r, struct tbd_session *s, bool cuda,
                     bool prefetch, const char *const *names, size_t n,
-                    struct cap **out) {
+                    struct tbt_cap **out) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
 
@@ -321,7 +227,7 @@ static int reg_buffer_fd_ex(struct tbd_registry *r, struct tbd_session *s,
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__BufferRegister b =
       TENSORBROKER__V1__BUFFER_REGISTER__INIT;
-  struct cap *c;
+  struct tbt_cap *c;
   int fds[1] = {fd};
   int st;
 
@@ -336,7 +242,7 @@ static int reg_buffer_fd_ex(struct tbd_registry *r, struct tbd_session *s,
     assert_int_equal(c->m->reply->buffer_register->generation, 1);
   }
   if (st <= 0 && c != NULL)
-    cap_free(c);
+    tbt_cap_free(c);
   return st;
 }
 
@@ -356,7 +262,7 @@ static uint64_t cuda_buffer(struct tbd_registry *r, struct tbd_session *s,
                             uint8_t tag) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   struct tbt_fake_cuda f;
-  struct cap *c;
+  struct tbt_cap *c;
   uint64_t id;
 
   tbt_fake_cuda_init(&f, tag);
@@ -364,7 +270,7 @@ static uint64_t cuda_buffer(struct tbd_registry *r, struct tbd_session *s,
   q.buffer_register = &f.reg;
   assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
   id = c->m->reply->buffer_register->buffer_id;
-  cap_free(c);
+  tbt_cap_free(c);
   return id;
 }
 
@@ -372,7 +278,7 @@ static uint64_t event(struct tbd_registry *r, struct tbd_session *s) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__EventRegister e = TENSORBROKER__V1__EVENT_REGISTER__INIT;
   uint8_t handle[64] = {1, 2, 3};
-  struct cap *c;
+  struct tbt_cap *c;
   uint64_t id;
 
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_EVENT_REGISTER;
@@ -381,7 +287,7 @@ static uint64_t event(struct tbd_registry *r, struct tbd_session *s) {
   e.cuda_ipc_event_handle.len = sizeof(handle);
   assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
   id = c->m->reply->event_register->event_id;
-  cap_free(c);
+  tbt_cap_free(c);
   return id;
 }
 
@@ -403,7 +309,7 @@ static int publish_ex(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__Device d = TENSORBROKER__V1__DEVICE__INIT;
   int64_t shape[80];
   uint8_t meta[8192];
-  struct cap *c;
+  struct tbt_cap *c;
   int st;
 
   for (size_t i = 0; i < 80; i++)
@@ -431,7 +337,7 @@ static int publish_ex(struct tbd_registry *r, struct tbd_session *s,
   if (st == 0 && version != NULL)
     *version = c->m->reply->publish->version;
   if (c != NULL)
-    cap_free(c);
+    tbt_cap_free(c);
   return st;
 }
 
@@ -459,7 +365,7 @@ static int acquire_ex(struct tbd_registry *r, struct tbd_session *s,
                       int64_t timeout, struct acq *out, uint64_t *req_id) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
   Tensorbroker__V1__Acquire a = TENSORBROKER__V1__ACQUIRE__INIT;
-  struct cap *c;
+  struct tbt_cap *c;
   int st;
 
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
@@ -487,7 +393,7 @@ static int acquire_ex(struct tbd_registry *r, struct tbd_session *s,
     assert_int_equal(ar->layout->shape[0], 16);
   }
   if (c != NULL)
-    cap_free(c);
+    tbt_cap_free(c);
   return st;
 }
 
@@ -500,7 +406,7 @@ static struct acq acquire(struct tbd_registry *r, struct tbd_session *s,
 
 /* The reply to a parked request, now. */
 static int parked_reply(struct tbd_session *s, uint64_t id, struct acq *out) {
-  struct cap *c = take_reply(s, id);
+  struct tbt_cap *c = tbt_cap_take_reply(s, id);
   int st;
 
   if (c == NULL)
@@ -512,7 +418,7 @@ static int parked_reply(struct tbd_session *s, uint64_t id, struct acq *out) {
     out->lease = c->m->reply->acquire->lease_id;
     out->version = c->m->reply->acquire->version;
   }
-  cap_free(c);
+  tbt_cap_free(c);
   return st;
 }
 
@@ -598,24 +504,24 @@ static struct tbd_counts counts(struct tbd_registry *r) {
 
 /* Take the VersionFree notice for version v; returns its done events. */
 static size_t expect_free(struct tbd_session *s, uint64_t v) {
-  struct cap *c = take_notice(s, N_FREE);
+  struct tbt_cap *c = tbt_cap_take_notice(s, N_FREE);
   size_t n;
 
   assert_non_null(c);
   assert_int_equal(c->m->notice->version_free->version, v);
   n = c->m->notice->version_free->n_done_events;
-  cap_free(c);
+  tbt_cap_free(c);
   return n;
 }
 
 /* s's next notice is a NewVersion without a buffer or a ready event. */
 static void expect_plain_new(struct tbd_session *s) {
-  struct cap *m = take_notice(s, N_NEW);
+  struct tbt_cap *m = tbt_cap_take_notice(s, N_NEW);
 
   assert_non_null(m);
   assert_null(m->m->notice->new_version->buffer);
   assert_null(m->m->notice->new_version->ready_event);
-  cap_free(m);
+  tbt_cap_free(m);
 }
 
 /* ---- tests ---- */
@@ -638,7 +544,7 @@ static void test_publish_acquire_release(void **state) {
   assert_tb_ok(release(r, c, a2.lease));
   assert_int_equal(counts(r).leases, 0);
   /* still in history (depth 1): not free yet */
-  assert_null(take_notice(p, N_FREE));
+  assert_null(tbt_cap_take_notice(p, N_FREE));
   assert_int_equal(publish(r, p, "cam/frames", b, 0), 2);
   assert_int_equal(expect_free(p, 1), 0);
   assert_int_equal(counts(r).versions, 1);
@@ -652,7 +558,7 @@ static void test_publish_acquire_release(void **state) {
   assert_int_equal(counts(r).leases, 1);
   /* one-way release: no reply */
   assert_tb_ok(release_ex(r, c, a1.lease, 0, false));
-  assert_int_equal(count_for(c), 0);
+  assert_int_equal(tbt_caps_count(c), 0);
   assert_int_equal(counts(r).leases, 0);
   reg_free(r);
 }
@@ -667,11 +573,11 @@ static void test_history_depth_3(void **state) {
   for (int i = 1; i <= 3; i++)
     assert_int_equal(publish(r, p, "x", b, 3), (uint64_t)i);
   assert_int_equal(counts(r).versions, 3);
-  assert_null(take_notice(p, N_FREE));
+  assert_null(tbt_cap_take_notice(p, N_FREE));
   a = acquire(r, c, "x", EXACT, 1);
   assert_int_equal(a.version, 1);
   publish(r, p, "x", b, 0); /* 4: 1 leaves history but is leased */
-  assert_null(take_notice(p, N_FREE));
+  assert_null(tbt_cap_take_notice(p, N_FREE));
   assert_int_equal(counts(r).versions, 4);
   publish(r, p, "x", b, 0); /* 5: 2 leaves history, unleased: freed */
   assert_int_equal(expect_free(p, 2), 0);
@@ -681,7 +587,7 @@ static void test_history_depth_3(void **state) {
   /* depth back to 1: two more leave */
   publish(r, p, "x", b, 1);
   assert_int_equal(counts(r).versions, 1);
-  assert_int_equal(drop_notices(p, N_FREE), 3);
+  assert_int_equal(tbt_cap_drop_notices(p, N_FREE), 3);
   reg_free(r);
 }
 
@@ -691,7 +597,7 @@ static void test_done_events_collected(void **state) {
                      *c2 = session(r, 12);
   uint64_t b = buffer(r, p), e1 = event(r, c1), e2 = event(r, c2);
   struct acq a1, a1b, a2;
-  struct cap *m;
+  struct tbt_cap *m;
 
   (void)state;
   publish(r, p, "x", b, 0);
@@ -699,14 +605,14 @@ static void test_done_events_collected(void **state) {
   a1b = acquire(r, c1, "x", LATEST, 0);
   a2 = acquire(r, c2, "x", LATEST, 0);
   publish(r, p, "x", b, 0); /* 1 leaves history, three leases left */
-  assert_null(take_notice(p, N_FREE));
+  assert_null(tbt_cap_take_notice(p, N_FREE));
   /* someone else's event is refused and changes nothing */
   assert_tb_err(release_ex(r, c1, a1.lease, e2, true), TB_EPERM);
   assert_tb_ok(release_ex(r, c1, a1.lease, e1, true));
   assert_tb_ok(release_ex(r, c1, a1b.lease, e1, true)); /* same event */
-  assert_null(take_notice(p, N_FREE));
+  assert_null(tbt_cap_take_notice(p, N_FREE));
   assert_tb_ok(release_ex(r, c2, a2.lease, e2, true));
-  m = take_notice(p, N_FREE);
+  m = tbt_cap_take_notice(p, N_FREE);
   assert_non_null(m);
   assert_int_equal(m->m->notice->version_free->version, 1);
   assert_int_equal(m->m->notice->version_free->buffer_id, b);
@@ -714,7 +620,7 @@ static void test_done_events_collected(void **state) {
   assert_int_equal(m->m->notice->version_free->done_events[0]->event_id, e1);
   assert_int_equal(m->m->notice->version_free->done_events[1]->event_id, e2);
   assert_int_equal(m->m->notice->version_free->done_events[1]->owner_pid, 12);
-  cap_free(m);
+  tbt_cap_free(m);
   reg_free(r);
 }
 
@@ -728,7 +634,7 @@ static void test_ready_complete(void **state) {
   struct pub done = {.depth = 4, .meta_len = 3, .event = e, .complete = true};
   struct pub none = {.depth = 4, .meta_len = 3, .complete = true};
   struct acq a1, a2, a3;
-  struct cap *m;
+  struct tbt_cap *m;
 
   (void)state;
   assert_tb_ok(publish_ex(r, p, "x", b, &busy, NULL));
@@ -749,7 +655,7 @@ static void test_ready_complete(void **state) {
   publish(r, p, "x", b, 1); /* 1..3 leave history, all released */
   for (int i = 0; i < 3; i++) { /* one notice per version, any order */
     Tensorbroker__V1__VersionFree *vf;
-    m = take_notice(p, N_FREE);
+    m = tbt_cap_take_notice(p, N_FREE);
     assert_non_null(m);
     vf = m->m->notice->version_free;
     assert_in_range(vf->version, 1, 3);
@@ -757,9 +663,9 @@ static void test_ready_complete(void **state) {
     assert_int_equal(vf->n_done_events, vf->version == 1 ? 1 : 0);
     if (vf->version == 1)
       assert_false(vf->done_events[0]->complete);
-    cap_free(m);
+    tbt_cap_free(m);
   }
-  assert_null(take_notice(p, N_FREE));
+  assert_null(tbt_cap_take_notice(p, N_FREE));
   reg_free(r);
 }
 
@@ -774,7 +680,7 @@ static void test_consumer_close_releases(void **state) {
   acquire(r, c, "x", LATEST, 0);
   simple(r, c, SUBSCRIBE, "x", 0);
   publish(r, p, "x", b, 0);
-  assert_null(take_notice(p, N_FREE));
+  assert_null(tbt_cap_take_notice(p, N_FREE));
   tbd_session_close(r, c); /* crashed consumer */
   assert_int_equal(expect_free(p, 1), 0); /* no done events */
   assert_int_equal(counts(r).leases, 0);
@@ -791,22 +697,22 @@ static void test_producer_close(void **state) {
   uint64_t b = buffer(r, p), b2;
   uint64_t id;
   struct acq a;
-  struct cap *m;
+  struct tbt_cap *m;
 
   (void)state;
   simple(r, sub, SUBSCRIBE, "x", 0);
   publish(r, p, "x", b, 0);
-  assert_int_equal(drop_notices(sub, N_NEW), 1);
+  assert_int_equal(tbt_cap_drop_notices(sub, N_NEW), 1);
   a = acquire(r, c, "x", LATEST, 0);
   assert_int_equal(acquire_ex(r, w, "x", NEXT, 1, -1, NULL, &id), PARKED);
   tbd_session_close(r, p);
   /* subscriber and lease holder are told, once each */
-  assert_int_equal(drop_notices(sub, N_CLOSED), 1);
-  m = take_notice(c, N_CLOSED);
+  assert_int_equal(tbt_cap_drop_notices(sub, N_CLOSED), 1);
+  m = tbt_cap_take_notice(c, N_CLOSED);
   assert_non_null(m);
   assert_string_equal(m->m->notice->channel_closed->channel, "x");
-  cap_free(m);
-  assert_null(take_notice(c, N_CLOSED));
+  tbt_cap_free(m);
+  assert_null(tbt_cap_take_notice(c, N_CLOSED));
   /* the parked acquire waits on, for a new producer */
   assert_int_equal(parked_reply(w, id, NULL), PARKED);
   /* host memory outlives its producer: what was published stays readable */
@@ -860,7 +766,7 @@ static void test_producer_close_reason(void **state) {
     Tensorbroker__V1__Goodbye gb = TENSORBROKER__V1__GOODBYE__INIT;
     struct tbd_session *p;
     struct acq a1, a2;
-    struct cap *m;
+    struct tbt_cap *m;
     char ch[8];
 
     assert_tb_ok(tbd_session_open(r, 20 + (pid_t)i, 1000, 1000, NULL, &p));
@@ -885,21 +791,21 @@ static void test_producer_close_reason(void **state) {
       g.body_case = TENSORBROKER__V1__REQUEST__BODY_GOODBYE;
       g.goodbye = &gb;
       assert_tb_ok(tbd_session_request(r, p, &g, NULL, 0));
-      assert_null(take_reply(p, 0)); /* one-way */
+      assert_null(tbt_cap_take_reply(p, 0)); /* one-way */
     }
     if (cases[i].hung)
       tbd_session_hung_up(p);
     assert_int_equal(tbd_session_abrupt(p),
                      strncmp(cases[i].want, "publisher ended", 15) == 0);
     tbd_session_close(r, p);
-    m = take_notice(c, N_CLOSED);
+    m = tbt_cap_take_notice(c, N_CLOSED);
     assert_non_null(m);
     assert_string_equal(m->m->notice->channel_closed->channel, ch);
     assert_string_equal(m->m->notice->channel_closed->reason, cases[i].want);
     /* the version named in the reason, as a number too */
     assert_int_equal(m->m->notice->channel_closed->unfinished_version,
                      strstr(cases[i].want, "version 2") != NULL ? 2 : 0);
-    cap_free(m);
+    tbt_cap_free(m);
     assert_tb_ok(release(r, c, a1.lease));
     assert_tb_ok(release(r, c, a2.lease));
   }
@@ -942,19 +848,19 @@ static void test_cuda_producer_gone(void **state) {
                      "no version is left that can be granted";
   struct tbd_channel *ch;
   struct acq a;
-  struct cap *m;
+  struct tbt_cap *m;
 
   (void)state;
   assert_tb_ok(simple(r, sub, SUBSCRIBE, "g", 0));
   for (int i = 1; i <= 3; i++)
     assert_tb_ok(publish_ex(r, p, "g", b, &gpu, NULL));
-  assert_int_equal(drop_notices(sub, N_NEW), 3);
+  assert_int_equal(tbt_cap_drop_notices(sub, N_NEW), 3);
   a = acquire(r, c, "g", EXACT, 2);
   tbd_session_hung_up(p);
   tbd_session_close(r, p);
   /* the notices are as before */
-  assert_int_equal(drop_notices(sub, N_CLOSED), 1);
-  assert_int_equal(drop_notices(c, N_CLOSED), 1);
+  assert_int_equal(tbt_cap_drop_notices(sub, N_CLOSED), 1);
+  assert_int_equal(tbt_cap_drop_notices(c, N_CLOSED), 1);
   /* 1 and 3 freed at once; 2 is kept for its lease, out of the history */
   assert_int_equal(counts(r).versions, 1);
   assert_int_equal(counts(r).buffers, 1);
@@ -996,19 +902,19 @@ static void test_cuda_producer_gone(void **state) {
   assert_tb_ok(tbd_session_open(r, 13, 1000, 1000, NULL, &named));
   assert_tb_ok(hello_ex(r, named, true, true, names, 1, &m));
   assert_int_equal(m->m->reply->hello->n_latest, 0);
-  cap_free(m);
+  tbt_cap_free(m);
 
   /* the lease held works on: WaitFree sees it, the release frees the
    * version and its buffer */
   assert_int_equal(wait_free(r, sub, "g", 2, 0, NULL), TB_EBUSY);
   assert_int_equal(wait_free(r, sub, "g", 2, -1, &id), PARKED);
-  assert_null(take_notice(c, N_RETIRED));
+  assert_null(tbt_cap_take_notice(c, N_RETIRED));
   assert_tb_ok(release(r, c, a.lease));
   assert_int_equal(parked_reply(sub, id, NULL), 0);
-  m = take_notice(c, N_RETIRED);
+  m = tbt_cap_take_notice(c, N_RETIRED);
   assert_non_null(m);
   assert_int_equal(m->m->notice->buffer_retired->buffer_id, b);
-  cap_free(m);
+  tbt_cap_free(m);
   assert_int_equal(counts(r).versions, 0);
   assert_int_equal(counts(r).buffers, 0);
   assert_int_equal(counts(r).leases, 0);
@@ -1035,7 +941,7 @@ static void test_cuda_producer_restarts(void **state) {
   assert_int_equal(acquire_ex(r, w2, "g", NEXT, 3, 5000, NULL, &id2), PARKED);
   assert_tb_ok(simple(r, w1, SUBSCRIBE, "g", 0));
   tbd_session_close(r, p);
-  assert_int_equal(drop_notices(w1, N_CLOSED), 1);
+  assert_int_equal(tbt_cap_drop_notices(w1, N_CLOSED), 1);
   assert_int_equal(parked_reply(w1, id1, NULL), PARKED);
   assert_int_equal(parked_reply(w2, id2, NULL), PARKED);
   assert_int_equal(counts(r).waits, 2);
@@ -1137,7 +1043,7 @@ static void test_buffer_retire(void **state) {
   struct tbd_session *p = session(r, 10), *c = session(r, 11);
   uint64_t b = buffer(r, p), b2 = buffer(r, p);
   struct acq a;
-  struct cap *m;
+  struct tbt_cap *m;
 
   (void)state;
   publish(r, p, "x", b, 0);
@@ -1148,14 +1054,14 @@ static void test_buffer_retire(void **state) {
   /* retired: no new publish, but the held version still reads */
   assert_tb_err(publish_ex(r, p, "x", b, NULL, NULL), TB_ENOTFOUND);
   assert_int_equal(counts(r).buffers, 2);
-  assert_null(take_notice(c, N_RETIRED));
+  assert_null(tbt_cap_take_notice(c, N_RETIRED));
   publish(r, p, "x", b2, 0); /* v1 leaves history, still leased */
-  assert_null(take_notice(c, N_RETIRED));
+  assert_null(tbt_cap_take_notice(c, N_RETIRED));
   assert_tb_ok(release(r, c, a.lease));
-  m = take_notice(c, N_RETIRED);
+  m = tbt_cap_take_notice(c, N_RETIRED);
   assert_non_null(m);
   assert_int_equal(m->m->notice->buffer_retired->buffer_id, b);
-  cap_free(m);
+  tbt_cap_free(m);
   assert_int_equal(counts(r).buffers, 1);
   reg_free(r);
 }
@@ -1172,7 +1078,7 @@ static void test_forget_reattaches(void **state) {
   assert_true(a.fd_attached);
   release(r, c, a.lease);
   assert_tb_ok(simple(r, c, FORGET, NULL, b));
-  assert_int_equal(count_for(c), 0); /* one-way */
+  assert_int_equal(tbt_caps_count(c), 0); /* one-way */
   a = acquire(r, c, "x", LATEST, 0);
   assert_true(a.fd_attached);
   reg_free(r);
@@ -1271,22 +1177,22 @@ static void test_subscriptions(void **state) {
   struct tbd_registry *r = reg_new(NULL);
   struct tbd_session *p = session(r, 10), *c = session(r, 11);
   uint64_t b = buffer(r, p);
-  struct cap *m;
+  struct tbt_cap *m;
 
   (void)state;
   assert_tb_ok(simple(r, c, SUBSCRIBE, "later", 0));
   assert_tb_ok(simple(r, c, SUBSCRIBE, "later", 0)); /* idempotent */
   assert_tb_err(simple(r, c, SUBSCRIBE, "../bad", 0), TB_ENAME);
   publish(r, p, "later", b, 0);
-  m = take_notice(c, N_NEW);
+  m = tbt_cap_take_notice(c, N_NEW);
   assert_non_null(m);
   assert_string_equal(m->m->notice->new_version->channel, "later");
   assert_int_equal(m->m->notice->new_version->version, 1);
-  cap_free(m);
+  tbt_cap_free(m);
   assert_tb_ok(simple(r, c, UNSUBSCRIBE, "later", 0));
   assert_tb_err(simple(r, c, UNSUBSCRIBE, "later", 0), TB_ENOTFOUND);
   publish(r, p, "later", b, 0);
-  assert_int_equal(count_for(c), 0);
+  assert_int_equal(tbt_caps_count(c), 0);
   reg_free(r);
 }
 
@@ -1303,7 +1209,7 @@ static void test_prefetch_notices(void **state) {
            hb = buffer(r, p), e = event(r, p);
   struct pub gpu = {.dev_type = kDLCUDA, .meta_len = 3, .event = e};
   Tensorbroker__V1__NewVersion *nv;
-  struct cap *m;
+  struct tbt_cap *m;
 
   (void)state;
   assert_tb_ok(simple(r, c, SUBSCRIBE, "g", 0));
@@ -1312,7 +1218,7 @@ static void test_prefetch_notices(void **state) {
   assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
   /* prefetch asked by a session that cannot map CUDA memory: plain */
   expect_plain_new(h);
-  m = take_notice(c, N_NEW);
+  m = tbt_cap_take_notice(c, N_NEW);
   assert_non_null(m);
   nv = m->m->notice->new_version;
   assert_int_equal(nv->version, 1);
@@ -1326,32 +1232,32 @@ static void test_prefetch_notices(void **state) {
   assert_non_null(nv->ready_event);
   assert_int_equal(nv->ready_event->event_id, e);
   assert_int_equal(nv->ready_event->cuda_ipc_event_handle.len, 64);
-  cap_free(m);
+  tbt_cap_free(m);
   expect_plain_new(o); /* no prefetch asked */
   /* the same buffer again: no handle; a new one: its handle */
   assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
   expect_plain_new(c);
   assert_tb_ok(publish_ex(r, p, "g", b2, &gpu, NULL));
-  m = take_notice(c, N_NEW);
+  m = tbt_cap_take_notice(c, N_NEW);
   assert_non_null(m);
   assert_non_null(m->m->notice->new_version->buffer);
   assert_int_equal(m->m->notice->new_version->buffer->buffer_id, b2);
   assert_int_equal(m->m->notice->new_version->buffer->cuda_ipc_handle.data[0],
                    0x22);
-  cap_free(m);
+  tbt_cap_free(m);
   publish(r, p, "g", hb, 0); /* host memory travels with the acquire */
   expect_plain_new(c);
-  assert_int_equal(drop_notices(o, N_NEW), 3);
-  assert_int_equal(drop_notices(h, N_NEW), 3);
+  assert_int_equal(tbt_cap_drop_notices(o, N_NEW), 3);
+  assert_int_equal(tbt_cap_drop_notices(h, N_NEW), 3);
   /* b1 retired, none of its versions left: the prefetching session, which
    * never acquired it, is told; the other is not */
   assert_tb_ok(simple(r, p, UNREGISTER, NULL, b1));
-  m = take_notice(c, N_RETIRED);
+  m = tbt_cap_take_notice(c, N_RETIRED);
   assert_non_null(m);
   assert_int_equal(m->m->notice->buffer_retired->buffer_id, b1);
-  cap_free(m);
-  assert_null(take_notice(o, N_RETIRED));
-  assert_null(take_notice(h, N_RETIRED));
+  tbt_cap_free(m);
+  assert_null(tbt_cap_take_notice(o, N_RETIRED));
+  assert_null(tbt_cap_take_notice(h, N_RETIRED));
   reg_free(r);
 }
 
@@ -1369,7 +1275,7 @@ static void test_hello_channels(void **state) {
   const char *many[TB_CONNECT_CHANNELS_MAX + 1];
   const char *bad[] = {"g", "a/../b"};
   Tensorbroker__V1__HelloReply *hr;
-  struct cap *m;
+  struct tbt_cap *m;
 
   (void)state;
   assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
@@ -1390,7 +1296,7 @@ static void test_hello_channels(void **state) {
   assert_int_equal(hr->latest[0]->buffer->cuda_ipc_handle.data[0], 0x11);
   assert_non_null(hr->latest[0]->ready_event);
   assert_int_equal(hr->latest[0]->ready_event->event_id, e);
-  cap_free(m);
+  tbt_cap_free(m);
   /* sent once: a subscriber's notice of the same buffer comes plain */
   assert_tb_ok(simple(r, c, SUBSCRIBE, "g", 0));
   assert_tb_ok(publish_ex(r, p, "g", b1, &gpu, NULL));
@@ -1400,10 +1306,10 @@ static void test_hello_channels(void **state) {
   publish(r, p, "g", hb, 0);
   expect_plain_new(c);
   assert_tb_ok(simple(r, p, UNREGISTER, NULL, b1));
-  m = take_notice(c, N_RETIRED);
+  m = tbt_cap_take_notice(c, N_RETIRED);
   assert_non_null(m);
   assert_int_equal(m->m->notice->buffer_retired->buffer_id, b1);
-  cap_free(m);
+  tbt_cap_free(m);
 
   /* without prefetch: nothing */
   b1 = cuda_buffer(r, p, 0x12);
@@ -1411,7 +1317,7 @@ static void test_hello_channels(void **state) {
   assert_tb_ok(tbd_session_open(r, 12, 1000, 1000, NULL, &o));
   assert_tb_ok(hello_ex(r, o, true, false, names, 4, &m));
   assert_int_equal(m->m->reply->hello->n_latest, 0);
-  cap_free(m);
+  tbt_cap_free(m);
 
   /* too many names, a bad one: refused, and the session may still say a
    * good Hello, which gets the buffer */
@@ -1425,7 +1331,7 @@ static void test_hello_channels(void **state) {
   assert_tb_ok(hello_ex(r, x, true, true, many, TB_CONNECT_CHANNELS_MAX, &m));
   assert_int_equal(m->m->reply->hello->n_latest, 1);
   assert_int_equal(m->m->reply->hello->latest[0]->buffer->buffer_id, b1);
-  cap_free(m);
+  tbt_cap_free(m);
   reg_free(r);
 }
 
@@ -1442,7 +1348,7 @@ static void test_hello_channels_room(void **state) {
   const char *ptr[TB_CONNECT_CHANNELS_MAX];
   uint64_t bufs[TB_CONNECT_CHANNELS_MAX];
   size_t packed, n;
-  struct cap *m;
+  struct tbt_cap *m;
 
   (void)state;
   tbd_limits_default(&lim);
@@ -1466,15 +1372,15 @@ static void test_hello_channels_room(void **state) {
   assert_true(packed <= lim.max_message);
   for (size_t i = 0; i < n; i++)
     assert_string_equal(m->m->reply->hello->latest[i]->channel, names[i]);
-  cap_free(m);
+  tbt_cap_free(m);
   /* the first left out: its buffer comes with the next notice */
   assert_tb_ok(simple(r, c, SUBSCRIBE, names[n], 0));
   assert_tb_ok(publish_ex(r, p, names[n], bufs[n], &gpu, NULL));
-  m = take_notice(c, N_NEW);
+  m = tbt_cap_take_notice(c, N_NEW);
   assert_non_null(m);
   assert_non_null(m->m->notice->new_version->buffer);
   assert_int_equal(m->m->notice->new_version->buffer->buffer_id, bufs[n]);
-  cap_free(m);
+  tbt_cap_free(m);
   reg_free(r);
 }
 
@@ -1491,30 +1397,30 @@ static void test_alloc_failure_prefetch(void **state) {
   assert_tb_ok(simple(r, c, SUBSCRIBE, "g", 0));
   for (unsigned long n = 1;; n++) {
     uint64_t b = cuda_buffer(r, p, (uint8_t)n);
-    struct cap *m;
+    struct tbt_cap *m;
     tbd_alloc_fail_at(n, 0);
     rc = publish_ex(r, p, "g", b, &gpu, NULL);
     tbd_alloc_fail_at(0, 0);
     assert_true(n < 100);
     if (rc != 0) {
       assert_int_equal(rc, TB_ENOMEM);
-      assert_null(take_notice(c, N_NEW));
+      assert_null(tbt_cap_take_notice(c, N_NEW));
       continue;
     }
-    m = take_notice(c, N_NEW);
+    m = tbt_cap_take_notice(c, N_NEW);
     assert_non_null(m);
     if (m->m->notice->new_version->buffer != NULL) {
-      cap_free(m);
+      tbt_cap_free(m);
       break; /* past the last allocation */
     }
-    cap_free(m);
+    tbt_cap_free(m);
     degraded++;
     assert_tb_ok(publish_ex(r, p, "g", b, &gpu, NULL));
-    m = take_notice(c, N_NEW);
+    m = tbt_cap_take_notice(c, N_NEW);
     assert_non_null(m);
     assert_non_null(m->m->notice->new_version->buffer);
     assert_int_equal(m->m->notice->new_version->buffer->buffer_id, b);
-    cap_free(m);
+    tbt_cap_free(m);
   }
   assert_true(degraded >= 1);
   reg_free(r);
@@ -1680,7 +1586,7 @@ static void test_buffer_register_kinds(void **state) {
   struct tbt_fake_cuda f;
   struct pub gpu = {.dev_type = kDLCUDA, .meta_len = 3};
   struct acq a;
-  struct cap *m;
+  struct tbt_cap *m;
   uint64_t id;
   int fds[2];
 
@@ -1734,7 +1640,7 @@ static void test_buffer_register_kinds(void **state) {
   fds[0] = memfd(4096, true);
   assert_tb_ok(send_req(r, p, &q, fds, 1, &m));
   id = m->m->reply->buffer_register->buffer_id;
-  cap_free(m);
+  tbt_cap_free(m);
   assert_tb_err(publish_ex(r, p, "k", id, &gpu, NULL), TB_EDEVICE);
   publish(r, p, "k", id, 0);
   a = acquire(r, c, "k", LATEST, 0);
@@ -1750,7 +1656,7 @@ static int reg_vmm(struct tbd_registry *r, struct tbd_session *s,
                    struct tbt_fake_cuda *f, uint64_t size, int *fds, int nfds,
                    uint64_t *id) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  struct cap *c = NULL;
+  struct tbt_cap *c = NULL;
   int st;
 
   f->reg.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD;
@@ -1763,7 +1669,7 @@ static int reg_vmm(struct tbd_registry *r, struct tbd_session *s,
   if (st == 0 && id != NULL)
     *id = c->m->reply->buffer_register->buffer_id;
   if (c != NULL)
-    cap_free(c);
+    tbt_cap_free(c);
   return st;
 }
 
@@ -1865,7 +1771,7 @@ static void test_vmm_buffers(void **state) {
   /* the producer is gone (as after SIGKILL): its version is still
    * granted, with the descriptor, to a consumer that comes now */
   tbd_session_close(r, p);
-  caps_clear();
+  tbt_caps_clear();
   x = session(r, 13);
   a = acquire(r, x, "v", LATEST, 0);
   assert_int_equal(a.version, 1);
@@ -1919,11 +1825,11 @@ static void test_protocol_errors(void **state) {
   /* before Hello */
   assert_int_equal(tbd_session_request(r, s, &q, NULL, 0), TB_EPROTO);
   {
-    struct cap *c = take_reply(s, 7);
+    struct tbt_cap *c = tbt_cap_take_reply(s, 7);
     assert_non_null(c);
     assert_int_equal(c->m->reply->status, TB_EPROTO);
     assert_true(strlen(c->m->reply->message) > 0);
-    cap_free(c);
+    tbt_cap_free(c);
   }
   tbd_session_close(r, s);
   /* unexpected descriptors are closed (teardown counts them) */
@@ -1932,7 +1838,7 @@ static void test_protocol_errors(void **state) {
   fds[1] = memfd(16, false);
   q.request_id = 8;
   assert_int_equal(tbd_session_request(r, t, &q, fds, 2), TB_EPROTO);
-  caps_clear();
+  tbt_caps_clear();
   tbd_session_close(r, t);
   /* second Hello */
   t = session(r, 3);
@@ -1958,7 +1864,7 @@ struct snapshot {
 static struct snapshot snap(struct tbd_registry *r) {
   struct snapshot s = {0};
   tbd_registry_counts(r, &s.c);
-  for (struct cap *c = caps; c != NULL; c = c->next)
+  for (struct tbt_cap *c = tbt_caps; c != NULL; c = c->next)
     s.msgs++;
   return s;
 }
@@ -1987,7 +1893,7 @@ static void test_alloc_failure_publish(void **state) {
   }
   assert_true(failures >= 4);
   assert_int_equal(v, 1); /* no number was used up by the failures */
-  assert_int_equal(drop_notices(c, N_NEW), 1);
+  assert_int_equal(tbt_cap_drop_notices(c, N_NEW), 1);
   reg_free(r);
 }
 
@@ -2045,13 +1951,13 @@ static void test_alloc_failure_subscribe(void **state) {
 
 /* ---- flat costs: waits by deadline and by channel, deep histories ---- */
 
-/* The replies emitted since caps was last cleared, in emission order:
+/* The replies emitted since tbt_caps was last cleared, in emission order:
  * sessions (by id) and request ids, at most max of them. */
 static size_t replies_in_order(uint64_t *sids, uint64_t *ids, int *status,
                                size_t max) {
   size_t n = 0;
 
-  for (struct cap *c = caps; c != NULL; c = c->next) {
+  for (struct tbt_cap *c = tbt_caps; c != NULL; c = c->next) {
     if (c->m->body_case != REPLY_CASE)
       continue;
     assert_true(n < max);
@@ -2137,7 +2043,7 @@ static void test_wait_deadlines(void **state) {
   }
   assert_int_equal(counts(r).waits, N);
   qsort(tw, ntimed, sizeof(*tw), timed_wait_cmp);
-  caps_clear();
+  tbt_caps_clear();
   for (size_t k = 0; k < ntimed;) {
     uint64_t d = tw[k].deadline;
     size_t group = 0, n;
@@ -2147,7 +2053,7 @@ static void test_wait_deadlines(void **state) {
     assert_int_equal(tbd_registry_next_deadline(r), d);
     fake_now = d - 1;
     tbd_registry_expire(r);
-    assert_null(caps);
+    assert_null(tbt_caps);
     fake_now = d;
     tbd_registry_expire(r);
     n = replies_in_order(sids, ids, status, N);
@@ -2157,14 +2063,14 @@ static void test_wait_deadlines(void **state) {
       assert_int_equal(ids[j], tw[k + j].id);
       assert_int_equal(status[j], tw[k + j].want);
     }
-    caps_clear();
+    tbt_caps_clear();
     k += group;
   }
   assert_int_equal(counts(r).waits, nforever);
   assert_int_equal(tbd_registry_next_deadline(r), UINT64_MAX);
   fake_now += 1000000;
   tbd_registry_expire(r);
-  assert_null(caps);
+  assert_null(tbt_caps);
   free(tw);
   reg_free(r);
 }
@@ -2174,13 +2080,13 @@ struct fifo_wait {
   uint64_t id;
 };
 
-/* The replies since caps was cleared are acquires granting version v to
+/* The replies since tbt_caps was cleared are acquires granting version v to
  * exactly want[0..n), in that order. */
 static void expect_granted(const struct fifo_wait *want, size_t n,
                            uint64_t v) {
   size_t k = 0;
 
-  for (struct cap *c = caps; c != NULL; c = c->next) {
+  for (struct tbt_cap *c = tbt_caps; c != NULL; c = c->next) {
     if (c->m->body_case != REPLY_CASE)
       continue;
     assert_true(k < n);
@@ -2191,7 +2097,7 @@ static void expect_granted(const struct fifo_wait *want, size_t n,
     k++;
   }
   assert_int_equal(k, n);
-  caps_clear();
+  tbt_caps_clear();
 }
 
 /* A publish answers the acquires parked on its channel that its version
@@ -2249,7 +2155,7 @@ static void test_publish_wakes_own_channel(void **state) {
     parked++;
   }
   assert_int_equal(counts(r).waits, parked);
-  caps_clear();
+  tbt_caps_clear();
 
   assert_int_equal(publish(r, p, "f/b", b, 0), 2);
   expect_granted(b_next1, nb1, 2);
@@ -2313,7 +2219,7 @@ static void test_deep_history(void **state) {
   b = buffer(r, p);
   for (uint64_t v = 1; v <= newest; v++) {
     assert_int_equal(publish(r, p, "deep", b, DEPTH), v);
-    caps_clear(); /* VersionFree notices of the first EXTRA */
+    tbt_caps_clear(); /* VersionFree notices of the first EXTRA */
   }
   mid = oldest + DEPTH / 2;
   assert_int_equal(counts(r).versions, DEPTH);
@@ -2350,7 +2256,7 @@ static void test_deep_history(void **state) {
 
   /* oldest leaves the history, leased: granted still, not freed */
   assert_int_equal(publish(r, p, "deep", b, DEPTH), newest + 1);
-  assert_null(take_notice(p, N_FREE));
+  assert_null(tbt_cap_take_notice(p, N_FREE));
   assert_int_equal(counts(r).versions, DEPTH + 1);
   assert_int_equal(acquire(r, c, "deep", EXACT, oldest).version, oldest);
   assert_int_equal(acquire(r, c, "deep", NEXT, oldest - 1).version, oldest);
@@ -2360,7 +2266,7 @@ static void test_deep_history(void **state) {
    * history */
   tbd_session_close(r, c);
   assert_int_equal(expect_free(p, oldest), 0);
-  assert_null(take_notice(p, N_FREE));
+  assert_null(tbt_cap_take_notice(p, N_FREE));
   assert_int_equal(parked_reply(w1, id1, NULL), 0);
   assert_int_equal(parked_reply(w2, id2, NULL), PARKED);
   c = session(r, 15);
@@ -2376,7 +2282,7 @@ static void test_deep_history(void **state) {
   p = session(r, 16);
   assert_int_equal(publish(r, p, "deep", buffer(r, p), 1), newest + 2);
   assert_int_equal(parked_reply(w2, id2, NULL), 0);
-  assert_null(take_notice(p, N_FREE));
+  assert_null(tbt_cap_take_notice(p, N_FREE));
   assert_int_equal(counts(r).versions, 2); /* newest + 2, and c's lease */
   tbd_session_close(r, c);
   assert_int_equal(counts(r).versions, 1);
@@ -2453,31 +2359,31 @@ static void test_waits_session_end(void **state) {
     nleft += !gone[i];
   }
   assert_int_equal(counts(r).waits, nleft);
-  caps_clear();
+  tbt_caps_clear();
 
   for (int v = 4; v <= 11; v++) /* 9 to 11 free versions 1 to 3 */
     publish(r, p, "e/x", b, 8);
-  assert_int_equal(drop_notices(p, N_FREE), 3);
+  assert_int_equal(tbt_cap_drop_notices(p, N_FREE), 3);
   assert_int_equal(publish(r, p, "e/none", b, 0), 1);
   assert_int_equal(counts(r).waits, 0);
   assert_null(r->waitqs);
   for (size_t i = 0; i < N; i++) {
     size_t n = 0;
-    for (struct cap *c = caps; c != NULL; c = c->next)
+    for (struct tbt_cap *c = tbt_caps; c != NULL; c = c->next)
       n += c->sid == sids[i];
     assert_int_equal(n, gone[i] ? 0 : 1);
     if (!gone[i]) {
-      struct cap *c = caps;
+      struct tbt_cap *c = tbt_caps;
       while (c->sid != sids[i])
         c = c->next;
       assert_int_equal(c->m->body_case, REPLY_CASE);
       assert_int_equal(c->m->reply->status, 0);
     }
   }
-  caps_clear();
+  tbt_caps_clear();
   fake_now += 1000;
   tbd_registry_expire(r);
-  assert_null(caps);
+  assert_null(tbt_caps);
   reg_free(r);
 }
 

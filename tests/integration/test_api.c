@@ -180,6 +180,13 @@ static void test_every_new_name(void **state) {
   assert_int_equal(n, 1);
   assert_int_equal(we[0].session_id, tb_client_session_id(w.c));
   assert_int_equal(we[0].what, TB_WAIT_ACQUIRE_LATEST);
+  assert_string_equal(tb_wait_what_name(we[0].what), "acquire-latest");
+  assert_string_equal(tb_wait_what_name(TB_WAIT_ACQUIRE_NEXT), "acquire-next");
+  assert_string_equal(tb_wait_what_name(TB_WAIT_ACQUIRE_EXACT),
+                      "acquire-exact");
+  assert_string_equal(tb_wait_what_name(TB_WAIT_FREE), "wait-free");
+  assert_null(tb_wait_what_name(-1));
+  assert_null(tb_wait_what_name(99));
   assert_string_equal(we[0].channel, "api/later");
   tb_free(we);
   assert_tb_ok(tb_channel_list(c, sizeof(*ci), &ci, &n));
