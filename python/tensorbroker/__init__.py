@@ -358,8 +358,9 @@ class Client:
     def waits(self):
         """Every parked request, as dicts (``tbctl waits --json``):
         session_id, pid, uid, session_name, what ("acquire-latest",
-        "acquire-next", "wait-free"), channel, version, age_ms, timeout_ms
-        (-1: none), leases and in_history (for "wait-free")."""
+        "acquire-next", "acquire-exact", "wait-free"), channel, version,
+        age_ms, timeout_ms (-1: none), leases and in_history (for
+        "wait-free")."""
         return self._c.waits()
 
     def drop(self, channel):
