@@ -475,6 +475,18 @@ static void recorded_on(const char *stream, char *ev, size_t len) {
   }
 }
 
+/* The producer publishes the next frame from b (seed), which frees
+ * version v (history depth 1), and waits for v with stream ws (NULL: the
+ * host), the fake's log holding only that wait. Returns the new version. */
+static uint64_t next_frame_frees(tb_client *p, tb_buffer *b, uint64_t seed,
+                                 uint64_t v, void *ws) {
+  uint64_t nv = publish(p, b, 4096, kDLCUDAHost, seed);
+
+  fk->log_clear();
+  assert_int_equal(tb_wait_free(p, CH, v, TBT_TIMEOUT_MS, ws), 0);
+  return nv;
+}
+
 /* A GPU reads pinned memory asynchronously (a non-blocking host-to-device
  * copy on a side stream), so a pinned lease ends as a CUDA lease does: the
  * consumer's done event is recorded after the stream it named, and the
@@ -515,49 +527,39 @@ static void done_events(void **state) {
   fk->log_clear();
   assert_int_equal(tb_release(t, s), 0);
   recorded_on(fk->stream_name(s), ev, sizeof(ev));
-  publish(p, b[1], 4096, kDLCUDAHost, 2); /* v leaves the history */
-  fk->log_clear();
-  assert_int_equal(tb_wait_free(p, CH, v, TBT_TIMEOUT_MS, NULL), 0);
+  v = next_frame_frees(p, b[1], 2, v, NULL);
   expect_lines(log_count("event-synchronize %s", ev), 1,
                "the producer's host wait on the done event");
 
   /* declared with tb_lease_use, released with none: recorded on s; a
    * producer that writes with a stream makes it wait instead */
-  v = v + 1;
   assert_int_equal(tb_acquire(c, CH, &o, &t), 0);
   assert_int_equal(tb_lease_use(t, s), 0);
   fk->log_clear();
   assert_int_equal(tb_release(t, NULL), 0);
   recorded_on(fk->stream_name(s), ev, sizeof(ev));
-  publish(p, b[0], 4096, kDLCUDAHost, 3);
-  fk->log_clear();
-  assert_int_equal(tb_wait_free(p, CH, v, TBT_TIMEOUT_MS, sp), 0);
+  v = next_frame_frees(p, b[0], 3, v, sp);
   expect_lines(log_count("wait %s on %s", sp_name, ev), 1,
                "the producer stream's wait on the done event");
   expect_lines(log_prefixed("event-synchronize "), 0,
                "host waits when a stream was given");
 
   /* none named, spec contract: the legacy stream, as for a CUDA lease */
-  v = v + 1;
   assert_int_equal(tb_acquire(c, CH, &o, &t), 0);
   fk->log_clear();
   assert_int_equal(tb_release(t, NULL), 0);
   recorded_on("legacy", ev, sizeof(ev));
-  publish(p, b[1], 4096, kDLCUDAHost, 4);
-  fk->log_clear();
-  assert_int_equal(tb_wait_free(p, CH, v, TBT_TIMEOUT_MS, NULL), 0);
+  v = next_frame_frees(p, b[1], 4, v, NULL);
   expect_lines(log_count("event-synchronize %s", ev), 1,
                "the host wait after a legacy-stream record");
 
   /* none named, explicit contract: a host reader, nothing recorded */
-  v = v + 1;
   assert_int_equal(tb_acquire(x, CH, &o, &t), 0);
   check_bytes(t, 4096, 4);
   fk->log_clear();
   assert_int_equal(tb_release(t, NULL), 0);
   expect_lines(log_prefixed("record "), 0, "records of a host reader");
-  publish(p, b[0], 4096, kDLCUDAHost, 5);
-  assert_int_equal(tb_wait_free(p, CH, v, TBT_TIMEOUT_MS, NULL), 0);
+  (void)next_frame_frees(p, b[0], 5, v, NULL);
   expect_lines(log_prefixed("event-synchronize "), 0,
                "host waits for a host reader");
 
