@@ -78,16 +78,31 @@ int tb__pinned_lease_end_locked(struct tb__conn *k, void *state,
                                 int *implicit) {
   struct pinned_lease *l = state;
 
+  struct tb__cuda_devctx dc;
+  int dev, rc;
+
   *done_event_id = 0;
   *implicit = 0;
   if (!l->cuda)
     return 0;
-  /* Under the explicit contract a consumer that names no stream reads on
-   * the host: its reads are over, and nothing is recorded (a CUDA lease
-   * would be TB_ESTREAM here; a CPU stage must not be). */
-  if (stream == NULL && l->acq.n_streams == 0 &&
-      k->contract == TB_CONTRACT_EXPLICIT)
-    return 0;
+  if (stream == NULL && l->acq.n_streams == 0) {
+    /* Under the explicit contract a consumer that names no stream reads
+     * on the host: its reads are over, and nothing is recorded (a CUDA
+     * lease would be TB_ESTREAM here; a CPU stage must not be). */
+    if (k->contract == TB_CONTRACT_EXPLICIT)
+      return 0;
+    /* The contract's default stream is the current context's. A thread
+     * with none (a CPU stage's worker, a consumer library's deleter)
+     * queued nothing on a stream of its own: it names device 0's primary
+     * context, where the mapping was registered, rather than fail. */
+    if (tb__cuda_current_device(&dev, NULL, NULL, 0) < 0 &&
+        tb__cuda_device_enter(l->acq.done_device, &dc, NULL, 0) == 0) {
+      rc = tb__cuda_lease_end_locked(k, &l->acq, NULL, done_event_id,
+                                     implicit);
+      tb__cuda_device_leave(&dc);
+      return rc;
+    }
+  }
   return tb__cuda_lease_end_locked(k, &l->acq, stream, done_event_id,
                                    implicit);
 }

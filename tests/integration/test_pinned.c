@@ -13,6 +13,7 @@
  * not a copy. done_events shows a consumer's GPU reads of pinned memory
  * ordered before the producer rewrites it. One process holds the producer and consumer clients; each
  * client maps the memfd for itself, as separate processes do. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -571,6 +572,46 @@ static void done_events(void **state) {
   tb_client_disconnect(p);
 }
 
+static void *release_here(void *t) {
+  return (void *)(intptr_t)tb_release(t, NULL);
+}
+
+/* A lease of pinned memory dropped on a thread with no CUDA context (a CPU
+ * stage's worker, a consumer library's deleter) ends without an error: the
+ * contract's default stream is then device 0's, where the mapping was
+ * registered. */
+static void release_without_context(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tb_acquire_options o = latest();
+  tb_client *p, *c;
+  tb_buffer *b;
+  DLManagedTensorVersioned *t = NULL;
+  pthread_t th;
+  void *rc = NULL;
+  char ev[64];
+
+  fk->set_busy(1);
+  assert_int_equal(tbt_connect(d, "producer", &p), 0);
+  assert_int_equal(tbt_connect(d, "consumer", &c), 0);
+  assert_int_equal(tb_buffer_create_host(p, 4096, TB_BUFFER_PINNED, &b), 0);
+  publish(p, b, 4096, kDLCUDAHost, 7);
+  assert_int_equal(tb_acquire(c, CH, &o, &t), 0);
+  check_bytes(t, 4096, 7);
+  fk->log_clear();
+  assert_int_equal(pthread_create(&th, NULL, release_here, t), 0);
+  assert_int_equal(pthread_join(th, &rc), 0);
+  if (rc != NULL) {
+    show_log();
+    fail_msg("tb_release on a thread without a context: %d",
+             (int)(intptr_t)rc);
+  }
+  recorded_on("legacy", ev, sizeof(ev));
+  fk->set_busy(0);
+  assert_int_equal(tb_buffer_destroy(b), 0);
+  tb_client_disconnect(c);
+  tb_client_disconnect(p);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest fake[] = {
       cmocka_unit_test_setup_teardown(exchange, tbt_setup, tbt_teardown),
@@ -583,6 +624,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(bad_input, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(older_daemon, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(done_events, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(release_without_context, tbt_setup,
+                                      tbt_teardown),
   };
   const struct CMUnitTest nodriver[] = {
       cmocka_unit_test_setup_teardown(no_driver_fallback, tbt_setup,
