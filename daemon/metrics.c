@@ -317,6 +317,15 @@ static void render_counters(struct out *o, struct tbd_registry *r) {
   metric(o, "tensorbroker_sessions_dropped_total", "counter",
          "Sessions the daemon closed: protocol errors, full queues.",
          st->sessions_dropped);
+  metric(o, "tensorbroker_busy_polls_total", "counter",
+         "Periods of busy polling after a request (--busy-poll).",
+         st->busy_polls);
+  family(o, "tensorbroker_busy_poll_seconds_total", "counter",
+         "Wall time of the busy-polling periods that ended, in seconds "
+         "(the CPU they took is at most this).");
+  put(o, "tensorbroker_busy_poll_seconds_total %llu.%09llu\n",
+      (unsigned long long)(st->busy_poll_ns / 1000000000u),
+      (unsigned long long)(st->busy_poll_ns % 1000000000u));
 }
 
 static void render_latency(struct out *o, struct tbd_registry *r) {

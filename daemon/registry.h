@@ -42,6 +42,10 @@ struct tbd_stats {
   uint64_t wait_frees; /* WaitFree answered: the version was freed */
   uint64_t by_type[TBD_REQUEST_TYPES]; /* requests by Request.body case */
   struct tbd_latency latency; /* request handling, timed by the server */
+  /* --busy-poll, timed by the server: how many polling periods began,
+   * and the wall time of those that ended (not the CPU time they took) */
+  uint64_t busy_polls;
+  uint64_t busy_poll_ns;
 };
 
 /* Sizes of everything the registry holds (tests and Status). */

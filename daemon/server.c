@@ -366,11 +366,14 @@ static void rearm_timer(struct tbd_server *srv) {
  * sleeping; it stops once nothing has happened for busy_poll_us. */
 static void on_spin(uv_idle_t *h) {
   struct tbd_server *srv = h->data;
+  uint64_t now = tb__now_ns();
 
-  if (tb__now_ns() >= srv->spin_until_ns)
+  if (now >= srv->spin_until_ns) {
     uv_idle_stop(h);
-  else
+    tbd_registry_stats(srv->reg)->busy_poll_ns += now - srv->spin_began_ns;
+  } else {
     sched_yield(); /* a client waiting for this CPU runs first */
+  }
 }
 
 /* A request was read: poll for busy_poll_us from now (--busy-poll; by
@@ -384,8 +387,11 @@ static void busy(struct tbd_server *srv) {
     return;
   now = tb__now_ns();
   srv->spin_until_ns = now + (uint64_t)srv->lim.busy_poll_us * 1000;
-  if (!uv_is_active((uv_handle_t *)&srv->spin))
+  if (!uv_is_active((uv_handle_t *)&srv->spin)) {
     uv_idle_start(&srv->spin, on_spin);
+    srv->spin_began_ns = now;
+    tbd_registry_stats(srv->reg)->busy_polls++;
+  }
 }
 
 /* Every callback ends here: close what died, re-arm the wait timer. */

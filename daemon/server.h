@@ -26,6 +26,7 @@ struct tbd_server {
   uv_check_t check;          /* reads the sessions marked readable */
   uv_idle_t spin;            /* --busy-poll: active while the loop polls */
   uint64_t spin_until_ns;
+  uint64_t spin_began_ns;    /* when the current polling period began */
   struct tb__poll_cpus spin_cpus; /* --busy-poll auto: CPUs to spare? */
   uint8_t *rxbuf;            /* lim.max_message bytes */
   uint8_t *txbuf;            /* TB__MAX_MESSAGE_HARD bytes */
