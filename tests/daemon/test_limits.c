@@ -5,7 +5,6 @@
  * the descriptor budget, closed-channel retention and reclaiming, and the
  * done-event cap. Each test frees the registry, which asserts that every
  * per-uid count went (debug builds) and, under ASan, that nothing leaked. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -26,6 +25,7 @@
 #include "registry_impl.h" /* uid entries, closed list */
 #include "tb_proto.h"
 #include "fake_cuda.h"
+#include "fd_count.h"
 
 typedef Tensorbroker__V1__Request req_t;
 typedef Tensorbroker__V1__ServerMessage msg_t;
@@ -53,29 +53,17 @@ static msg_t *cap_message(struct tbt_cap *c) {
   return m;
 }
 
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-
-  assert_non_null(d);
-  while ((e = readdir(d)) != NULL)
-    n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
-
 static int setup(void **state) {
   (void)state;
   tbd_log_set_level(TBD_LOG_ERROR);
-  fds_at_start = count_fds();
+  fds_at_start = tbt_count_fds();
   return 0;
 }
 
 static int teardown(void **state) {
   (void)state;
   tbt_caps_clear();
-  assert_int_equal(count_fds(), fds_at_start);
+  assert_int_equal(tbt_count_fds(), fds_at_start);
   return 0;
 }
 

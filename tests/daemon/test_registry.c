@@ -5,7 +5,6 @@
  * replies and notices come out through the emit callback, time is a fake
  * clock. Every test frees the registry and checks no descriptor leaked;
  * the suite also runs under ASan+UBSan, which catch leaked memory. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -29,6 +28,7 @@
 #include "registry_impl.h" /* tbd__channel_recent, tbd__channel_find */
 #include "tb_proto.h"
 #include "fake_cuda.h"
+#include "fd_count.h"
 #include "tensorbroker/tensorbroker.h" /* TB_CONNECT_CHANNELS_MAX */
 
 #ifndef F_SEAL_FUTURE_WRITE
@@ -64,18 +64,6 @@ static uint64_t fake_clock(void *ud) {
 
 /* ---- fixtures ---- */
 
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-
-  assert_non_null(d);
-  while ((e = readdir(d)) != NULL)
-    n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
-
 static struct tbd_registry *reg_new(const struct tbd_limits *lim) {
   struct tbd_limits def;
   struct tbd_registry *r;
@@ -92,7 +80,7 @@ static struct tbd_registry *reg_new(const struct tbd_limits *lim) {
 static int setup(void **state) {
   (void)state;
   tbd_log_set_level(TBD_LOG_ERROR);
-  fds_at_start = count_fds();
+  fds_at_start = tbt_count_fds();
   return 0;
 }
 
@@ -100,7 +88,7 @@ static int teardown(void **state) {
   (void)state;
   tbt_caps_clear();
   tbd_alloc_fail_at(0, 0);
-  assert_int_equal(count_fds(), fds_at_start);
+  assert_int_equal(tbt_count_fds(), fds_at_start);
   return 0;
 }
 
@@ -1741,10 +1729,10 @@ static void test_vmm_buffers(void **state) {
   assert_int_equal(tbd_registry_fds_held(r), held0);
 
   /* accepted: the daemon holds the descriptor */
-  fds0 = count_fds();
+  fds0 = tbt_count_fds();
   fds[0] = memfd(4096, false);
   assert_tb_ok(reg_vmm(r, p, &f, 4096, fds, 1, &id));
-  assert_int_equal(count_fds(), fds0 + 1);
+  assert_int_equal(tbt_count_fds(), fds0 + 1);
   assert_int_equal(tbd_registry_fds_held(r), held0 + 1);
   {
     /* the metrics count it by kind, as the library names kinds */
