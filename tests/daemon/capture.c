@@ -52,6 +52,11 @@ void tbt_caps_clear(void) {
   }
 }
 
+void tbt_registry_free(struct tbd_registry *r) {
+  tbd_registry_free(r);
+  tbt_caps_clear();
+}
+
 int tbt_caps_count(struct tbd_session *s) {
   int n = 0;
   for (struct tbt_cap *c = tbt_caps; c != NULL; c = c->next)

@@ -35,6 +35,9 @@ void tbt_cap_free(struct tbt_cap *c);
  * test can then check that no descriptor leaked. */
 void tbt_caps_clear(void);
 
+/* Free r, then every capture still on the list: the end of a test. */
+void tbt_registry_free(struct tbd_registry *r);
+
 /* How many captures on the list went to s. */
 int tbt_caps_count(struct tbd_session *s);
 

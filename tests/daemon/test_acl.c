@@ -24,6 +24,7 @@
 #include "log.h"
 #include "registry.h"
 #include "registry_impl.h"
+#include "request.h"
 #include "tb_proto.h"
 #include "fake_cuda.h"
 
@@ -31,17 +32,12 @@ typedef Tensorbroker__V1__Request req_t;
 typedef Tensorbroker__V1__ServerMessage msg_t;
 
 #define LATEST TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_LATEST
-#define PARKED 1
+#define PARKED TBT_PARKED
 
 #define ALICE 1000
 #define BOB 1001
 #define CAROL 1002
 #define VIDEO 4400 /* a group bob is in through his supplementary groups */
-
-/* ---- request state (captured output: capture.h) ---- */
-
-static uint64_t next_req = 1;
-static char last_message[512];
 
 /* ---- fixtures ---- */
 
@@ -92,59 +88,17 @@ static struct tbd_registry *reg_new(const char *const *lines) {
   return r;
 }
 
-static void reg_free(struct tbd_registry *r) {
-  tbd_registry_free(r);
-  tbt_caps_clear();
-}
-
 /* ---- requests ---- */
-
-/* Send q; the reply's status, or PARKED; the reply into *out if asked. */
-static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
-                    int *fds, int nfds, struct tbt_cap **out) {
-  struct tbt_cap *c;
-  int rc, st;
-
-  if (out != NULL)
-    *out = NULL;
-  if (q->request_id == 0)
-    q->request_id = next_req++;
-  rc = tbd_session_request(r, s, q, fds, nfds);
-  c = tbt_cap_take_reply(s, q->request_id);
-  last_message[0] = '\0';
-  if (c != NULL)
-    snprintf(last_message, sizeof(last_message), "%s",
-             c->m->reply->message ? c->m->reply->message : "");
-  if (rc < 0) {
-    if (c != NULL)
-      tbt_cap_free(c);
-    return rc;
-  }
-  if (c == NULL)
-    return PARKED;
-  st = c->m->reply->status;
-  if (out != NULL)
-    *out = c;
-  else
-    tbt_cap_free(c);
-  return st;
-}
 
 /* A session of uid (gid the same) with supplementary groups, said Hello. */
 static struct tbd_session *session_g(struct tbd_registry *r, uid_t uid,
                                      const gid_t *groups, size_t ngroups) {
   static pid_t pid = 100;
-  req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
   struct tbd_session *s;
 
   assert_tb_ok(tbd_session_open(r, pid++, uid, uid, NULL, &s));
   assert_tb_ok(tbd_session_set_groups(s, groups, ngroups));
-  q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
-  q.hello = &h;
-  h.protocol_version = 1;
-  h.client_name = "acl";
-  assert_tb_ok(send_req(r, s, &q, NULL, 0, NULL));
+  assert_tb_ok(tbt_req_hello(r, s, "acl"));
   return s;
 }
 
@@ -181,7 +135,7 @@ static uint64_t buffer_ex(struct tbd_registry *r, struct tbd_session *s,
   b.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
   b.size = 4096;
   b.consumers_may_write = may_write;
-  assert_tb_ok(send_req(r, s, &q, fds, 1, &c));
+  assert_tb_ok(tbt_req_send(r, s, &q, fds, 1, &c));
   id = c->m->reply->buffer_register->buffer_id;
   tbt_cap_free(c);
   return id;
@@ -202,7 +156,7 @@ static uint64_t event(struct tbd_registry *r, struct tbd_session *s) {
   q.event_register = &e;
   e.cuda_ipc_event_handle.data = handle;
   e.cuda_ipc_event_handle.len = sizeof(handle);
-  assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
+  assert_tb_ok(tbt_req_send(r, s, &q, NULL, 0, &c));
   id = c->m->reply->event_register->event_id;
   tbt_cap_free(c);
   return id;
@@ -230,7 +184,7 @@ static int publish_dev(struct tbd_registry *r, struct tbd_session *s,
   l.dtype_lanes = 1;
   l.shape = shape;
   l.n_shape = 1;
-  return send_req(r, s, &q, NULL, 0, NULL);
+  return tbt_req_send(r, s, &q, NULL, 0, NULL);
 }
 
 static int publish_ev(struct tbd_registry *r, struct tbd_session *s,
@@ -261,14 +215,14 @@ static int acquire_rel(struct tbd_registry *r, struct tbd_session *s,
 
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
   q.acquire = &a;
-  q.request_id = next_req++;
+  q.request_id = tbt_req_id();
   a.channel = (char *)ch;
   a.mode = LATEST;
   a.timeout_ms = timeout;
   a.release_lease_id = release_lease;
   if (req_id != NULL)
     *req_id = q.request_id;
-  st = send_req(r, s, &q, NULL, 0, &c);
+  st = tbt_req_send(r, s, &q, NULL, 0, &c);
   if (out != NULL) {
     out->fd = -1;
     if (st == 0) {
@@ -292,30 +246,6 @@ static int acquire(struct tbd_registry *r, struct tbd_session *s,
   return st;
 }
 
-static int release_done(struct tbd_registry *r, struct tbd_session *s,
-                        uint64_t lease, uint64_t done) {
-  req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  Tensorbroker__V1__Release rl = TENSORBROKER__V1__RELEASE__INIT;
-
-  q.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
-  q.release = &rl;
-  rl.lease_id = lease;
-  rl.done_event_id = done;
-  rl.want_reply = true;
-  return send_req(r, s, &q, NULL, 0, NULL);
-}
-
-static int subscribe(struct tbd_registry *r, struct tbd_session *s,
-                     const char *name) {
-  req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  Tensorbroker__V1__Subscribe sub = TENSORBROKER__V1__SUBSCRIBE__INIT;
-
-  q.body_case = TENSORBROKER__V1__REQUEST__BODY_SUBSCRIBE;
-  q.subscribe = &sub;
-  sub.channel = (char *)name;
-  return send_req(r, s, &q, NULL, 0, NULL);
-}
-
 static int unregister(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t bid) {
   req_t q = TENSORBROKER__V1__REQUEST__INIT;
@@ -325,7 +255,7 @@ static int unregister(struct tbd_registry *r, struct tbd_session *s,
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER;
   q.buffer_unregister = &bu;
   bu.buffer_id = bid;
-  return send_req(r, s, &q, NULL, 0, NULL);
+  return tbt_req_send(r, s, &q, NULL, 0, NULL);
 }
 
 static int wait_free(struct tbd_registry *r, struct tbd_session *s,
@@ -337,7 +267,7 @@ static int wait_free(struct tbd_registry *r, struct tbd_session *s,
   q.wait_free = &w;
   w.channel = (char *)ch;
   w.version = version;
-  return send_req(r, s, &q, NULL, 0, NULL);
+  return tbt_req_send(r, s, &q, NULL, 0, NULL);
 }
 
 /* The channels s is told of, joined by spaces. */
@@ -349,7 +279,7 @@ static void list_channels(struct tbd_registry *r, struct tbd_session *s,
 
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_CHANNELS;
   q.list_channels = &lc;
-  assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
+  assert_tb_ok(tbt_req_send(r, s, &q, NULL, 0, &c));
   out[0] = '\0';
   for (size_t i = 0; i < c->m->reply->list_channels->n_channels; i++)
     snprintf(out + strlen(out), len - strlen(out), "%s%s", i ? " " : "",
@@ -366,7 +296,7 @@ static void list_sessions(struct tbd_registry *r, struct tbd_session *s,
 
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_SESSIONS;
   q.list_sessions = &ls;
-  assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
+  assert_tb_ok(tbt_req_send(r, s, &q, NULL, 0, &c));
   out[0] = '\0';
   for (size_t i = 0; i < c->m->reply->list_sessions->n_sessions; i++)
     snprintf(out + strlen(out), len - strlen(out), "%s%u", i ? " " : "",
@@ -392,8 +322,8 @@ static void assert_counts_equal(struct tbd_counts a, struct tbd_counts b) {
 #define assert_denied(expr, text)                                            \
   do {                                                                       \
     assert_tb_err((expr), TB_EPERM);                                         \
-    if (strstr(last_message, (text)) == NULL)                                \
-      fail_msg("denial '%s' does not say '%s'", last_message, (text));       \
+    if (strstr(tbt_last_message, (text)) == NULL)                            \
+      fail_msg("denial '%s' does not say '%s'", tbt_last_message, (text));   \
   } while (0)
 
 /* ---- the rule syntax ---- */
@@ -484,7 +414,7 @@ static void test_default_owner(void **state) {
   (void)state;
   assert_tb_ok(publish(r, alice, "cam/front", bid));
   assert_tb_ok(acquire(r, alice, "cam/front", &a));
-  assert_tb_ok(subscribe(r, alice, "cam/front"));
+  assert_tb_ok(tbt_req_subscribe(r, alice, "cam/front", true));
   before = counts(r);
 
   assert_denied(publish(r, bob, "cam/front", bbid),
@@ -495,7 +425,8 @@ static void test_default_owner(void **state) {
                 "\"cam/front\" belongs to uid 1000 (default = owner)");
   assert_denied(acquire_rel(r, bob, "cam/front", 1000, 0, NULL, NULL),
                 "may not acquire");
-  assert_denied(subscribe(r, bob, "cam/front"), "may not subscribe to");
+  assert_denied(tbt_req_subscribe(r, bob, "cam/front", true),
+                "may not subscribe to");
   assert_denied(wait_free(r, bob, "cam/front", 1), "may not wait on");
   assert_int_equal(tbd_registry_stats(r)->denials, 5);
   /* nothing changed: versions, leases, subscriptions, waits */
@@ -521,7 +452,7 @@ static void test_default_owner(void **state) {
   assert_tb_ok(publish(r, bob, "bob/x", bbid));
   assert_denied(acquire(r, alice, "bob/x", NULL), "belongs to uid 1001");
   assert_int_equal(tbd_registry_stats(r)->denials, 6);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* A wait does not make its session the owner: the first publisher is, and
@@ -533,7 +464,7 @@ static void test_no_squatting_by_waiting(void **state) {
   uint64_t bid = buffer(r, alice), req;
 
   (void)state;
-  assert_tb_ok(subscribe(r, bob, "later"));
+  assert_tb_ok(tbt_req_subscribe(r, bob, "later", true));
   assert_int_equal(acquire_rel(r, bob, "later", 60000, 0, NULL, &req),
                    PARKED);
   assert_int_equal(counts(r).channels, 0);
@@ -556,7 +487,7 @@ static void test_no_squatting_by_waiting(void **state) {
   assert_int_equal(
       tbt_cap_drop_notices(bob, TENSORBROKER__V1__NOTICE__BODY_CHANNEL_CLOSED),
       0);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_default_open(void **state) {
@@ -569,13 +500,13 @@ static void test_default_open(void **state) {
   (void)state;
   assert_tb_ok(publish(r, alice, "x", bid));
   assert_tb_ok(acquire(r, bob, "x", NULL));
-  assert_tb_ok(subscribe(r, bob, "x"));
+  assert_tb_ok(tbt_req_subscribe(r, bob, "x", true));
   list_channels(r, bob, list, sizeof(list));
   assert_string_equal(list, "x");
   list_sessions(r, bob, list, sizeof(list));
   assert_string_equal(list, "1000 1001");
   assert_int_equal(tbd_registry_stats(r)->denials, 0);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* ---- rules ---- */
@@ -618,7 +549,7 @@ static void test_prefix_rules_and_groups(void **state) {
   assert_tb_ok(publish(r, carol, "carol/x", cbid));
   list_channels(r, bob, list, sizeof(list));
   assert_string_equal(list, "cam/front cam/secret/x");
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* An operator group may do anything; a rule of nobody leaves only root,
@@ -644,7 +575,7 @@ static void test_operators(void **state) {
                 "rule [access \"locked/\"] acquire = none");
   list_sessions(r, op, list, sizeof(list));
   assert_string_equal(list, "1002 4242 1000");
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* An acquire refused while releasing a lease leaves the lease. */
@@ -660,8 +591,8 @@ static void test_denied_acquire_keeps_release(void **state) {
   assert_denied(acquire_rel(r, bob, "theirs", 0, a.lease, NULL, NULL),
                 "may not acquire \"theirs\"");
   assert_int_equal(counts(r).leases, 1);
-  assert_tb_ok(release_done(r, bob, a.lease, 0));
-  reg_free(r);
+  assert_tb_ok(tbt_req_release(r, bob, a.lease, 0, true));
+  tbt_registry_free(r);
 }
 
 /* Ids of another session's leases, buffers and events are refused, even
@@ -679,11 +610,11 @@ static void test_other_sessions_ids(void **state) {
   assert_tb_ok(publish(r, alice, "x", abid));
   assert_tb_ok(acquire(r, alice, "x", &a));
   before = counts(r);
-  assert_denied(release_done(r, bob, a.lease, 0),
+  assert_denied(tbt_req_release(r, bob, a.lease, 0, true),
                 "the lease belongs to another session");
   assert_tb_err(acquire_rel(r, bob, "x", 0, a.lease, NULL, NULL),
                 TB_EINVAL); /* the release riding along is refused */
-  assert_non_null(strstr(last_message, "belongs to another session"));
+  assert_non_null(strstr(tbt_last_message, "belongs to another session"));
   assert_denied(unregister(r, bob, abid),
                 "is not registered by this session");
   assert_denied(publish(r, bob, "y", abid),
@@ -691,13 +622,13 @@ static void test_other_sessions_ids(void **state) {
   assert_denied(publish_ev(r, bob, "y", bbid, aev),
                 "is not registered by this session");
   assert_tb_ok(acquire(r, bob, "x", &b));
-  assert_denied(release_done(r, bob, b.lease, aev),
+  assert_denied(tbt_req_release(r, bob, b.lease, aev, true),
                 "done event is not registered by this session");
   before.leases++;
   assert_counts_equal(counts(r), before);
-  assert_tb_ok(release_done(r, bob, b.lease, 0));
-  assert_tb_ok(release_done(r, alice, a.lease, 0));
-  reg_free(r);
+  assert_tb_ok(tbt_req_release(r, bob, b.lease, 0, true));
+  assert_tb_ok(tbt_req_release(r, alice, a.lease, 0, true));
+  tbt_registry_free(r);
 }
 
 /* ---- write ---- */
@@ -743,7 +674,7 @@ static void test_write_grant(void **state) {
   close(c.fd);
   close(pfd);
   assert_int_equal(counts(r).leases, 4);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* ---- rules replaced under live sessions ---- */
@@ -762,13 +693,13 @@ static void test_rules_replaced_live(void **state) {
   /* the session and its lease stay; the next request is refused */
   assert_int_equal(counts(r).leases, 1);
   assert_denied(acquire(r, bob, "x", NULL), "(default = owner)");
-  assert_tb_ok(release_done(r, bob, b.lease, 0));
+  assert_tb_ok(tbt_req_release(r, bob, b.lease, 0, true));
   {
     static const char *const grant[] = {"x|acquire|uid:1001", NULL};
     tbd_registry_set_acl(r, rules(grant));
   }
   assert_tb_ok(acquire(r, bob, "x", NULL));
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Hello's latest versions leave out what the session may not acquire. */
@@ -785,7 +716,7 @@ static void test_hello_latest(void **state) {
   tbt_fake_cuda_init(&f, 7);
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
   q.buffer_register = &f.reg;
-  assert_tb_ok(send_req(r, alice, &q, NULL, 0, &c));
+  assert_tb_ok(tbt_req_send(r, alice, &q, NULL, 0, &c));
   bid = c->m->reply->buffer_register->buffer_id;
   tbt_cap_free(c);
   assert_tb_ok(publish_dev(r, alice, "cuda/a", bid, 0, kDLCUDA));
@@ -803,12 +734,12 @@ static void test_hello_latest(void **state) {
     hello.prefetch = true;
     hello.channels = (char **)names;
     hello.n_channels = 1;
-    assert_tb_ok(send_req(r, s, &h, NULL, 0, &c));
+    assert_tb_ok(tbt_req_send(r, s, &h, NULL, 0, &c));
     /* alice gets her channel's version; bob not even its name */
     assert_int_equal(c->m->reply->hello->n_latest, uid == ALICE ? 1 : 0);
     tbt_cap_free(c);
   }
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* ---- the operator's views ---- */
@@ -830,7 +761,7 @@ static size_t list_count(struct tbd_registry *r, struct tbd_session *s,
     lc.waiting = true;
     q.list_channels = &lc;
   }
-  assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
+  assert_tb_ok(tbt_req_send(r, s, &q, NULL, 0, &c));
   n = body == TENSORBROKER__V1__REQUEST__BODY_LIST_LEASES
           ? c->m->reply->list_leases->n_leases
       : body == TENSORBROKER__V1__REQUEST__BODY_LIST_WAITS
@@ -879,11 +810,11 @@ static void test_operator_views(void **state) {
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_DROP_CHANNEL;
   q.drop_channel = &dc;
   dc.channel = "a";
-  assert_denied(send_req(r, bob, &q, NULL, 0, NULL),
+  assert_denied(tbt_req_send(r, bob, &q, NULL, 0, NULL),
                 "uid 1001 may not drop \"a\": channel \"a\" belongs to uid "
                 "1000 (default = owner)");
   assert_int_equal(counts(r).channels, 1);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Metrics over the socket name only the channels the caller may list. */
@@ -904,7 +835,7 @@ static void test_metrics_filtered(void **state) {
 
     q.body_case = TENSORBROKER__V1__REQUEST__BODY_METRICS;
     q.metrics = &mq;
-    assert_tb_ok(send_req(r, who[i], &q, NULL, 0, &c));
+    assert_tb_ok(tbt_req_send(r, who[i], &q, NULL, 0, &c));
     assert_false(c->m->reply->metrics->more);
     text = strndup((const char *)c->m->reply->metrics->text.data,
                    c->m->reply->metrics->text.len);
@@ -915,7 +846,7 @@ static void test_metrics_filtered(void **state) {
     free(text);
     tbt_cap_free(c);
   }
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 int main(void) {

@@ -5,7 +5,6 @@
  * the descriptor budget, closed-channel retention and reclaiming, and the
  * done-event cap. Each test frees the registry, which asserts that every
  * per-uid count went (debug builds) and, under ASan, that nothing leaked. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -24,20 +23,20 @@
 #include "log.h"
 #include "registry.h"
 #include "registry_impl.h" /* uid entries, closed list */
+#include "request.h"
 #include "tb_proto.h"
 #include "fake_cuda.h"
+#include "fd_count.h"
 
 typedef Tensorbroker__V1__Request req_t;
 typedef Tensorbroker__V1__ServerMessage msg_t;
 
 #define LATEST TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_LATEST
 #define EXACT TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT
-#define PARKED 1
+#define PARKED TBT_PARKED
 
-/* ---- request state (captured output: capture.h) ---- */
+/* ---- fixtures (captured output: capture.h, requests: request.h) ---- */
 
-static uint64_t next_req = 1;
-static char last_message[512];
 static int fds_at_start;
 
 /* c's message, for the caller to free with tb__server_message_free; c goes,
@@ -53,29 +52,17 @@ static msg_t *cap_message(struct tbt_cap *c) {
   return m;
 }
 
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-
-  assert_non_null(d);
-  while ((e = readdir(d)) != NULL)
-    n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
-
 static int setup(void **state) {
   (void)state;
   tbd_log_set_level(TBD_LOG_ERROR);
-  fds_at_start = count_fds();
+  fds_at_start = tbt_count_fds();
   return 0;
 }
 
 static int teardown(void **state) {
   (void)state;
   tbt_caps_clear();
-  assert_int_equal(count_fds(), fds_at_start);
+  assert_int_equal(tbt_count_fds(), fds_at_start);
   return 0;
 }
 
@@ -94,47 +81,23 @@ static struct tbd_registry *reg_new(const struct tbd_limits *lim) {
   return r;
 }
 
-static void reg_free(struct tbd_registry *r) {
-  tbd_registry_free(r);
-  tbt_caps_clear();
-}
-
-/* Send q; the reply's status (PARKED when none came); its message goes to
- * last_message, the reply itself (status 0 only) to *out when out is not
- * NULL. */
+/* Send q with a fresh request id; the status as tbt_req_send returns it.
+ * The reply's message goes to tbt_last_message; the reply itself, for the
+ * caller to free, to *out when out is not NULL and the status is 0. */
 static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
                     int *fds, int nfds, msg_t **out) {
-  msg_t *m;
-  int rc, st;
+  struct tbt_cap *c;
+  int st;
 
   if (out != NULL)
     *out = NULL;
-  q->request_id = next_req++;
-  rc = tbd_session_request(r, s, q, fds, nfds);
-  m = cap_message(tbt_cap_take_reply(s, q->request_id));
-  last_message[0] = '\0';
-  if (m != NULL)
-    snprintf(last_message, sizeof(last_message), "%s",
-             m->reply->message ? m->reply->message : "");
-  if (m == NULL)
-    return rc < 0 ? rc : PARKED;
-  st = m->reply->status;
-  if (out != NULL && rc == 0 && st == 0)
-    *out = m;
-  else
-    tb__server_message_free(m);
-  return rc < 0 ? rc : st;
-}
-
-static int hello(struct tbd_registry *r, struct tbd_session *s) {
-  req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
-
-  q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
-  q.hello = &h;
-  h.protocol_version = 1;
-  h.client_name = "limits";
-  return send_req(r, s, &q, NULL, 0, NULL);
+  q->request_id = tbt_req_id();
+  st = tbt_req_send(r, s, q, fds, nfds, &c);
+  if (out != NULL && st == 0)
+    *out = cap_message(c);
+  else if (c != NULL)
+    tbt_cap_free(c);
+  return st;
 }
 
 static struct tbd_session *session(struct tbd_registry *r, uid_t uid) {
@@ -142,7 +105,7 @@ static struct tbd_session *session(struct tbd_registry *r, uid_t uid) {
   struct tbd_session *s;
 
   assert_tb_ok(tbd_session_open(r, pid++, uid, uid, NULL, &s));
-  assert_tb_ok(hello(r, s));
+  assert_tb_ok(tbt_req_hello(r, s, "limits"));
   return s;
 }
 
@@ -300,34 +263,6 @@ static int acquire(struct tbd_registry *r, struct tbd_session *s,
   return st;
 }
 
-static int release(struct tbd_registry *r, struct tbd_session *s,
-                   uint64_t lease, uint64_t done) {
-  req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  Tensorbroker__V1__Release rl = TENSORBROKER__V1__RELEASE__INIT;
-
-  q.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
-  q.release = &rl;
-  rl.lease_id = lease;
-  rl.done_event_id = done;
-  rl.want_reply = true;
-  return send_req(r, s, &q, NULL, 0, NULL);
-}
-
-static int subscribe(struct tbd_registry *r, struct tbd_session *s,
-                     const char *name, bool sub) {
-  req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  Tensorbroker__V1__Subscribe su = TENSORBROKER__V1__SUBSCRIBE__INIT;
-  Tensorbroker__V1__Unsubscribe un = TENSORBROKER__V1__UNSUBSCRIBE__INIT;
-
-  su.channel = un.channel = (char *)name;
-  q.body_case = sub ? TENSORBROKER__V1__REQUEST__BODY_SUBSCRIBE
-                    : TENSORBROKER__V1__REQUEST__BODY_UNSUBSCRIBE;
-  q.subscribe = &su;
-  if (!sub)
-    q.unsubscribe = &un;
-  return send_req(r, s, &q, NULL, 0, NULL);
-}
-
 static int wait_free(struct tbd_registry *r, struct tbd_session *s,
                      const char *ch, uint64_t version, int64_t timeout,
                      msg_t **out) {
@@ -414,7 +349,7 @@ static int take_lease(struct tbd_registry *r, struct tbd_session *s, int k,
 
 static void give_lease(struct tbd_registry *r, struct tbd_session *s,
                        uint64_t token) {
-  assert_tb_ok(release(r, s, token, 0));
+  assert_tb_ok(tbt_req_release(r, s, token, 0, true));
 }
 
 static int take_sub(struct tbd_registry *r, struct tbd_session *s, int k,
@@ -423,7 +358,7 @@ static int take_sub(struct tbd_registry *r, struct tbd_session *s, int k,
 
   snprintf(name, sizeof(name), "res/sub%d", k);
   *token = (uint64_t)k;
-  return subscribe(r, s, name, true);
+  return tbt_req_subscribe(r, s, name, true);
 }
 
 static void give_sub(struct tbd_registry *r, struct tbd_session *s,
@@ -431,7 +366,7 @@ static void give_sub(struct tbd_registry *r, struct tbd_session *s,
   char name[32];
 
   snprintf(name, sizeof(name), "res/sub%d", (int)token);
-  assert_tb_ok(subscribe(r, s, name, false));
+  assert_tb_ok(tbt_req_subscribe(r, s, name, false));
 }
 
 #define F(x) offsetof(struct tbd_limits, x)
@@ -495,8 +430,8 @@ static void one_limit(const struct res_ops *res, int scope) {
     assert_tb_ok(res->take(r, a, k, &tok[k]));
     k++;
     assert_tb_err(res->take(r, a, k, &tok[k]), TB_ELIMIT);
-    assert_non_null(strstr(last_message, res->flag[0]));
-    assert_non_null(strstr(last_message, "session has 2"));
+    assert_non_null(strstr(tbt_last_message, res->flag[0]));
+    assert_non_null(strstr(tbt_last_message, "session has 2"));
     assert_tb_ok(res->take(r, b, k + 1, &tok[k + 1]));
     break;
   case 1: /* per uid: a and b one each, then b refused; c (other uid) not */
@@ -505,8 +440,8 @@ static void one_limit(const struct res_ops *res, int scope) {
     assert_tb_ok(res->take(r, b, k, &tok[k]));
     k++;
     assert_tb_err(res->take(r, b, k, &tok[k]), TB_ELIMIT);
-    assert_non_null(strstr(last_message, res->flag[1]));
-    assert_non_null(strstr(last_message, "uid 1000 has 2"));
+    assert_non_null(strstr(tbt_last_message, res->flag[1]));
+    assert_non_null(strstr(tbt_last_message, "uid 1000 has 2"));
     assert_tb_ok(res->take(r, c, k + 1, &tok[k + 1]));
     break;
   default: /* in total: a and c one each, then anyone refused */
@@ -514,8 +449,8 @@ static void one_limit(const struct res_ops *res, int scope) {
     k++;
     assert_tb_ok(res->take(r, c, 5, &tok[5]));
     assert_tb_err(res->take(r, b, k, &tok[k]), TB_ELIMIT);
-    assert_non_null(strstr(last_message, res->flag[2]));
-    assert_non_null(strstr(last_message, "the daemon has"));
+    assert_non_null(strstr(tbt_last_message, res->flag[2]));
+    assert_non_null(strstr(tbt_last_message, "the daemon has"));
     break;
   }
   /* given back, it may be taken again (channels are not given back: a
@@ -524,7 +459,7 @@ static void one_limit(const struct res_ops *res, int scope) {
     res->give(r, a, tok[0]);
     assert_tb_ok(res->take(r, scope == 0 ? a : b, 6, &tok[6]));
   }
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_every_limit(void **state) {
@@ -549,21 +484,21 @@ static void test_session_limits(void **state) {
   s[0] = session(r, 1000);
   s[1] = session(r, 1000);
   assert_tb_ok(tbd_session_open(r, 50, 1000, 1000, NULL, &x));
-  assert_int_equal(hello(r, x), TB_ELIMIT);
-  assert_string_equal(last_message,
+  assert_int_equal(tbt_req_hello(r, x, "limits"), TB_ELIMIT);
+  assert_string_equal(tbt_last_message,
                       "uid 1000 has 2 sessions (--max-sessions-per-uid)");
   tbd_session_close(r, x);
   s[2] = session(r, 2000); /* another uid: room */
   assert_tb_ok(tbd_session_open(r, 51, 3000, 3000, NULL, &x));
-  assert_int_equal(hello(r, x), TB_ELIMIT);
-  assert_string_equal(last_message,
+  assert_int_equal(tbt_req_hello(r, x, "limits"), TB_ELIMIT);
+  assert_string_equal(tbt_last_message,
                       "the daemon has 3 sessions (--max-sessions)");
   tbd_session_close(r, x);
   /* one ends: room again, for its uid too */
   tbd_session_close(r, s[0]);
   s[0] = session(r, 1000);
   assert_int_equal(uid_count(r, 1000, TBD_RES_SESSIONS), 2);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Root is not exempt from the per-uid limits unless --exempt-root; the
@@ -586,14 +521,14 @@ static void test_root_exempt(void **state) {
     assert_tb_ok(reg_buffer(r, s1, true, &b));
     if (!exempt) {
       assert_tb_err(reg_buffer(r, s2, true, &b), TB_ELIMIT);
-      assert_non_null(strstr(last_message, "uid 0 has 1 buffers"));
+      assert_non_null(strstr(tbt_last_message, "uid 0 has 1 buffers"));
     } else {
       assert_tb_ok(reg_buffer(r, s2, true, &b));
       assert_tb_ok(reg_buffer(r, s2, true, &b));
       assert_tb_err(reg_buffer(r, s2, true, &b), TB_ELIMIT);
-      assert_non_null(strstr(last_message, "--max-buffers-total"));
+      assert_non_null(strstr(tbt_last_message, "--max-buffers-total"));
     }
-    reg_free(r);
+    tbt_registry_free(r);
   }
 }
 
@@ -615,23 +550,23 @@ static void test_operator_sessions(void **state) {
   tbd_registry_set_operators(r, 0, 4242);
   session(r, 1000);
   assert_tb_ok(tbd_session_open(r, 60, 1000, 1000, NULL, &x));
-  assert_int_equal(hello(r, x), TB_ELIMIT);
+  assert_int_equal(tbt_req_hello(r, x, "limits"), TB_ELIMIT);
   tbd_session_close(r, x);
   op1 = session(r, 4242);
   /* refused by the server: an operator still gets in, others are told */
   assert_tb_ok(tbd_session_open(r, 61, 0, 0, NULL, &op2));
   tbd_session_refuse(op2, "the daemon holds 9 descriptors (--fd-reserve)");
-  assert_tb_ok(hello(r, op2));
+  assert_tb_ok(tbt_req_hello(r, op2, "limits"));
   assert_tb_ok(tbd_session_open(r, 62, 2000, 2000, NULL, &x));
   tbd_session_refuse(x, "the daemon holds 9 descriptors (--fd-reserve)");
-  assert_int_equal(hello(r, x), TB_ELIMIT);
-  assert_string_equal(last_message,
+  assert_int_equal(tbt_req_hello(r, x, "limits"), TB_ELIMIT);
+  assert_string_equal(tbt_last_message,
                       "the daemon holds 9 descriptors (--fd-reserve)");
   tbd_session_close(r, x);
   /* both operator sessions taken: the next operator is refused */
   assert_tb_ok(tbd_session_open(r, 63, 4242, 4242, NULL, &x));
-  assert_int_equal(hello(r, x), TB_ELIMIT);
-  assert_string_equal(last_message,
+  assert_int_equal(tbt_req_hello(r, x, "limits"), TB_ELIMIT);
+  assert_string_equal(tbt_last_message,
                       "the daemon has 1 sessions (--max-sessions)");
   tbd_session_close(r, x);
   /* Status counts them */
@@ -643,7 +578,7 @@ static void test_operator_sessions(void **state) {
   /* one operator leaves: its slot is free again */
   tbd_session_close(r, op1);
   session(r, 4242);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* The descriptor budget: a memfd buffer needs a descriptor within the
@@ -664,8 +599,8 @@ static void test_fd_budget(void **state) {
   (void)b2;
   assert_int_equal(tbd_registry_fds_held(r), 2);
   assert_tb_err(reg_buffer(r, s, false, &b), TB_ELIMIT);
-  assert_non_null(strstr(last_message, "the daemon holds 2 descriptors"));
-  assert_non_null(strstr(last_message, "--fd-reserve"));
+  assert_non_null(strstr(tbt_last_message, "the daemon holds 2 descriptors"));
+  assert_non_null(strstr(tbt_last_message, "--fd-reserve"));
   assert_tb_ok(reg_buffer(r, s, true, &b)); /* CUDA: no descriptor */
   /* the reserve is for connections only */
   assert_int_equal(tbd_registry_fds_take(r, 1, false), -1);
@@ -676,7 +611,7 @@ static void test_fd_budget(void **state) {
                          b1));
   assert_int_equal(tbd_registry_fds_held(r), 1);
   buffer(r, s);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* ---- closed channels ---- */
@@ -720,7 +655,7 @@ static void test_closed_retention(void **state) {
     p = session(r, 1000);
     assert_tb_ok(publish_d(r, p, "keep", buffer(r, p), false, 5, &v));
     assert_int_equal(v, 6);
-    reg_free(r);
+    tbt_registry_free(r);
   }
 }
 
@@ -769,11 +704,11 @@ static void test_channel_table_full(void **state) {
   assert_int_equal(tbd__channel_find(r, "t/a")->nversions, 1);
   /* nothing left to free */
   assert_tb_err(publish(r, p2, "t/g", b), TB_ELIMIT);
-  assert_string_equal(last_message,
+  assert_string_equal(tbt_last_message,
                       "the daemon has 4 channels (--max-channels)");
   /* the lease ends: a may go; a parked acquire on a closed channel also
    * keeps it (b: the WaitFree, answered once b is freed) */
-  assert_tb_ok(release(r, c, lease, 0));
+  assert_tb_ok(tbt_req_release(r, c, lease, 0, true));
   assert_tb_ok(publish(r, p2, "t/g", b));
   assert_null(tbd__channel_find(r, "t/a"));
   /* published again, a freed channel starts over */
@@ -781,7 +716,7 @@ static void test_channel_table_full(void **state) {
   p = session(r, 1000);
   assert_tb_ok(publish_d(r, p, "t/a", buffer(r, p), false, 0, &v));
   assert_int_equal(v, 1);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* A uid's channel limit frees that uid's oldest closed channel, not
@@ -805,7 +740,7 @@ static void test_channel_uid_and_session(void **state) {
   assert_tb_ok(publish(r, p, "u/x", b));
   assert_tb_err(publish(r, p, "u/y", b), TB_ELIMIT);
   assert_string_equal(
-      last_message, "session has 1 channels (--max-channels-per-session)");
+      tbt_last_message, "session has 1 channels (--max-channels-per-session)");
   tbd_session_close(r, p);
   p = session(r, 1000);
   b = buffer(r, p);
@@ -822,7 +757,7 @@ static void test_channel_uid_and_session(void **state) {
   assert_tb_ok(publish(r, q, "u/z", buffer(r, q)));
   assert_int_equal(uid_count(r, 1000, TBD_RES_CHANNELS), 1);
   assert_int_equal(uid_count(r, 2000, TBD_RES_CHANNELS), 2);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Buffers retired with their producer and held by closed channels count
@@ -850,8 +785,8 @@ static void test_buffer_reclaim(void **state) {
   assert_tb_ok(reg_buffer(r, p, false, &b));
   assert_null(tbd__channel_find(r, "b/2"));
   assert_tb_err(reg_buffer(r, p, false, &b), TB_ELIMIT);
-  assert_non_null(strstr(last_message, "--max-buffers-per-uid"));
-  reg_free(r);
+  assert_non_null(strstr(tbt_last_message, "--max-buffers-per-uid"));
+  tbt_registry_free(r);
 }
 
 /* ---- done events ---- */
@@ -878,11 +813,11 @@ static void test_done_event_cap(void **state) {
       c[i] = session(r, 2000 + (uid_t)i);
       assert_tb_ok(reg_event(r, c[i], &e[i]));
       assert_tb_ok(acquire(r, c[i], "d/x", LATEST, 0, 0, &lease));
-      assert_tb_ok(release(r, c[i], lease, e[i]));
+      assert_tb_ok(tbt_req_release(r, c[i], lease, e[i], true));
     }
     /* again, the same event: still one */
     assert_tb_ok(acquire(r, c[0], "d/x", LATEST, 0, 0, &lease));
-    assert_tb_ok(release(r, c[0], lease, e[0]));
+    assert_tb_ok(tbt_req_release(r, c[0], lease, e[0], true));
     assert_int_equal(wait_free(r, c[0], "d/x", v, -1, NULL), PARKED);
     assert_tb_ok(publish_d(r, p, "d/x", b, true, 0, NULL)); /* v leaves */
     m = cap_message(tbt_cap_take_notice(
@@ -900,7 +835,7 @@ static void test_done_event_cap(void **state) {
         assert_int_equal(k->m->reply->wait_free->n_done_events,
                          n > 3 ? 3 : n);
       }
-    reg_free(r);
+    tbt_registry_free(r);
   }
 }
 
@@ -919,7 +854,7 @@ static void test_uid_entries_go(void **state) {
   assert_tb_ok(publish(r, p, "g/x", buffer(r, p)));
   assert_tb_ok(acquire(r, c, "g/x", LATEST, 0, 0, &lease));
   assert_tb_ok(reg_event(r, c, &e));
-  assert_tb_ok(subscribe(r, c, "g/y", true));
+  assert_tb_ok(tbt_req_subscribe(r, c, "g/y", true));
   assert_int_equal(HASH_COUNT(r->uids), 2);
   tbd_session_close(r, c);
   assert_int_equal(HASH_COUNT(r->uids), 1);
@@ -930,7 +865,7 @@ static void test_uid_entries_go(void **state) {
   assert_int_equal(uid_count(r, 1000, TBD_RES_BUFFERS), 1);
   assert_true(tbd__channel_reclaim(r, NULL, false, NULL));
   assert_null(r->uids);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 int main(void) {

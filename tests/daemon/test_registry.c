@@ -5,7 +5,6 @@
  * replies and notices come out through the emit callback, time is a fake
  * clock. Every test frees the registry and checks no descriptor leaked;
  * the suite also runs under ASan+UBSan, which catch leaked memory. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -27,8 +26,10 @@
 #include "registry.h"
 #include "kinds.h"
 #include "registry_impl.h" /* tbd__channel_recent, tbd__channel_find */
+#include "request.h"
 #include "tb_proto.h"
 #include "fake_cuda.h"
+#include "fd_count.h"
 #include "tensorbroker/tensorbroker.h" /* TB_CONNECT_CHANNELS_MAX */
 
 #ifndef F_SEAL_FUTURE_WRITE
@@ -47,15 +48,12 @@ typedef Tensorbroker__V1__ServerMessage msg_t;
 #define LATEST TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_LATEST
 #define NEXT TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_NEXT
 #define EXACT TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT
-#define PARKED 1
+#define PARKED TBT_PARKED
 
-/* ---- fake clock, request state (captured output: capture.h) ---- */
+/* ---- fake clock (captured output: capture.h, requests: request.h) ---- */
 
 static uint64_t fake_now = 1000;
-static uint64_t next_req = 1;
 static int fds_at_start;
-/* The message of the last reply send_req or parked_reply took. */
-static char last_message[256];
 
 static uint64_t fake_clock(void *ud) {
   (void)ud;
@@ -63,18 +61,6 @@ static uint64_t fake_clock(void *ud) {
 }
 
 /* ---- fixtures ---- */
-
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-
-  assert_non_null(d);
-  while ((e = readdir(d)) != NULL)
-    n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
 
 static struct tbd_registry *reg_new(const struct tbd_limits *lim) {
   struct tbd_limits def;
@@ -92,7 +78,7 @@ static struct tbd_registry *reg_new(const struct tbd_limits *lim) {
 static int setup(void **state) {
   (void)state;
   tbd_log_set_level(TBD_LOG_ERROR);
-  fds_at_start = count_fds();
+  fds_at_start = tbt_count_fds();
   return 0;
 }
 
@@ -100,62 +86,11 @@ static int teardown(void **state) {
   (void)state;
   tbt_caps_clear();
   tbd_alloc_fail_at(0, 0);
-  assert_int_equal(count_fds(), fds_at_start);
+  assert_int_equal(tbt_count_fds(), fds_at_start);
   return 0;
 }
 
-static void reg_free(struct tbd_registry *r) {
-  tbd_registry_free(r);
-  tbt_caps_clear();
-}
-
 /* ---- requests ---- */
-
-/* Send q; returns the reply's status, PARKED when none came, and passes the
- * reply (or NULL) to *out when out is not NULL. */
-static int send_req(struct tbd_registry *r, struct tbd_session *s, req_t *q,
-                    int *fds, int nfds, struct tbt_cap **out) {
-  struct tbt_cap *c;
-  int rc, st;
-
-  if (out != NULL)
-    *out = NULL; /* also when the request fails */
-  if (q->request_id == 0)
-    q->request_id = next_req++;
-  rc = tbd_session_request(r, s, q, fds, nfds);
-  c = tbt_cap_take_reply(s, q->request_id);
-  if (c != NULL)
-    snprintf(last_message, sizeof(last_message), "%s",
-             c->m->reply->message ? c->m->reply->message : "");
-  if (rc < 0) {
-    if (c != NULL)
-      tbt_cap_free(c);
-    return rc;
-  }
-  if (c == NULL) {
-    if (out != NULL)
-      *out = NULL;
-    return PARKED;
-  }
-  st = c->m->reply->status;
-  if (out != NULL)
-    *out = c;
-  else
-    tbt_cap_free(c);
-  return st;
-}
-
-static int hello(struct tbd_registry *r, struct tbd_session *s,
-                 const char *name) {
-  req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
-
-  q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
-  q.hello = &h;
-  h.protocol_version = 1;
-  h.client_name = (char *)name;
-  return send_req(r, s, &q, NULL, 0, NULL);
-}
 
 /* A session whose Hello asks for prefetch (CUDA buffers in NewVersion);
  * cuda: whether it also says it can map CUDA memory. */
@@ -178,7 +113,7 @@ static int hello_ex(struct tbd_registry *r, struct tbd_session *s, bool cuda,
   h.prefetch = prefetch;
   h.channels = (char **)names;
   h.n_channels = n;
-  return send_req(r, s, &q, NULL, 0, out);
+  return tbt_req_send(r, s, &q, NULL, 0, out);
 }
 
 static struct tbd_session *session_prefetch_kinds(struct tbd_registry *r,
@@ -199,7 +134,7 @@ static struct tbd_session *session(struct tbd_registry *r, pid_t pid) {
   struct tbd_session *s;
 
   assert_tb_ok(tbd_session_open(r, pid, 1000, 1000, NULL, &s));
-  assert_tb_ok(hello(r, s, "test"));
+  assert_tb_ok(tbt_req_hello(r, s, "test"));
   return s;
 }
 
@@ -236,7 +171,7 @@ static int reg_buffer_fd_ex(struct tbd_registry *r, struct tbd_session *s,
   b.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
   b.size = size;
   b.consumers_may_write = may_write;
-  st = send_req(r, s, &q, fds, fd >= 0 ? 1 : 0, &c);
+  st = tbt_req_send(r, s, &q, fds, fd >= 0 ? 1 : 0, &c);
   if (st == 0) {
     *id = c->m->reply->buffer_register->buffer_id;
     assert_int_equal(c->m->reply->buffer_register->generation, 1);
@@ -268,7 +203,7 @@ static uint64_t cuda_buffer(struct tbd_registry *r, struct tbd_session *s,
   tbt_fake_cuda_init(&f, tag);
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
   q.buffer_register = &f.reg;
-  assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
+  assert_tb_ok(tbt_req_send(r, s, &q, NULL, 0, &c));
   id = c->m->reply->buffer_register->buffer_id;
   tbt_cap_free(c);
   return id;
@@ -285,7 +220,7 @@ static uint64_t event(struct tbd_registry *r, struct tbd_session *s) {
   q.event_register = &e;
   e.cuda_ipc_event_handle.data = handle;
   e.cuda_ipc_event_handle.len = sizeof(handle);
-  assert_tb_ok(send_req(r, s, &q, NULL, 0, &c));
+  assert_tb_ok(tbt_req_send(r, s, &q, NULL, 0, &c));
   id = c->m->reply->event_register->event_id;
   tbt_cap_free(c);
   return id;
@@ -333,7 +268,7 @@ static int publish_ex(struct tbd_registry *r, struct tbd_session *s,
   l.dtype_lanes = 1;
   l.shape = shape;
   l.n_shape = o && o->ndim ? o->ndim : 1;
-  st = send_req(r, s, &q, NULL, 0, &c);
+  st = tbt_req_send(r, s, &q, NULL, 0, &c);
   if (st == 0 && version != NULL)
     *version = c->m->reply->publish->version;
   if (c != NULL)
@@ -370,7 +305,7 @@ static int acquire_ex(struct tbd_registry *r, struct tbd_session *s,
 
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
   q.acquire = &a;
-  q.request_id = next_req++;
+  q.request_id = tbt_req_id();
   a.channel = (char *)ch;
   a.mode = mode;
   a.version = version;
@@ -378,7 +313,7 @@ static int acquire_ex(struct tbd_registry *r, struct tbd_session *s,
   a.implicit_stream = true;
   if (req_id != NULL)
     *req_id = q.request_id;
-  st = send_req(r, s, &q, NULL, 0, &c);
+  st = tbt_req_send(r, s, &q, NULL, 0, &c);
   if (st == 0 && out != NULL) {
     Tensorbroker__V1__AcquireReply *ar = c->m->reply->acquire;
     out->lease = ar->lease_id;
@@ -412,7 +347,7 @@ static int parked_reply(struct tbd_session *s, uint64_t id, struct acq *out) {
   if (c == NULL)
     return PARKED;
   st = c->m->reply->status;
-  snprintf(last_message, sizeof(last_message), "%s",
+  snprintf(tbt_last_message, sizeof(tbt_last_message), "%s",
            c->m->reply->message ? c->m->reply->message : "");
   if (st == 0 && out != NULL && c->m->reply->acquire != NULL) {
     out->lease = c->m->reply->acquire->lease_id;
@@ -422,26 +357,9 @@ static int parked_reply(struct tbd_session *s, uint64_t id, struct acq *out) {
   return st;
 }
 
-static int release_ex(struct tbd_registry *r, struct tbd_session *s,
-                      uint64_t lease, uint64_t done, bool want_reply) {
-  req_t q = TENSORBROKER__V1__REQUEST__INIT;
-  Tensorbroker__V1__Release rl = TENSORBROKER__V1__RELEASE__INIT;
-
-  q.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
-  q.release = &rl;
-  rl.lease_id = lease;
-  rl.done_event_id = done;
-  rl.want_reply = want_reply;
-  if (!want_reply) {
-    q.request_id = 0;
-    return tbd_session_request(r, s, &q, NULL, 0);
-  }
-  return send_req(r, s, &q, NULL, 0, NULL);
-}
-
 static int release(struct tbd_registry *r, struct tbd_session *s,
                    uint64_t lease) {
-  return release_ex(r, s, lease, 0, true);
+  return tbt_req_release(r, s, lease, 0, true);
 }
 
 static int simple(struct tbd_registry *r, struct tbd_session *s, int body,
@@ -471,7 +389,7 @@ static int simple(struct tbd_registry *r, struct tbd_session *s, int body,
   default:
     break;
   }
-  return send_req(r, s, &q, NULL, 0, NULL);
+  return tbt_req_send(r, s, &q, NULL, 0, NULL);
 }
 
 #define SUBSCRIBE TENSORBROKER__V1__REQUEST__BODY_SUBSCRIBE
@@ -487,13 +405,13 @@ static int wait_free(struct tbd_registry *r, struct tbd_session *s,
 
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_WAIT_FREE;
   q.wait_free = &w;
-  q.request_id = next_req++;
+  q.request_id = tbt_req_id();
   w.channel = (char *)ch;
   w.version = version;
   w.timeout_ms = timeout;
   if (req_id != NULL)
     *req_id = q.request_id;
-  return send_req(r, s, &q, NULL, 0, NULL);
+  return tbt_req_send(r, s, &q, NULL, 0, NULL);
 }
 
 static struct tbd_counts counts(struct tbd_registry *r) {
@@ -557,10 +475,10 @@ static void test_publish_acquire_release(void **state) {
   assert_tb_err(release(r, p, 0), TB_ENOTFOUND);
   assert_int_equal(counts(r).leases, 1);
   /* one-way release: no reply */
-  assert_tb_ok(release_ex(r, c, a1.lease, 0, false));
+  assert_tb_ok(tbt_req_release(r, c, a1.lease, 0, false));
   assert_int_equal(tbt_caps_count(c), 0);
   assert_int_equal(counts(r).leases, 0);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_history_depth_3(void **state) {
@@ -588,7 +506,7 @@ static void test_history_depth_3(void **state) {
   publish(r, p, "x", b, 1);
   assert_int_equal(counts(r).versions, 1);
   assert_int_equal(tbt_cap_drop_notices(p, N_FREE), 3);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_done_events_collected(void **state) {
@@ -607,11 +525,11 @@ static void test_done_events_collected(void **state) {
   publish(r, p, "x", b, 0); /* 1 leaves history, three leases left */
   assert_null(tbt_cap_take_notice(p, N_FREE));
   /* someone else's event is refused and changes nothing */
-  assert_tb_err(release_ex(r, c1, a1.lease, e2, true), TB_EPERM);
-  assert_tb_ok(release_ex(r, c1, a1.lease, e1, true));
-  assert_tb_ok(release_ex(r, c1, a1b.lease, e1, true)); /* same event */
+  assert_tb_err(tbt_req_release(r, c1, a1.lease, e2, true), TB_EPERM);
+  assert_tb_ok(tbt_req_release(r, c1, a1.lease, e1, true));
+  assert_tb_ok(tbt_req_release(r, c1, a1b.lease, e1, true)); /* same event */
   assert_null(tbt_cap_take_notice(p, N_FREE));
-  assert_tb_ok(release_ex(r, c2, a2.lease, e2, true));
+  assert_tb_ok(tbt_req_release(r, c2, a2.lease, e2, true));
   m = tbt_cap_take_notice(p, N_FREE);
   assert_non_null(m);
   assert_int_equal(m->m->notice->version_free->version, 1);
@@ -621,7 +539,7 @@ static void test_done_events_collected(void **state) {
   assert_int_equal(m->m->notice->version_free->done_events[1]->event_id, e2);
   assert_int_equal(m->m->notice->version_free->done_events[1]->owner_pid, 12);
   tbt_cap_free(m);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Publish.ready_complete reaches every acquirer of that version, and only
@@ -649,9 +567,9 @@ static void test_ready_complete(void **state) {
   assert_true(a2.ready_complete);
   assert_int_equal(a3.ready_event, 0); /* no event: nothing to flag */
   assert_false(a3.ready_complete);
-  assert_tb_ok(release_ex(r, c, a1.lease, ce, true));
-  assert_tb_ok(release_ex(r, c, a2.lease, 0, true));
-  assert_tb_ok(release_ex(r, c, a3.lease, 0, true));
+  assert_tb_ok(tbt_req_release(r, c, a1.lease, ce, true));
+  assert_tb_ok(tbt_req_release(r, c, a2.lease, 0, true));
+  assert_tb_ok(tbt_req_release(r, c, a3.lease, 0, true));
   publish(r, p, "x", b, 1); /* 1..3 leave history, all released */
   for (int i = 0; i < 3; i++) { /* one notice per version, any order */
     Tensorbroker__V1__VersionFree *vf;
@@ -666,7 +584,7 @@ static void test_ready_complete(void **state) {
     tbt_cap_free(m);
   }
   assert_null(tbt_cap_take_notice(p, N_FREE));
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_consumer_close_releases(void **state) {
@@ -686,7 +604,7 @@ static void test_consumer_close_releases(void **state) {
   assert_int_equal(counts(r).leases, 0);
   assert_int_equal(counts(r).subscriptions, 0);
   assert_int_equal(counts(r).sessions, 1);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_producer_close(void **state) {
@@ -720,7 +638,7 @@ static void test_producer_close(void **state) {
   assert_int_equal(acquire(r, c, "x", LATEST, 0).version, 1);
   /* nothing newer, and nobody to publish it: at once with timeout 0 */
   assert_int_equal(acquire_ex(r, c, "x", NEXT, 1, 0, NULL, NULL), TB_ECLOSED);
-  assert_string_equal(last_message,
+  assert_string_equal(tbt_last_message,
                       "channel 'x' has no producer: its publisher ended (pid "
                       "10: publisher disconnected) and no version after 1 is "
                       "left that can be granted");
@@ -733,7 +651,7 @@ static void test_producer_close(void **state) {
   assert_int_equal(publish(r, p2, "x", b2, 0), 2);
   assert_int_equal(parked_reply(w, id, &a), 0);
   assert_int_equal(a.version, 2);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* ChannelClosed says how the publisher left. A session that promised a
@@ -774,7 +692,7 @@ static void test_producer_close_reason(void **state) {
     q.hello = &h;
     h.protocol_version = 1;
     h.says_goodbye = cases[i].says;
-    assert_tb_ok(send_req(r, p, &q, NULL, 0, NULL));
+    assert_tb_ok(tbt_req_send(r, p, &q, NULL, 0, NULL));
     {
       uint64_t b = buffer(r, p), e = event(r, p);
       struct pub o = {.depth = 4, .meta_len = 3, .event = e,
@@ -809,7 +727,7 @@ static void test_producer_close_reason(void **state) {
     assert_tb_ok(release(r, c, a1.lease));
     assert_tb_ok(release(r, c, a2.lease));
   }
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* A session that promised a Goodbye (Hello.says_goodbye). */
@@ -824,7 +742,7 @@ static struct tbd_session *session_says_goodbye(struct tbd_registry *r,
   q.hello = &h;
   h.protocol_version = 1;
   h.says_goodbye = true;
-  assert_tb_ok(send_req(r, s, &q, NULL, 0, NULL));
+  assert_tb_ok(tbt_req_send(r, s, &q, NULL, 0, NULL));
   return s;
 }
 
@@ -872,9 +790,9 @@ static void test_cuda_producer_gone(void **state) {
 
   assert_int_equal(acquire_ex(r, c, "g", LATEST, 0, 0, NULL, NULL),
                    TB_ECLOSED);
-  assert_string_equal(last_message, gone);
+  assert_string_equal(tbt_last_message, gone);
   assert_int_equal(acquire_ex(r, c, "g", NEXT, 0, 0, NULL, NULL), TB_ECLOSED);
-  assert_string_equal(last_message,
+  assert_string_equal(tbt_last_message,
                       "channel 'g' has no producer: its publisher ended (pid "
                       "10: publisher ended without closing its session) and "
                       "no version after 0 is left that can be granted");
@@ -886,7 +804,7 @@ static void test_cuda_producer_gone(void **state) {
                      TB_ECLOSED);
     snprintf(want, sizeof(want), "version %llu of 'g' is gone: its CUDA IPC "
              "memory died with its producer (pid 10)", (unsigned long long)v);
-    assert_string_equal(last_message, want);
+    assert_string_equal(tbt_last_message, want);
   }
   assert_int_equal(acquire_ex(r, c, "g", EXACT, 0, 0, NULL, NULL),
                    TB_ENOTFOUND);
@@ -897,7 +815,7 @@ static void test_cuda_producer_gone(void **state) {
   fake_now += 200;
   tbd_registry_expire(r);
   assert_int_equal(parked_reply(c, id, NULL), TB_ECLOSED);
-  assert_string_equal(last_message, gone);
+  assert_string_equal(tbt_last_message, gone);
   /* a session naming the channel at connect is sent no dead buffer */
   assert_tb_ok(tbd_session_open(r, 13, 1000, 1000, NULL, &named));
   assert_tb_ok(hello_ex(r, named, true, true, names, 1, &m));
@@ -920,7 +838,7 @@ static void test_cuda_producer_gone(void **state) {
   assert_int_equal(counts(r).leases, 0);
   assert_int_equal(counts(r).channels, 1);
   assert_int_equal(acquire_ex(r, c, "g", EXACT, 2, 0, NULL, NULL), TB_ECLOSED);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Acquires parked on a CUDA channel stay parked when its producer ends
@@ -951,7 +869,7 @@ static void test_cuda_producer_restarts(void **state) {
                    PARKED);
   assert_int_equal(acquire_ex(r, w3, "g", LATEST, 0, 0, NULL, NULL),
                    TB_ECLOSED);
-  assert_string_equal(last_message,
+  assert_string_equal(tbt_last_message,
                       "channel 'g' has no producer: its publisher ended (pid "
                       "10: publisher disconnected) and no version is left "
                       "that can be granted");
@@ -968,7 +886,7 @@ static void test_cuda_producer_restarts(void **state) {
   }
 
   assert_tb_ok(tbd_session_open(r, 14, 1000, 1000, NULL, &p2));
-  assert_tb_ok(hello(r, p2, "restarted"));
+  assert_tb_ok(tbt_req_hello(r, p2, "restarted"));
   b2 = cuda_buffer(r, p2, 0x22);
   assert_tb_ok(publish_ex(r, p2, "g", b2, &gpu, NULL));
   assert_int_equal(parked_reply(w1, id1, &a), 0);
@@ -989,7 +907,7 @@ static void test_cuda_producer_restarts(void **state) {
   assert_ptr_equal(tbd__channel_find(r, "g")->publisher, p2);
   assert_tb_err(publish_ex(r, w3, "g", cuda_buffer(r, w3, 0x33), &gpu, NULL),
                 TB_EBUSY);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Host versions outlive their producer; CUDA ones among them do not. EXACT
@@ -1023,7 +941,7 @@ static void test_mixed_kinds_producer_gone(void **state) {
   /* a new producer with history 1 pushes version 3 out (c's leases keep
    * it, not in the history) */
   assert_tb_ok(tbd_session_open(r, 12, 1000, 1000, NULL, &p2));
-  assert_tb_ok(hello(r, p2, "next"));
+  assert_tb_ok(tbt_req_hello(r, p2, "next"));
   hb2 = buffer(r, p2);
   assert_int_equal(publish(r, p2, "m", hb2, 1), 5);
   assert_int_equal(acquire_ex(r, c, "m", EXACT, 2, 0, NULL, NULL), TB_ECLOSED);
@@ -1035,7 +953,7 @@ static void test_mixed_kinds_producer_gone(void **state) {
                    TB_ENOTFOUND);
   assert_int_equal(acquire_ex(r, c, "m", EXACT, 4, 0, NULL, NULL), TB_ECLOSED);
   assert_int_equal(acquire(r, c, "m", LATEST, 0).version, 5);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_buffer_retire(void **state) {
@@ -1063,7 +981,7 @@ static void test_buffer_retire(void **state) {
   assert_int_equal(m->m->notice->buffer_retired->buffer_id, b);
   tbt_cap_free(m);
   assert_int_equal(counts(r).buffers, 1);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_forget_reattaches(void **state) {
@@ -1081,7 +999,7 @@ static void test_forget_reattaches(void **state) {
   assert_int_equal(tbt_caps_count(c), 0); /* one-way */
   a = acquire(r, c, "x", LATEST, 0);
   assert_true(a.fd_attached);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* A session's acquires remember their channel (no name check, no lookup
@@ -1107,7 +1025,7 @@ static void test_recent_channel(void **state) {
   assert_ptr_equal(tbd__channel_recent(r, c, "y"), tbd__channel_find(r, "y"));
   assert_null(tbd__channel_recent(r, c, "x"));
   assert_tb_ok(release(r, c, a.lease));
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_modes(void **state) {
@@ -1155,7 +1073,7 @@ static void test_modes(void **state) {
   publish(r, p, "y", b, 0);
   assert_int_equal(parked_reply(c, id, &a), 0);
   assert_int_equal(a.version, 1);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_second_publisher_busy(void **state) {
@@ -1170,7 +1088,7 @@ static void test_second_publisher_busy(void **state) {
   assert_tb_err(publish_ex(r, q, "y", b, NULL, NULL), TB_EPERM);
   assert_int_equal(counts(r).versions, 1);
   assert_int_equal(counts(r).channels, 1);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_subscriptions(void **state) {
@@ -1193,7 +1111,7 @@ static void test_subscriptions(void **state) {
   assert_tb_err(simple(r, c, UNSUBSCRIBE, "later", 0), TB_ENOTFOUND);
   publish(r, p, "later", b, 0);
   assert_int_equal(tbt_caps_count(c), 0);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Hello.prefetch: a subscriber hears of each CUDA buffer once, in the
@@ -1258,7 +1176,7 @@ static void test_prefetch_notices(void **state) {
   tbt_cap_free(m);
   assert_null(tbt_cap_take_notice(o, N_RETIRED));
   assert_null(tbt_cap_take_notice(h, N_RETIRED));
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Hello.channels: the HelloReply carries the newest version of each named
@@ -1332,7 +1250,7 @@ static void test_hello_channels(void **state) {
   assert_int_equal(m->m->reply->hello->n_latest, 1);
   assert_int_equal(m->m->reply->hello->latest[0]->buffer->buffer_id, b1);
   tbt_cap_free(m);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* The HelloReply stays inside one datagram: with the smallest
@@ -1381,7 +1299,7 @@ static void test_hello_channels_room(void **state) {
   assert_non_null(m->m->notice->new_version->buffer);
   assert_int_equal(m->m->notice->new_version->buffer->buffer_id, bufs[n]);
   tbt_cap_free(m);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Out of memory while a prefetching subscriber's notice is built: the
@@ -1423,7 +1341,7 @@ static void test_alloc_failure_prefetch(void **state) {
     tbt_cap_free(m);
   }
   assert_true(degraded >= 1);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_limits(void **state) {
@@ -1448,7 +1366,7 @@ static void test_limits(void **state) {
   c = session(r, 11);
   /* sessions: accepted, Hello refused, to be closed */
   assert_tb_ok(tbd_session_open(r, 12, 0, 0, NULL, &extra));
-  assert_int_equal(hello(r, extra, "x"), TB_ELIMIT);
+  assert_int_equal(tbt_req_hello(r, extra, "x"), TB_ELIMIT);
   tbd_session_close(r, extra);
   b = buffer(r, p);
   assert_tb_err(reg_buffer_fd(r, p, 4096, memfd(4096, true), &id), TB_ELIMIT);
@@ -1473,7 +1391,7 @@ static void test_limits(void **state) {
   assert_tb_ok(simple(r, c, SUBSCRIBE, "a", 0));
   assert_tb_err(simple(r, c, SUBSCRIBE, "b", 0), TB_ELIMIT);
   assert_int_equal(counts(r).versions, 1);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_buffer_register_checks(void **state) {
@@ -1489,7 +1407,7 @@ static void test_buffer_register_checks(void **state) {
   assert_tb_err(reg_buffer_fd(r, p, 4096, -1, &id), TB_EINVAL); /* no fd */
   assert_tb_err(reg_buffer_fd(r, p, 0, memfd(4096, true), &id), TB_EINVAL);
   assert_int_equal(counts(r).buffers, 0);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* The kernel keeps consumers from writing a read-only buffer: its memfd
@@ -1506,22 +1424,22 @@ static void test_buffer_register_seals(void **state) {
   assert_tb_err(reg_buffer_fd(r, p, 4096, memfd_seals(4096, F_SEAL_SHRINK),
                               &id),
                 TB_EINVAL);
-  assert_non_null(strstr(last_message, "F_SEAL_GROW"));
+  assert_non_null(strstr(tbt_last_message, "F_SEAL_GROW"));
   assert_tb_err(reg_buffer_fd(r, p, 4096,
                               memfd_seals(4096, F_SEAL_SHRINK | F_SEAL_GROW),
                               &id),
                 TB_EINVAL);
-  assert_non_null(strstr(last_message, "F_SEAL_FUTURE_WRITE"));
-  assert_non_null(strstr(last_message, "Linux 5.1"));
+  assert_non_null(strstr(tbt_last_message, "F_SEAL_FUTURE_WRITE"));
+  assert_non_null(strstr(tbt_last_message, "Linux 5.1"));
   assert_tb_err(reg_buffer_fd(r, p, 4096,
                               memfd_seals(4096, F_SEAL_GROW |
                                                     F_SEAL_FUTURE_WRITE),
                               &id),
                 TB_EINVAL);
-  assert_non_null(strstr(last_message, "F_SEAL_SHRINK"));
+  assert_non_null(strstr(tbt_last_message, "F_SEAL_SHRINK"));
   assert_tb_err(reg_buffer_fd_ex(r, p, 4096, memfd(4096, true), true, &id),
                 TB_EINVAL);
-  assert_non_null(strstr(last_message, "sealed against writes"));
+  assert_non_null(strstr(tbt_last_message, "sealed against writes"));
   assert_int_equal(counts(r).buffers, 0);
 
   assert_tb_ok(reg_buffer_fd(r, p, 4096, memfd(4096, true), &id));
@@ -1534,7 +1452,7 @@ static void test_buffer_register_seals(void **state) {
   assert_non_null(b);
   assert_int_equal(fcntl(b->fd, F_GETFL) & O_ACCMODE, O_RDWR);
   assert_int_equal(counts(r).buffers, 2);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Every memory kind of the protocol has a row in the daemon's table
@@ -1595,34 +1513,34 @@ static void test_buffer_register_kinds(void **state) {
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
   q.buffer_register = &f.reg;
   f.reg.kind = 7;
-  assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_EINVAL);
-  assert_string_equal(last_message, "unknown memory kind 7");
+  assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+  assert_string_equal(tbt_last_message, "unknown memory kind 7");
   q.request_id = 0;
   f.reg.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC;
   f.reg.cuda_ipc_handle.len = 63;
-  assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_EINVAL);
-  assert_non_null(strstr(last_message, "cuda_ipc_handle must be 64 bytes"));
+  assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "cuda_ipc_handle must be 64 bytes"));
   q.request_id = 0;
   f.reg.cuda_ipc_handle.len = 64;
   f.dev.uuid.len = 0;
-  assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_EINVAL);
-  assert_non_null(strstr(last_message, "16-byte device uuid"));
+  assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "16-byte device uuid"));
   q.request_id = 0;
   f.dev.uuid.len = 16;
   f.dev.type = kDLCPU;
-  assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_EDEVICE);
+  assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EDEVICE);
   q.request_id = 0;
   f.dev.type = kDLCUDA;
   f.reg.size = 0;
-  assert_tb_err(send_req(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+  assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EINVAL);
   assert_int_equal(counts(r).buffers, 0);
   /* a descriptor with a CUDA_IPC registration: a protocol error */
   x = session(r, 12);
   q.request_id = 0;
   f.reg.size = 4096;
   fds[0] = memfd(4096, true);
-  assert_tb_err(send_req(r, x, &q, fds, 1, NULL), TB_EPROTO);
-  assert_non_null(strstr(last_message, "CUDA_IPC BufferRegister with"));
+  assert_tb_err(tbt_req_send(r, x, &q, fds, 1, NULL), TB_EPROTO);
+  assert_non_null(strstr(tbt_last_message, "CUDA_IPC BufferRegister with"));
   tbd_session_close(r, x);
   /* two descriptors with a HOST_MEMFD one: a protocol error too */
   x = session(r, 13);
@@ -1630,15 +1548,15 @@ static void test_buffer_register_kinds(void **state) {
   f.reg.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
   fds[0] = memfd(4096, true);
   fds[1] = memfd(4096, true);
-  assert_tb_err(send_req(r, x, &q, fds, 2, NULL), TB_EPROTO);
-  assert_non_null(strstr(last_message, "more than one descriptor"));
+  assert_tb_err(tbt_req_send(r, x, &q, fds, 2, NULL), TB_EPROTO);
+  assert_non_null(strstr(tbt_last_message, "more than one descriptor"));
   tbd_session_close(r, x);
   assert_int_equal(counts(r).buffers, 0);
 
   /* a host buffer whose registration named a CUDA device: on the host */
   q.request_id = 0;
   fds[0] = memfd(4096, true);
-  assert_tb_ok(send_req(r, p, &q, fds, 1, &m));
+  assert_tb_ok(tbt_req_send(r, p, &q, fds, 1, &m));
   id = m->m->reply->buffer_register->buffer_id;
   tbt_cap_free(m);
   assert_tb_err(publish_ex(r, p, "k", id, &gpu, NULL), TB_EDEVICE);
@@ -1648,7 +1566,7 @@ static void test_buffer_register_kinds(void **state) {
                    TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD);
   assert_int_equal(a.dev_type, kDLCPU);
   assert_true(a.fd_attached);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* A CUDA_VMM_FD registration of size bytes carrying fds (nfds of them). */
@@ -1664,8 +1582,8 @@ static int reg_vmm(struct tbd_registry *r, struct tbd_session *s,
   f->reg.size = size;
   q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
   q.buffer_register = &f->reg;
-  q.request_id = next_req++;
-  st = send_req(r, s, &q, fds, nfds, &c);
+  q.request_id = tbt_req_id();
+  st = tbt_req_send(r, s, &q, fds, nfds, &c);
   if (st == 0 && id != NULL)
     *id = c->m->reply->buffer_register->buffer_id;
   if (c != NULL)
@@ -1696,25 +1614,25 @@ static void test_vmm_buffers(void **state) {
   tbt_fake_cuda_init(&f, 1);
   /* refused, nothing kept */
   assert_tb_err(reg_vmm(r, p, &f, 4096, NULL, 0, &id), TB_EINVAL);
-  assert_non_null(strstr(last_message, "exported descriptor attached"));
+  assert_non_null(strstr(tbt_last_message, "exported descriptor attached"));
   assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv),
                    0);
   fds[0] = sv[0];
   assert_tb_err(reg_vmm(r, p, &f, 4096, fds, 1, &id), TB_EINVAL);
-  assert_non_null(strstr(last_message, "descriptor is a socket"));
+  assert_non_null(strstr(tbt_last_message, "descriptor is a socket"));
   close(sv[1]);
   assert_int_equal(pipe2(sv, O_CLOEXEC), 0);
   fds[0] = sv[0];
   assert_tb_err(reg_vmm(r, p, &f, 4096, fds, 1, &id), TB_EINVAL);
-  assert_non_null(strstr(last_message, "descriptor is a pipe"));
+  assert_non_null(strstr(tbt_last_message, "descriptor is a pipe"));
   close(sv[1]);
   fds[0] = memfd(4096, false);
   assert_tb_err(reg_vmm(r, p, &f, TBD_VMM_SIZE_MAX + 1, fds, 1, &id),
                 TB_EINVAL);
-  assert_non_null(strstr(last_message, "must be 1 to"));
+  assert_non_null(strstr(tbt_last_message, "must be 1 to"));
   fds[0] = memfd(4096, false);
   assert_tb_err(reg_vmm(r, p, &f, 8192, fds, 1, &id), TB_EINVAL);
-  assert_non_null(strstr(last_message, "4096 bytes, 8192 declared"));
+  assert_non_null(strstr(tbt_last_message, "4096 bytes, 8192 declared"));
   fds[0] = memfd(4096, false);
   f.reg.cuda_ipc_handle.len = 64;
   f.reg.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD;
@@ -1722,29 +1640,29 @@ static void test_vmm_buffers(void **state) {
     req_t q = TENSORBROKER__V1__REQUEST__INIT;
     q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
     q.buffer_register = &f.reg;
-    q.request_id = next_req++;
-    assert_tb_err(send_req(r, p, &q, fds, 1, NULL), TB_EINVAL);
-    assert_non_null(strstr(last_message, "with a cuda_ipc_handle"));
+    q.request_id = tbt_req_id();
+    assert_tb_err(tbt_req_send(r, p, &q, fds, 1, NULL), TB_EINVAL);
+    assert_non_null(strstr(tbt_last_message, "with a cuda_ipc_handle"));
   }
   fds[0] = memfd(4096, false);
   f.dev.uuid.len = 0;
   assert_tb_err(reg_vmm(r, p, &f, 4096, fds, 1, &id), TB_EINVAL);
-  assert_non_null(strstr(last_message, "16-byte device uuid"));
+  assert_non_null(strstr(tbt_last_message, "16-byte device uuid"));
   f.dev.uuid.len = 16;
   x = session(r, 12); /* two descriptors: a protocol error */
   fds[0] = memfd(4096, false);
   fds[1] = memfd(4096, false);
   assert_tb_err(reg_vmm(r, x, &f, 4096, fds, 2, &id), TB_EPROTO);
-  assert_non_null(strstr(last_message, "more than one descriptor"));
+  assert_non_null(strstr(tbt_last_message, "more than one descriptor"));
   tbd_session_close(r, x);
   assert_int_equal(counts(r).buffers, 0);
   assert_int_equal(tbd_registry_fds_held(r), held0);
 
   /* accepted: the daemon holds the descriptor */
-  fds0 = count_fds();
+  fds0 = tbt_count_fds();
   fds[0] = memfd(4096, false);
   assert_tb_ok(reg_vmm(r, p, &f, 4096, fds, 1, &id));
-  assert_int_equal(count_fds(), fds0 + 1);
+  assert_int_equal(tbt_count_fds(), fds0 + 1);
   assert_int_equal(tbd_registry_fds_held(r), held0 + 1);
   {
     /* the metrics count it by kind, as the library names kinds */
@@ -1779,7 +1697,7 @@ static void test_vmm_buffers(void **state) {
   assert_int_equal(acquire_ex(r, x, "v", NEXT, 1, 0, NULL, NULL), TB_ECLOSED);
   assert_tb_ok(release(r, x, a.lease));
   assert_int_equal(tbd_registry_fds_held(r), held0 + 1);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_wait_free(void **state) {
@@ -1807,7 +1725,7 @@ static void test_wait_free(void **state) {
   fake_now += 10;
   tbd_registry_expire(r);
   assert_int_equal(parked_reply(p, id, NULL), TB_ETIMEDOUT);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_protocol_errors(void **state) {
@@ -1842,16 +1760,16 @@ static void test_protocol_errors(void **state) {
   tbd_session_close(r, t);
   /* second Hello */
   t = session(r, 3);
-  assert_int_equal(hello(r, t, "again"), TB_EPROTO);
+  assert_int_equal(tbt_req_hello(r, t, "again"), TB_EPROTO);
   tbd_session_close(r, t);
   /* bad Hello fields are semantic errors */
   assert_tb_ok(tbd_session_open(r, 4, 0, 0, NULL, &s));
-  assert_int_equal(hello(r, s, "bad\nname"), TB_ENAME);
-  assert_int_equal(hello(r, s, "fine"), 0);
+  assert_int_equal(tbt_req_hello(r, s, "bad\nname"), TB_ENAME);
+  assert_int_equal(tbt_req_hello(r, s, "fine"), 0);
   tbd_session_close(r, s);
   assert_int_equal(tbd_registry_stats(r)->bad_messages, 3);
   assert_int_equal(counts(r).sessions, 0);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* ---- allocation failures: fail each allocation in turn ---- */
@@ -1894,7 +1812,7 @@ static void test_alloc_failure_publish(void **state) {
   assert_true(failures >= 4);
   assert_int_equal(v, 1); /* no number was used up by the failures */
   assert_int_equal(tbt_cap_drop_notices(c, N_NEW), 1);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_alloc_failure_acquire(void **state) {
@@ -1924,7 +1842,7 @@ static void test_alloc_failure_acquire(void **state) {
   assert_true(a.fd_attached);
   assert_int_equal(a.lease, 1);
   assert_tb_ok(release(r, c, a.lease));
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 static void test_alloc_failure_subscribe(void **state) {
@@ -1946,7 +1864,7 @@ static void test_alloc_failure_subscribe(void **state) {
     assert_true(n < 100);
   }
   assert_int_equal(counts(r).subscriptions, 1);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* ---- flat costs: waits by deadline and by channel, deep histories ---- */
@@ -2072,7 +1990,7 @@ static void test_wait_deadlines(void **state) {
   tbd_registry_expire(r);
   assert_null(tbt_caps);
   free(tw);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 struct fifo_wait {
@@ -2189,7 +2107,7 @@ static void test_publish_wakes_own_channel(void **state) {
   expect_granted(a_all, na, 2);
   assert_int_equal(counts(r).waits, 0);
   assert_null(r->waitqs);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* A history 65,536 deep: EXACT and NEXT find versions at both ends and in
@@ -2290,7 +2208,7 @@ static void test_deep_history(void **state) {
   assert_int_equal(acquire(r, c, "deep", NEXT, 0).version, newest + 2);
   assert_int_equal(acquire(r, c, "deep", EXACT, newest + 2).version,
                    newest + 2);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Waits leave with their session from wherever they are (the deadline
@@ -2384,7 +2302,7 @@ static void test_waits_session_end(void **state) {
   fake_now += 1000;
   tbd_registry_expire(r);
   assert_null(tbt_caps);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Parking fails cleanly, whichever allocation fails: for a channel name
@@ -2450,7 +2368,7 @@ static void test_alloc_failure_park(void **state) {
   tbd_registry_expire(r);
   assert_int_equal(parked_reply(c[3], id[3], NULL), TB_ETIMEDOUT);
   assert_int_equal(counts(r).waits, 0);
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 /* Gaps in a history: a producer of host and CUDA versions in turn ends, so
@@ -2514,7 +2432,7 @@ static void test_history_gaps(void **state) {
     }
     assert_int_equal(counts(r).versions, N / 2);
   }
-  reg_free(r);
+  tbt_registry_free(r);
 }
 
 int main(void) {

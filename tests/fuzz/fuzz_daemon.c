@@ -23,7 +23,6 @@
  * a muted session; after every session has closed no lease, subscription,
  * wait, event or session is left and no more buffers than versions kept; after the registry is freed, no descriptor is left
  * open. ASan and UBSan check the rest. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -36,6 +35,7 @@
 
 #include "alloc.h"
 #include "config.h"
+#include "fd_count.h"
 #include "fuzz.h"
 #include "log.h"
 #include "registry.h"
@@ -527,19 +527,6 @@ static void structured(int k, struct tbf_in *in) {
   deliver(k, fz.rx, (size_t)n, fds, nfds);
 }
 
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-
-  if (d == NULL)
-    abort();
-  while ((e = readdir(d)) != NULL)
-    n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
-
 static void setup_once(void) {
   if (fz.tx != NULL)
     return;
@@ -557,7 +544,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int fds_before, steps = 0;
 
   setup_once();
-  fds_before = count_fds();
+  fds_before = tbt_count_fds();
   memset(fz.s, 0, sizeof(fz.s));
   memset(fz.muted, 0, sizeof(fz.muted));
   memset(fz.doomed, 0, sizeof(fz.doomed));
@@ -643,8 +630,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
              c.buffers, c.versions);
   tbd_registry_free(fz.r);
   fz.r = NULL;
-  if (count_fds() != fds_before)
+  if (tbt_count_fds() != fds_before)
     tbf_fail("%d descriptors open after the registry was freed, %d before",
-             count_fds(), fds_before);
+             tbt_count_fds(), fds_before);
   return 0;
 }

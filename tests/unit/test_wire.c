@@ -2,7 +2,6 @@
 /* Datagrams with descriptors over a SOCK_SEQPACKET socketpair. */
 #include "tb_test.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -11,20 +10,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "fd_count.h"
 #include "tb_proto.h"
-
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-
-  assert_non_null(d);
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.')
-      n++;
-  closedir(d);
-  return n - 1; /* the directory's own fd */
-}
 
 static int g_sv[2];
 
@@ -47,7 +34,7 @@ static void test_round_trip_fds(void **state) {
   (void)state;
   for (int nfds = 0; nfds <= TB__MAX_FDS; nfds++) {
     int rd[TB__MAX_FDS], wr[TB__MAX_FDS], got[TB__MAX_FDS];
-    int ngot = -1, before = count_fds();
+    int ngot = -1, before = tbt_count_fds();
     char msg[32], buf[64];
     long n;
 
@@ -75,20 +62,20 @@ static void test_round_trip_fds(void **state) {
       assert_int_equal(read(rd[i], &r, 1), 0); /* no writer left */
       close(rd[i]);
     }
-    assert_int_equal(count_fds(), before);
+    assert_int_equal(tbt_count_fds(), before);
   }
 }
 
 static void test_five_fds_rejected_on_send(void **state) {
   (void)state;
   int fds[5];
-  int before = count_fds();
+  int before = tbt_count_fds();
 
   for (int i = 0; i < 5; i++)
     fds[i] = 0;
   assert_int_equal(tb__wire_send(g_sv[0], "x", 1, fds, 5, 0), -EINVAL);
   assert_int_equal(tb__wire_send(g_sv[0], "x", 1, fds, -1, 0), -EINVAL);
-  assert_int_equal(count_fds(), before);
+  assert_int_equal(tbt_count_fds(), before);
   /* nothing was sent */
   {
     char b[4];
@@ -128,11 +115,11 @@ static void test_five_fds_rejected_on_recv(void **state) {
   assert_int_equal(sendmsg(g_sv[0], &msg, 0), 4);
   for (int i = 0; i < 5; i++)
     close(fds[i]);
-  before = count_fds();
+  before = tbt_count_fds();
   assert_int_equal(tb__wire_recv(g_sv[1], buf, sizeof(buf), got, &ngot, 0),
                    -EMSGSIZE);
   assert_int_equal(ngot, 0);
-  assert_int_equal(count_fds(), before); /* no descriptor leaked */
+  assert_int_equal(tbt_count_fds(), before); /* no descriptor leaked */
 }
 
 /* A datagram longer than the receive buffer: -EMSGSIZE, the attached
@@ -148,11 +135,11 @@ static void test_oversized_datagram(void **state) {
   assert_tb_ok(tb__wire_send(g_sv[0], big, sizeof(big), p, 2, 0));
   close(p[0]);
   close(p[1]);
-  before = count_fds();
+  before = tbt_count_fds();
   assert_int_equal(tb__wire_recv(g_sv[1], buf, sizeof(buf), got, &ngot, 0),
                    -EMSGSIZE);
   assert_int_equal(ngot, 0);
-  assert_int_equal(count_fds(), before);
+  assert_int_equal(tbt_count_fds(), before);
   /* exactly cap bytes fits */
   assert_tb_ok(tb__wire_send(g_sv[0], big, sizeof(buf), NULL, 0, 0));
   assert_int_equal(tb__wire_recv(g_sv[1], buf, sizeof(buf), got, &ngot, 0),
@@ -174,7 +161,7 @@ static void test_descriptors_lost(void **state) {
   assert_tb_ok(tb__wire_send(g_sv[0], "lost", 4, p, 2, 0));
   close(p[0]);
   close(p[1]);
-  before = count_fds();
+  before = tbt_count_fds();
   assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
   /* no descriptor left: a limit just above the highest open one, and any
    * hole below it filled */
@@ -196,7 +183,7 @@ static void test_descriptors_lost(void **state) {
   assert_int_equal(n, 4);
   assert_memory_equal(buf, "lost", 4);
   assert_int_equal(ngot, -1);
-  assert_int_equal(count_fds(), before);
+  assert_int_equal(tbt_count_fds(), before);
 }
 
 static void test_end_of_stream_and_errors(void **state) {
