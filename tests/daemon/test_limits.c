@@ -325,8 +325,8 @@ static int take_buffer(struct tbd_registry *r, struct tbd_session *s, int k,
 
 static void give_buffer(struct tbd_registry *r, struct tbd_session *s,
                         uint64_t token) {
-  assert_tb_ok(simple_id(r, s, TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER,
-                         token));
+  assert_tb_ok(simple_id(
+      r, s, TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER, token));
 }
 
 static int take_event(struct tbd_registry *r, struct tbd_session *s, int k,
@@ -607,8 +607,8 @@ static void test_fd_budget(void **state) {
   assert_int_equal(tbd_registry_fds_take(r, 2, true), 0);
   assert_int_equal(tbd_registry_fds_take(r, 1, true), -1);
   tbd_registry_fds_give(r, 2);
-  assert_tb_ok(simple_id(r, s, TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER,
-                         b1));
+  assert_tb_ok(simple_id(
+      r, s, TENSORBROKER__V1__REQUEST__BODY_BUFFER_UNREGISTER, b1));
   assert_int_equal(tbd_registry_fds_held(r), 1);
   buffer(r, s);
   tbt_registry_free(r);

@@ -92,8 +92,6 @@ static int teardown(void **state) {
 
 /* ---- requests ---- */
 
-/* A session whose Hello asks for prefetch (CUDA buffers in NewVersion);
- * cuda: whether it also says it can map CUDA memory. */
 /* A Hello saying memory kinds HOST_MEMFD (and CUDA_IPC when cuda), asking
  * for prefetch or not and naming n channels; returns the reply's status
  * and passes the reply to *out when out is not NULL. */
@@ -116,6 +114,8 @@ static int hello_ex(struct tbd_registry *r, struct tbd_session *s, bool cuda,
   return tbt_req_send(r, s, &q, NULL, 0, out);
 }
 
+/* A session whose Hello asks for prefetch (CUDA buffers in NewVersion);
+ * cuda: whether it also says it can map CUDA memory. */
 static struct tbd_session *session_prefetch_kinds(struct tbd_registry *r,
                                                   pid_t pid, bool cuda) {
   struct tbd_session *s;
