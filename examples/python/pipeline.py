@@ -10,9 +10,10 @@ or let it start a private daemon (the binary from $TB_DAEMON):
 
     python3 pipeline.py --spawn-daemon
 
-The producer writes each frame into a ring of broker buffers from
-Client.empty() (so publish() copies nothing), and reuses a buffer only after
-wait_free() says no consumer reads the version that used it. Consumers take
+The producer writes each frame into a ring of broker buffers
+(Client.ring(), arrays from Client.empty(), so publishing copies nothing),
+which hands a buffer out again only once no consumer reads the version
+published from it (wait_free()). Consumers take
 each next version with acquire(after=...), view it with numpy.from_dlpack (a
 read-only view of the producer's memory) and check it. A slow consumer may
 skip versions that already left the channel's history; it never sees a
@@ -41,17 +42,11 @@ def frame_value(n):
 
 def producer(sock, frames, consumers_done):
     with tb.Client(socket=sock, name="producer") as c:
-        ring = [c.empty(SHAPE, np.uint8) for _ in range(RING)]
-        in_use = [None] * RING   # version last published from each buffer
+        ring = c.ring(CHANNEL, SHAPE, np.uint8, slots=RING, history_depth=HISTORY)
         for n in range(frames):
-            i = n % RING
-            if in_use[i] is not None:
-                # the version from this buffer left the history; wait until
-                # no consumer holds it any more before overwriting it
-                c.wait_free(CHANNEL, in_use[i], timeout=30)
-            ring[i][...] = frame_value(n)
-            in_use[i] = c.publish(CHANNEL, ring[i], metadata=b"frame %d" % n,
-                                  history_depth=HISTORY)
+            frame = ring.next(timeout=30)   # no consumer reads it any more
+            frame[...] = frame_value(n)
+            ring.publish(metadata=b"frame %d" % n)
         c.publish(CHANNEL, np.zeros(1, np.uint8), metadata=b"end")  # copied in
         consumers_done()   # stay the channel's publisher until they finish
     print("producer: %d frames published" % frames)

@@ -23,8 +23,9 @@ import math
 from . import _native
 from ._native import Error, TimeoutError, PermissionError, Lease  # noqa: F401  (re-exported)
 
-__all__ = ["Client", "Lease", "Error", "TimeoutError", "PermissionError", "cuda_available",
-           "default_socket_path", "DEVICE_CPU", "DEVICE_CUDA", "DEVICE_CUDA_HOST"]
+__all__ = ["Client", "Lease", "Ring", "Error", "TimeoutError", "PermissionError",
+           "cuda_available", "default_socket_path", "DEVICE_CPU", "DEVICE_CUDA",
+           "DEVICE_CUDA_HOST"]
 __version__ = _native.library_version
 
 DEVICE_CPU = 1
@@ -278,10 +279,24 @@ class Client:
 
     def wait_free(self, channel, version, timeout=None, stream=None):
         """Wait until no consumer reads version any more (so its memory may be
-        rewritten). CUDA: stream is made to wait for the consumers' done
-        events; the host does not block on the GPU. Raises TimeoutError."""
+        rewritten). Device memory: stream is made to wait for the consumers'
+        done events; the host does not block on the GPU. Pinned host memory
+        with stream=None: the host blocks until the consumers' GPU reads of
+        it are done. Raises TimeoutError."""
         self._c.wait_free(channel, version, timeout, _stream_int(stream))
         self._pins.pop((channel, version), None)
+
+    def ring(self, channel, shape, dtype, slots=3, device="cpu", pinned=False,
+             consumers_may_write=False, history_depth=1):
+        """A producer's ring of `slots` arrays from empty() (same shape, dtype,
+        device and pinned) for the versions of channel: write each frame
+        into the array ring.next() returns and publish it with
+        ring.publish(). next() waits until the version last published from
+        that array is free (wait_free), so a frame is never rewritten while
+        a consumer still reads it. history_depth (below slots) is the
+        channel's; 2 to 1024 slots. See Ring."""
+        return Ring(self, channel, shape, dtype, slots, device, pinned,
+                    consumers_may_write, history_depth)
 
     # -- consuming -----------------------------------------------------------
     def acquire(self, channel, after=None, timeout=None, exact=None, stream=_DEFER,
@@ -462,6 +477,94 @@ class CudaArray:
         # A new buffer has no pending work: no stream needs to wait.
         versioned = max_version is not None and tuple(max_version)[0] >= 1
         return self._buf.dlpack(self.shape, self._code, self._bits, 1, versioned)
+
+
+def _address(obj):
+    """The address of obj's first element, or None when obj does not say."""
+    ai = getattr(obj, "__array_interface__", None)
+    if ai is not None:
+        return ai["data"][0]
+    dp = getattr(obj, "data_ptr", None)
+    if dp is not None:
+        return dp() if callable(dp) else dp
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return cai["data"][0]
+    return None
+
+
+class Ring:
+    """A producer's ring of arrays in broker memory for one channel
+    (Client.ring()). Not thread-safe: one thread drives a ring.
+
+        ring = client.ring("frames", (1080, 1920, 3), "uint8", slots=3, pinned=True)
+        while True:
+            frame = ring.next()        # waits until no consumer reads it
+            decode_into(frame)
+            ring.publish()             # or ring.publish(view_of_frame)
+    """
+
+    def __init__(self, client, channel, shape, dtype, slots, device, pinned,
+                 consumers_may_write, history_depth):
+        slots = int(slots)
+        history_depth = int(history_depth)
+        if not 2 <= slots <= 1024:
+            raise ValueError("a ring has 2 to 1024 slots, not %d" % slots)
+        if not 1 <= history_depth < slots:
+            raise ValueError("history_depth must be 1 to slots - 1 (%d): a slot is "
+                             "rewritten only once its version has left the channel's "
+                             "history" % (slots - 1))
+        self._client = client
+        self.channel = channel
+        self.history_depth = history_depth
+        self.slots = [client.empty(shape, dtype, device=device,
+                                   consumers_may_write=consumers_may_write,
+                                   pinned=pinned) for _ in range(slots)]
+        self._versions = [0] * slots
+        self._next = 0
+        self._cur = None
+
+    def next(self, timeout=None, stream=None):
+        """The next slot's array, once the version last published from it is
+        free: wait_free(timeout, stream), so for device memory stream waits
+        on the GPU and for pinned host memory (stream None) the host waits.
+        Raises TimeoutError when the wait runs out; the same slot comes
+        next time."""
+        i = self._next
+        if self._versions[i] != 0:
+            self._client.wait_free(self.channel, self._versions[i], timeout=timeout,
+                                   stream=stream)
+            self._versions[i] = 0
+        self._cur = i
+        return self.slots[i]
+
+    def publish(self, obj=None, stream=None, metadata=None):
+        """Publish the array next() returned (obj None), or a view of part of
+        it, or a framework tensor over it, as the channel's next version;
+        returns the version. stream: as for Client.publish (device memory)."""
+        if self._cur is None:
+            raise RuntimeError("ring.publish() without ring.next(): take a slot first")
+        slot = self.slots[self._cur]
+        if obj is None:
+            obj = slot
+        else:
+            start, at = _address(slot), _address(obj)
+            size = getattr(slot, "nbytes", None)
+            if size is None and isinstance(slot, CudaArray):
+                size = math.prod(slot.shape) * slot._bits // 8
+            if start is None or at is None or size is None:
+                raise TypeError("ring.publish(obj): obj's address is unknown here; "
+                                "publish the slot itself (obj=None)")
+            if not start <= at < start + max(size, 1):
+                raise ValueError("ring.publish(obj): obj does not lie in the slot "
+                                 "ring.next() returned")
+        version = self._client.publish(self.channel, obj, stream=stream,
+                                       metadata=metadata,
+                                       history_depth=self.history_depth)
+        self._versions[self._cur] = version
+        self._next = (self._cur + 1) % len(self.slots)
+        self._cur = None
+        return version
 
 
 def _struct_size(fmt):

@@ -193,3 +193,36 @@ def test_gpu_reader_orders_rewrite():
                 prod.close()
     finally:
         cu.fakecuda_set_busy(0)
+
+
+def test_ring_of_pinned_frames_waits_for_the_gpu_reader():
+    """Client.ring(pinned=True), as a CPU stage feeding a GPU stage: the ring
+    comes back to a frame only after the host waited on the done event the
+    GPU reader's release(stream=) recorded."""
+    s, s_name = _cuda_here()
+    try:
+        with daemon() as sock:
+            prod = tb.Client(socket=sock, name="cpu-stage")
+            gpu = tb.Client(socket=sock, name="gpu-stage")
+            try:
+                ring = prod.ring("fake/ring", N, "B", slots=2, pinned=True)
+                done = []
+                for f in range(4):
+                    frame = ring.next(timeout=10)
+                    if f >= 2:   # back at a slot: the host waited for its reader
+                        assert ("event-synchronize " + done[f - 2]) in log_bodies(), \
+                            log_bodies()
+                    memoryview(frame).cast("B")[:] = bytes([f]) * N
+                    v = ring.publish()
+                    lease = gpu.acquire("fake/ring", exact=v, timeout=10)
+                    assert bytes(memoryview(lease))[:3] == bytes([f]) * 3
+                    cu.fakecuda_log_clear()
+                    lease.release(stream=s)
+                    done.append(recorded_on(s_name))
+                    cu.fakecuda_log_clear()
+                del frame, ring
+            finally:
+                gpu.close()
+                prod.close()
+    finally:
+        cu.fakecuda_set_busy(0)

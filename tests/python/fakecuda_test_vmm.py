@@ -181,3 +181,31 @@ def test_empty_cuda_without_posix_fd_support():
             del os.environ["FAKECUDA_NO_VMM"]
         assert cu.fakecuda_log_count(b"vmm-create size 2097152") == 0
         p.close()
+
+
+def test_ring_of_vmm_buffers():
+    """Client.ring(device="cuda"): two VMM buffers taken in turn; each frame
+    written through the fake's copies, published on the legacy stream and
+    read back as written by a consumer, which releases it before the ring
+    comes back to its slot."""
+    with daemon() as sock:
+        p = tb.Client(socket=sock, name="py-vmm-ring")
+        c = tb.Client(socket=sock, name="py-vmm-ring-reader")
+        ring = p.ring("py/ring", (N,), "uint32", slots=2, device="cuda")
+        assert ring.slots[0].buffer_id != ring.slots[1].buffer_id
+        for f in range(5):
+            a = ring.next(timeout=5, stream=1)
+            assert a is ring.slots[f % 2]
+            fill(a.data_ptr, 1000 * f)
+            v = ring.publish(stream=1)
+            lease = c.acquire("py/ring", exact=v, timeout=5)
+            assert lease.memory_kind == 3
+            cm = from_dlpack(lease)
+            got = words(cm.contents.dl_tensor.data + cm.contents.dl_tensor.byte_offset)
+            assert got == [1000 * f + i for i in range(N)], (f, got[:4])
+            DELETER(cm.contents.deleter)(cm)
+            lease.release()
+        c.close()
+        del ring, a
+        gc.collect()
+        p.close()

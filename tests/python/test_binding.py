@@ -540,3 +540,45 @@ def test_empty_outlives_closed_client():
         expect_error(lambda: c.publish("oc/a", a), "TB_ESTALE")
         del a
         gc.collect()
+
+
+def test_ring_never_rewrites_a_frame_in_use():
+    """A decode stage's ring of three frames (Client.ring): while a consumer
+    process still reads frame 0, the ring's return to that slot waits
+    (timeout 0: TB_EBUSY, and the frame is left as it was); once the
+    consumer lets go the slot comes back. A view of part of a slot is
+    published as is; bad sizes and misuse raise before anything is
+    published."""
+    with daemon() as sock, tb.Client(socket=sock, name="decoder") as prod, \
+            tempfile.TemporaryDirectory() as tmp, Peer(sock) as peer:
+        expect_raises(lambda: prod.ring("rg/x", (4,), np.uint8, slots=1), ValueError)
+        expect_raises(lambda: prod.ring("rg/x", (4,), np.uint8, slots=3, history_depth=3),
+                      ValueError)
+        ring = prod.ring("rg/frames", (64,), np.uint16, slots=3)
+        expect_raises(ring.publish, RuntimeError)
+        frame = ring.next()
+        frame[:] = 100
+        v0 = ring.publish()
+        peer.call(op="acquire", channel="rg/frames", exact=v0, timeout=10, key="f0")
+        held = os.path.join(tmp, "held.npy")
+        peer.call(op="read", key="f0", path=held)
+        for f in (1, 2):
+            frame = ring.next()
+            frame[:] = 100 + f
+            expect_raises(lambda: ring.publish(np.zeros(4, np.uint16)), ValueError)
+            v = ring.publish(frame[:32] if f == 2 else None)
+        info = peer.call(op="acquire", channel="rg/frames", exact=v, timeout=10, key="f2")
+        assert info["shape"] == [32]                 # the view of frame 2
+        peer.call(op="release", key="f2")
+        expect_error(lambda: ring.next(timeout=0), "TB_EBUSY")   # frame 0 is read
+        peer.call(op="reread", key="f0", path=held)
+        assert np.array_equal(np.load(held), np.full(64, 100, np.uint16))
+        peer.call(op="release", key="f0")
+        frame = ring.next(timeout=5)
+        assert frame is ring.slots[0]
+        frame[:] = 103
+        v3 = ring.publish()
+        peer.call(op="acquire", channel="rg/frames", exact=v3, timeout=10, key="f3")
+        peer.call(op="read", key="f3", path=held)
+        assert np.array_equal(np.load(held), np.full(64, 103, np.uint16))
+        peer.call(op="release", key="f3")
