@@ -4,8 +4,8 @@ host memory") between a NumPy CPU stage and a PyTorch GPU stage, as such a
 pipeline is written. NOT YET RUN ON A GPU.
 
 The CPU stage (this process) writes frames into a ring of three pinned
-buffers and rewrites a buffer once wait_free() says the version published
-from it is free. The GPU stage (another process) takes each frame with
+buffers (Client.ring(..., pinned=True)), which hands a buffer out again
+once wait_free() says the version published from it is free. The GPU stage (another process) takes each frame with
 torch.from_dlpack, starts a slow kernel and then a non-blocking copy to the
 device on a side stream, names that stream at release and drops its tensor
 while the copy is still queued: the copy must still read that frame, which
@@ -78,17 +78,15 @@ print(json.dumps({"sums": [[v, float(s.item())] for v, s in out], "how": how,
 
 def test_cpu_stage_to_gpu_stage():
     with daemon() as sock, tb.Client(socket=sock, name="cpu-stage") as c:
-        ring = [c.empty((N,), "float32", pinned=True) for _ in range(3)]
+        ring = c.ring(CH, (N,), "float32", slots=3, pinned=True, history_depth=2)
         p = subprocess.Popen([PYTHON, "-c", CONSUMER, sock, CH, str(N)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         version_of = {}
         try:
             for f in range(FRAMES):
-                slot = f % 3
-                if f >= 3:   # the version last published from this slot
-                    c.wait_free(CH, version_of[f - 3], timeout=60)
-                ring[slot][:] = np.float32(f + 1)
-                version_of[f] = c.publish(CH, ring[slot], history_depth=2)
+                frame = ring.next(timeout=60)   # the host waits for the GPU stage
+                frame[:] = np.float32(f + 1)
+                version_of[f] = ring.publish()
                 p.stdin.write("%d\n" % version_of[f])
                 p.stdin.flush()
                 got = json.loads(p.stdout.readline())
