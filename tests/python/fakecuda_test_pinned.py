@@ -11,6 +11,7 @@ the kind.
 
 Registered as python_fakecuda_pinned with LD_LIBRARY_PATH pointing at the
 fake; anywhere else (the real driver, or none) it skips."""
+import contextlib
 import ctypes
 import os
 import sys
@@ -126,21 +127,34 @@ def test_driver_refuses():
             prod.close()
 
 
-def _cuda_here():
-    """The fake's primary context current and busy mode on (every stream
-    looks busy, so no done event is skipped as idle); a new stream."""
+@contextlib.contextmanager
+def cpu_and_gpu_stages():
+    """A daemon, a CPU stage's client and a GPU stage's, with the fake's
+    primary context current and busy mode on (every stream looks busy, so
+    no done event is skipped as idle); yields (producer, consumer, stream,
+    the stream's name in the log)."""
     cu.cuInit(0)
     dev = ctypes.c_int()
     ctx = ctypes.c_void_p()
     assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
     assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
     assert cu.cuCtxSetCurrent(ctx) == 0
-    cu.fakecuda_set_busy(1)
     s = ctypes.c_void_p()
     assert cu.cuStreamCreate(ctypes.byref(s), 1) == 0
     cu.fakecuda_stream_name.restype = ctypes.c_char_p
     cu.fakecuda_stream_name.argtypes = [ctypes.c_void_p]
-    return s.value, cu.fakecuda_stream_name(s.value).decode()
+    cu.fakecuda_set_busy(1)
+    try:
+        with daemon() as sock:
+            prod = tb.Client(socket=sock, name="cpu-stage")
+            gpu = tb.Client(socket=sock, name="gpu-stage")
+            try:
+                yield prod, gpu, s.value, cu.fakecuda_stream_name(s.value).decode()
+            finally:
+                gpu.close()
+                prod.close()
+    finally:
+        cu.fakecuda_set_busy(0)
 
 
 def recorded_on(stream_name):
@@ -157,72 +171,52 @@ def test_gpu_reader_orders_rewrite():
     wait_free() blocks until that stream's work is done before it writes
     the buffer again. A consumer that just drops the lease (del) gets its
     done event on the contract's default stream (spec: legacy)."""
-    s, s_name = _cuda_here()
-    try:
-        with daemon() as sock:
-            prod = tb.Client(socket=sock, name="cpu-stage")
-            gpu = tb.Client(socket=sock, name="gpu-stage")
-            try:
-                bufs = [prod.empty(N, "B", pinned=True) for _ in range(2)]
-                memoryview(bufs[0]).cast("B")[:] = bytes([1]) * N
-                v = prod.publish(CH, bufs[0])
-                lease = gpu.acquire(CH, exact=v)
-                view = memoryview(lease)      # the consumer library's hold
-                lease.release(stream=s)       # its copy runs on s
-                cu.fakecuda_log_clear()
-                view.release()                # the lease ends here
-                ev = recorded_on(s_name)
-                prod.publish(CH, bufs[1])     # v leaves the history
-                cu.fakecuda_log_clear()
-                prod.wait_free(CH, v, timeout=10)
-                assert ("event-synchronize " + ev) in log_bodies(), log_bodies()
-                memoryview(bufs[0]).cast("B")[:] = bytes([2]) * N  # now safe
+    with cpu_and_gpu_stages() as (prod, gpu, s, s_name):
+        bufs = [prod.empty(N, "B", pinned=True) for _ in range(2)]
+        memoryview(bufs[0]).cast("B")[:] = bytes([1]) * N
+        v = prod.publish(CH, bufs[0])
+        lease = gpu.acquire(CH, exact=v)
+        view = memoryview(lease)      # the consumer library's hold
+        lease.release(stream=s)       # its copy runs on s
+        cu.fakecuda_log_clear()
+        view.release()                # the lease ends here
+        ev = recorded_on(s_name)
+        prod.publish(CH, bufs[1])     # v leaves the history
+        cu.fakecuda_log_clear()
+        prod.wait_free(CH, v, timeout=10)
+        assert ("event-synchronize " + ev) in log_bodies(), log_bodies()
+        memoryview(bufs[0]).cast("B")[:] = bytes([2]) * N  # now safe
 
-                lease = gpu.acquire(CH, exact=v + 1)
-                assert bytes(memoryview(lease))[:4] == bytes(4)
-                cu.fakecuda_log_clear()
-                del lease                     # no stream named: spec's legacy
-                ev = recorded_on("legacy")
-                prod.publish(CH, bufs[0])
-                cu.fakecuda_log_clear()
-                prod.wait_free(CH, v + 1, timeout=10)
-                assert ("event-synchronize " + ev) in log_bodies(), log_bodies()
-                del view, bufs
-            finally:
-                gpu.close()
-                prod.close()
-    finally:
-        cu.fakecuda_set_busy(0)
+        lease = gpu.acquire(CH, exact=v + 1)
+        assert bytes(memoryview(lease))[:4] == bytes(4)
+        cu.fakecuda_log_clear()
+        del lease                     # no stream named: spec's legacy
+        ev = recorded_on("legacy")
+        prod.publish(CH, bufs[0])
+        cu.fakecuda_log_clear()
+        prod.wait_free(CH, v + 1, timeout=10)
+        assert ("event-synchronize " + ev) in log_bodies(), log_bodies()
+        del view, bufs
 
 
 def test_ring_of_pinned_frames_waits_for_the_gpu_reader():
     """Client.ring(pinned=True), as a CPU stage feeding a GPU stage: the ring
     comes back to a frame only after the host waited on the done event the
     GPU reader's release(stream=) recorded."""
-    s, s_name = _cuda_here()
-    try:
-        with daemon() as sock:
-            prod = tb.Client(socket=sock, name="cpu-stage")
-            gpu = tb.Client(socket=sock, name="gpu-stage")
-            try:
-                ring = prod.ring("fake/ring", N, "B", slots=2, pinned=True)
-                done = []
-                for f in range(4):
-                    frame = ring.next(timeout=10)
-                    if f >= 2:   # back at a slot: the host waited for its reader
-                        assert ("event-synchronize " + done[f - 2]) in log_bodies(), \
-                            log_bodies()
-                    memoryview(frame).cast("B")[:] = bytes([f]) * N
-                    v = ring.publish()
-                    lease = gpu.acquire("fake/ring", exact=v, timeout=10)
-                    assert bytes(memoryview(lease))[:3] == bytes([f]) * 3
-                    cu.fakecuda_log_clear()
-                    lease.release(stream=s)
-                    done.append(recorded_on(s_name))
-                    cu.fakecuda_log_clear()
-                del frame, ring
-            finally:
-                gpu.close()
-                prod.close()
-    finally:
-        cu.fakecuda_set_busy(0)
+    with cpu_and_gpu_stages() as (prod, gpu, s, s_name):
+        ring = prod.ring("fake/ring", N, "B", slots=2, pinned=True)
+        done = []
+        for f in range(4):
+            frame = ring.next(timeout=10)
+            if f >= 2:   # back at a slot: the host waited for its reader
+                assert ("event-synchronize " + done[f - 2]) in log_bodies(), \
+                    log_bodies()
+            memoryview(frame).cast("B")[:] = bytes([f]) * N
+            v = ring.publish()
+            lease = gpu.acquire("fake/ring", exact=v, timeout=10)
+            assert bytes(memoryview(lease))[:3] == bytes([f]) * 3
+            cu.fakecuda_log_clear()
+            lease.release(stream=s)
+            done.append(recorded_on(s_name))
+            cu.fakecuda_log_clear()
+        del frame, ring
