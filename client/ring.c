@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* A producer's ring of slots in one CUDA VMM buffer (tb_ring_*,
- * docs/cuda.md, "VMM buffers"): the next slot is handed out once the
- * version last published from it is free (tb_channel_wait_free, so the
- * producer's stream waits for the consumers' done events), and a tensor in
- * it is published as the channel's next version. Built on the public API
- * only, with the library's layout check. */
+/* A producer's ring of slots in one buffer, a CUDA VMM buffer or a host
+ * buffer (pinned or not) (tb_ring_*, docs/cuda.md, "VMM buffers"): the
+ * next slot is handed out once the version last published from it is free
+ * (tb_channel_wait_free: the producer's stream waits for the consumers'
+ * done events, or for pinned memory the host), and a tensor in it is
+ * published as the channel's next version. Built on the public API only,
+ * with the library's layout check. */
 #include "client_internal.h"
 
 #include <stdlib.h>
@@ -23,9 +24,11 @@ struct tb_ring {
   uint64_t versions[];  /* the version last published from each; 0: none */
 };
 
-int tb_ring_create_cuda(tb_client *c, const char *channel, size_t slot_bytes,
-                        unsigned nslots, int device, unsigned flags,
-                        tb_ring **out) {
+/* The ring of tb_ring_create_cuda (device >= 0) or tb_ring_create_host
+ * (device -1). */
+static int ring_create(tb_client *c, const char *channel, size_t slot_bytes,
+                       unsigned nslots, int device, unsigned flags,
+                       tb_ring **out) {
   struct tb_ring *r;
   size_t stride;
   int rc;
@@ -45,7 +48,10 @@ int tb_ring_create_cuda(tb_client *c, const char *channel, size_t slot_bytes,
   r = calloc(1, sizeof(*r) + nslots * sizeof(r->versions[0]));
   if (r == NULL)
     return TB_ENOMEM;
-  rc = tb_buffer_create_cuda(c, stride * nslots, device, flags, &r->b);
+  if (device < 0)
+    rc = tb_buffer_create_host(c, stride * nslots, flags, &r->b);
+  else
+    rc = tb_buffer_create_cuda(c, stride * nslots, device, flags, &r->b);
   if (rc < 0) {
     free(r);
     return rc;
@@ -57,6 +63,19 @@ int tb_ring_create_cuda(tb_client *c, const char *channel, size_t slot_bytes,
   r->cur = -1;
   *out = r;
   return 0;
+}
+
+int tb_ring_create_cuda(tb_client *c, const char *channel, size_t slot_bytes,
+                        unsigned nslots, int device, unsigned flags,
+                        tb_ring **out) {
+  if (device < 0)
+    return TB_EINVAL;
+  return ring_create(c, channel, slot_bytes, nslots, device, flags, out);
+}
+
+int tb_ring_create_host(tb_client *c, const char *channel, size_t slot_bytes,
+                        unsigned nslots, unsigned flags, tb_ring **out) {
+  return ring_create(c, channel, slot_bytes, nslots, -1, flags, out);
 }
 
 int tb_ring_next(tb_ring *r, int timeout_ms, void *stream, void **data) {

@@ -385,7 +385,7 @@ TB_EXPORT int tb_channel_wait_free(tb_client *c, const char *channel,
                                    uint64_t version, int timeout_ms,
                                    void *stream);
 
-/* ---- producer rings of CUDA VMM buffers ---------------------------------- */
+/* ---- producer rings ------------------------------------------------------ */
 
 /* A producer's ring of nslots slots (2 to 1024) of slot_bytes each (rounded
  * up to 256 bytes), in one CUDA VMM buffer on device
@@ -396,10 +396,18 @@ typedef struct tb_ring tb_ring;
 TB_EXPORT int tb_ring_create_cuda(tb_client *c, const char *channel,
                                   size_t slot_bytes, unsigned nslots,
                                   int device, unsigned flags, tb_ring **out);
-/* The next slot's device pointer, once the version last published from it
- * is free: tb_channel_wait_free(timeout_ms, stream), which makes stream
- * wait for the consumers' done events (TB_EBUSY with timeout_ms 0 while it
- * is read or kept, TB_ETIMEDOUT when the wait runs out). */
+/* The same ring in one host buffer (tb_buffer_create_host's flags:
+ * TB_BUFFER_PINNED for pinned host memory, a CPU stage's frames for GPU
+ * consumers). */
+TB_EXPORT int tb_ring_create_host(tb_client *c, const char *channel,
+                                  size_t slot_bytes, unsigned nslots,
+                                  unsigned flags, tb_ring **out);
+/* The next slot's pointer (a device pointer for a CUDA ring), once the
+ * version last published from it is free: tb_channel_wait_free(timeout_ms,
+ * stream), which makes stream wait for the consumers' done events (a
+ * pinned host ring with stream NULL: the host waits for them; TB_EBUSY
+ * with timeout_ms 0 while it is read or kept, TB_ETIMEDOUT when the wait
+ * runs out). */
 TB_EXPORT int tb_ring_next(tb_ring *r, int timeout_ms, void *stream,
                            void **data);
 /* Publish t, which must lie inside the slot tb_ring_next() gave (TB_EINVAL
@@ -409,7 +417,7 @@ TB_EXPORT int tb_ring_next(tb_ring *r, int timeout_ms, void *stream,
 TB_EXPORT int tb_ring_publish(tb_ring *r, const DLTensor *t,
                               const struct tb_publish_options *opts,
                               uint64_t *out_version);
-/* The ring's VMM buffer (its tb_buffer_id, tb_buffer_data). */
+/* The ring's buffer (its tb_buffer_id, tb_buffer_data). */
 TB_EXPORT tb_buffer *tb_ring_buffer(const tb_ring *r);
 /* Destroy the buffer (versions already published stay readable) and the
  * ring. NULL is accepted. */

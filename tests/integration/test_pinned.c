@@ -612,6 +612,83 @@ static void release_without_context(void **state) {
   tb_client_disconnect(p);
 }
 
+/* A CPU stage's ring of three pinned slots (tb_ring_create_host with
+ * TB_BUFFER_PINNED): while a consumer holds the frame of slot 0, the
+ * ring's return to it is TB_EBUSY (timeout 0) and the frame stays as
+ * written; released, the slot comes back. With the fake driver the
+ * consumer's release names a stream, and the return to the slot waits on
+ * the host for its done event; without a driver the ring is plain host
+ * memory and works the same. */
+static void ring_of_pinned_slots(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tb_acquire_options o = latest();
+  const struct tb_cuda *cu = NULL;
+  tb_cu_stream s = NULL;
+  tb_client *p, *c;
+  tb_ring *r;
+  DLManagedTensorVersioned *t = NULL, *held = NULL;
+  DLTensor frame;
+  int64_t shape[1];
+  char ev[64] = "";
+  void *slot;
+  uint64_t v;
+
+  if (fk != NULL) {
+    assert_int_equal(tb__cuda_load(&cu), 0);
+    fk->set_busy(1);
+  }
+  assert_int_equal(tbt_connect(d, "producer", &p), 0);
+  assert_int_equal(tbt_connect(d, "consumer", &c), 0);
+  if (cu != NULL)
+    assert_int_equal(cu->cuStreamCreate(&s, TB_CU_STREAM_NON_BLOCKING), 0);
+  assert_int_equal(tb_ring_create_host(p, CH, 4096, 3, TB_BUFFER_PINNED, &r),
+                   0);
+  assert_int_equal(tb_buffer_pinned(tb_ring_buffer(r)), fk != NULL);
+  for (int f = 0; f < 5; f++) {
+    if (f == 3) {
+      void *again;
+      assert_int_equal(tb_ring_next(r, 0, NULL, &again), TB_EBUSY);
+      check_bytes(held, 4096, 0); /* slot 0 not handed out: unchanged */
+      if (fk != NULL) {
+        fk->log_clear();
+        assert_int_equal(tb_release(held, s), 0);
+        recorded_on(fk->stream_name(s), ev, sizeof(ev));
+        fk->log_clear();
+      } else {
+        assert_int_equal(tb_release(held, NULL), 0);
+      }
+    }
+    assert_int_equal(tb_ring_next(r, TBT_TIMEOUT_MS, NULL, &slot), 0);
+    if (f == 3 && fk != NULL)
+      expect_lines(log_count("event-synchronize %s", ev), 1,
+                   "the ring's host wait for the reader of slot 0");
+    assert_ptr_equal(slot, (char *)tb_buffer_data(tb_ring_buffer(r)) +
+                               (size_t)(f % 3) * 4096);
+    tbt_fill(slot, 4096, (uint64_t)f);
+    memset(&frame, 0, sizeof(frame));
+    shape[0] = 4096;
+    frame.data = slot;
+    frame.device.device_type = kDLCPU;
+    frame.ndim = 1;
+    frame.dtype = (DLDataType){kDLUInt, 8, 1};
+    frame.shape = shape;
+    assert_int_equal(tb_ring_publish(r, &frame, NULL, &v), 0);
+    o.mode = TB_ACQUIRE_EXACT;
+    o.version = v;
+    assert_int_equal(tb_acquire(c, CH, &o, &t), 0);
+    check_bytes(t, 4096, (uint64_t)f);
+    if (f == 0)
+      held = t; /* the consumer keeps frame 0 */
+    else
+      assert_int_equal(tb_release(t, NULL), 0);
+  }
+  if (fk != NULL)
+    fk->set_busy(0);
+  assert_int_equal(tb_ring_destroy(r), 0);
+  tb_client_disconnect(c);
+  tb_client_disconnect(p);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest fake[] = {
       cmocka_unit_test_setup_teardown(exchange, tbt_setup, tbt_teardown),
@@ -626,9 +703,13 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(done_events, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(release_without_context, tbt_setup,
                                       tbt_teardown),
+      cmocka_unit_test_setup_teardown(ring_of_pinned_slots, tbt_setup,
+                                      tbt_teardown),
   };
   const struct CMUnitTest nodriver[] = {
       cmocka_unit_test_setup_teardown(no_driver_fallback, tbt_setup,
+                                      tbt_teardown),
+      cmocka_unit_test_setup_teardown(ring_of_pinned_slots, tbt_setup,
                                       tbt_teardown),
       cmocka_unit_test_setup_teardown(older_daemon, tbt_setup, tbt_teardown),
   };
