@@ -15,7 +15,18 @@
  * 8-9 GB/s, /work/shared/GPU-FACTS.md). A driver that cannot register a
  * read-only mapping (no CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_
  * SUPPORTED) fails the acquire with TB_ECUDA naming the kind: the test
- * fails then, printing it. */
+ * fails then, printing it.
+ *
+ * pinned_gpu_reader: the consumer's GPU reads pinned pages later than the
+ * release. A CPU producer writes RFRAMES frames through a ring of two
+ * pinned slots (tb_ring_create_host, TB_BUFFER_PINNED); for each, the
+ * consumer enqueues on a non-blocking stream a kernel that spins 50 ms and
+ * then counts, reading the pinned pages in place, the words that are not
+ * the frame's value, releases the lease on that stream at once, and lets
+ * the producer go on. The producer's return to a slot (tb_ring_next, no
+ * stream) must wait on the host for the done event of that release: every
+ * count must be 0. Without the done event, the producer rewrites the slot
+ * while the kernel still spins and the counts are not 0. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -156,4 +167,92 @@ static void pinned_bandwidth(void **state) {
   tbg_finish(&p, &c, &daemon_);
 }
 
-TBG_MAIN(cmocka_unit_test(pinned_bandwidth))
+#define RSLOT ((size_t)4 << 20)
+#define RFRAMES 6u
+#define RCH "gpu/pinned-ring"
+
+static int ring_producer(struct tbt_chan *ch, void *arg) {
+  struct tbg_gpu g;
+  tb_ring *r = NULL;
+  int64_t shape[1];
+  DLTensor t;
+  uint64_t v = 0;
+  void *slot;
+  (void)arg;
+
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, "ring-producer", TB_CONTRACT_SPEC);
+  TBG_OK(c, tb_ring_create_host(c, RCH, RSLOT, 2, TB_BUFFER_PINNED, &r));
+  for (unsigned f = 0; f < RFRAMES; f++) {
+    /* the slot's last reader is done: the host waited for its GPU */
+    TBG_OK(c, tb_ring_next(r, TBT_TIMEOUT_MS, NULL, &slot));
+    uint32_t *w = slot;
+    for (size_t i = 0; i < RSLOT / 4; i++)
+      w[i] = f + 1;
+    memset(&t, 0, sizeof(t));
+    shape[0] = (int64_t)(RSLOT / 4);
+    t.data = slot;
+    t.device.device_type = kDLCUDAHost;
+    t.ndim = 1;
+    t.dtype = (DLDataType){kDLUInt, 32, 1};
+    t.shape = shape;
+    TBG_OK(c, tb_ring_publish(r, &t, NULL, &v));
+    tbg_child_say(ch, "published %llu", (unsigned long long)v);
+    tbg_child_hear(ch, "released", NULL, 0);
+  }
+  tbg_child_hear(ch, "done", NULL, 0);
+  TBG_OK(c, tb_ring_destroy(r));
+  tb_client_disconnect(c);
+  return 0;
+}
+
+static int ring_consumer(struct tbt_chan *ch, void *arg) {
+  struct tbg_gpu g;
+  tb_cu_deviceptr cnt[RFRAMES];
+  tb_cu_stream s;
+  (void)arg;
+
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, "ring-consumer", TB_CONTRACT_SPEC);
+  s = tbg_stream(&g, 1);
+  for (unsigned f = 0; f < RFRAMES; f++)
+    cnt[f] = tbg_alloc(&g, 4);
+  for (unsigned f = 0; f < RFRAMES; f++) {
+    DLManagedTensorVersioned *t = NULL;
+    uint64_t v = tbg_child_hear_version(ch);
+    TBG_OK(c, tbg_acquire(c, RCH, TB_ACQUIRE_EXACT, v, NULL, &t));
+    if (t->dl_tensor.device.device_type != kDLCUDAHost)
+      TBG_FAIL("frame %u is on device type %d, not kDLCUDAHost", f,
+               (int)t->dl_tensor.device.device_type);
+    /* registered pages: the kernel reads them in place, 50 ms from now */
+    tbg_spin_count_async(&g, (tb_cu_deviceptr)(uintptr_t)t->dl_tensor.data,
+                         f + 1, RSLOT / 4, 50, cnt[f], s);
+    TBG_OK(c, tb_release(t, s));
+    tbg_child_say(ch, "released");
+  }
+  for (unsigned f = 0; f < RFRAMES; f++) {
+    unsigned bad = tbg_counter_read(&g, cnt[f], s);
+    if (bad != 0)
+      TBG_FAIL("frame %u: %u of %zu words were rewritten before the GPU "
+               "read them", f, bad, RSLOT / 4);
+  }
+  fprintf(stderr, "consumer: %u frames read on the GPU after their "
+          "release, none rewritten first\n", RFRAMES);
+  tbg_child_say(ch, "ok");
+  tb_client_disconnect(c);
+  return 0;
+}
+
+static void pinned_gpu_reader(void **state) {
+  struct tbt_child p, c;
+  (void)state;
+  tbg_start(&daemon_, &p, ring_producer, NULL, &c, ring_consumer, NULL);
+  for (unsigned f = 0; f < RFRAMES; f++) {
+    tbg_relay(&p, "producer", "published", &c, "v");
+    tbg_pass(&c, "consumer", "released", &p);
+  }
+  tbg_finish(&p, &c, &daemon_);
+}
+
+TBG_MAIN(cmocka_unit_test(pinned_bandwidth),
+         cmocka_unit_test(pinned_gpu_reader))
