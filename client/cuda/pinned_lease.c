@@ -40,7 +40,7 @@ int tb__pinned_lease_begin(struct tb_client *c, void *stream, void *state) {
     return rc;
   l->acq.done_device = 0;
   l->cuda = 1;
-  if (stream == NULL) /* nothing declared yet: see tb__pinned_lease_end_locked */
+  if (stream == NULL) /* none declared yet: tb__pinned_lease_end_locked */
     return 0;
   rc = tb__cuda_stream_resolve(c->conn->contract, stream, &s, why,
                                sizeof(why));

@@ -10,9 +10,10 @@
  * driver that refuses is an error naming the kind with nothing changed.
  * integration_pinned_nodriver (argument "nodriver") runs where no driver
  * loads: the same buffers are plain host memory, kDLCPU, the same pages and
- * not a copy. done_events shows a consumer's GPU reads of pinned memory
- * ordered before the producer rewrites it. One process holds the producer and consumer clients; each
- * client maps the memfd for itself, as separate processes do. */
+ * not a copy. done_events and ring_of_pinned_slots show a consumer's GPU
+ * reads of pinned memory ordered before the producer rewrites it. One
+ * process holds the producer and consumer clients; each client maps the
+ * memfd for itself, as separate processes do. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
