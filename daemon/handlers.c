@@ -436,27 +436,25 @@ static int release_lease(struct tbd_registry *r, struct tbd_session *s,
 
 static int on_acquire(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t id, const Tensorbroker__V1__Acquire *m) {
+  struct tbd_channel *ch = tbd__channel_recent(r, s, m->channel);
   const char *what = NULL;
   int rc;
 
   /* a name this session acquired last is valid (tbd__acquire looks it up
-   * again after the release below) */
-  if (tbd__channel_recent(r, s, m->channel) == NULL &&
-      name_bad(r, s, id, m->channel))
+   * again after the release below, which may free the channel) */
+  if (ch == NULL && name_bad(r, s, id, m->channel))
     return TB_ENAME;
   if ((unsigned)m->mode > TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT)
     return tbd__reply_status(r, s, id, TB_EINVAL, "unknown acquire mode %d",
                              (int)m->mode);
+  /* judged before the release that may ride along: a denied request
+   * changes nothing */
+  if (ch == NULL)
+    ch = tbd__channel_find(r, m->channel);
+  rc = tbd__acquire_judge(r, s, id, m->channel, ch);
+  if (rc < 0)
+    return rc;
   if (m->release_lease_id != 0) {
-    /* refused before the release rides along: a denied request changes
-     * nothing (tbd__acquire judges the plain acquire) */
-    char msg[512];
-    struct tbd_channel *ch = tbd__channel_recent(r, s, m->channel);
-    if (ch == NULL)
-      ch = tbd__channel_find(r, m->channel);
-    if (tbd__access(r, s, TBD_ACL_ACQUIRE, "acquire", m->channel, ch, msg,
-                    sizeof(msg)) < 0)
-      return tbd__reply_status(r, s, id, TB_EPERM, "%s", msg);
     /* the consumer's previous lease rides with this acquire */
     rc = release_lease(r, s, m->release_lease_id, m->release_done_event_id,
                        &what);

@@ -212,6 +212,17 @@ static int acquire_write(struct tbd_registry *r, struct tbd_session *s,
   return TB_ESYS;
 }
 
+int tbd__acquire_judge(struct tbd_registry *r, struct tbd_session *s,
+                       uint64_t request_id, const char *channel,
+                       const struct tbd_channel *ch) {
+  char msg[512];
+
+  if (tbd__access(r, s, TBD_ACL_ACQUIRE, "acquire", channel, ch, msg,
+                  sizeof(msg)) < 0)
+    return tbd__reply_status(r, s, request_id, TB_EPERM, "%s", msg);
+  return 0;
+}
+
 int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
                  uint64_t request_id, const char *channel, int mode,
                  uint64_t version, int64_t timeout_ms) {
@@ -225,15 +236,6 @@ int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
     s->recent = ch;
     s->recent_frees = r->channel_frees;
   }
-  {
-    /* also for a parked acquire answered by the first publish: the
-     * channel has an owner now */
-    char msg[512];
-    if (tbd__access(r, s, TBD_ACL_ACQUIRE, "acquire", channel, ch, msg,
-                    sizeof(msg)) < 0)
-      return tbd__reply_status(r, s, request_id, TB_EPERM, "%s", msg);
-  }
-
   {
     char why[160];
     if (tbd__limit_check(r, s, s->u, TBD_RES_LEASES, TBD_SCOPE_ALL, why,

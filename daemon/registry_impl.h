@@ -399,13 +399,19 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
                  const struct tbd_event *ready, bool ready_complete,
                  const uint8_t *meta, size_t meta_len, uint32_t depth,
                  uint64_t *version, char *why, size_t whylen);
-/* Answer an Acquire now, park it, or fail: the reply is always emitted
- * (or the wait parked). Returns the status sent (0 when parked). */
 /* The channel named name when it is the one of s's last acquire (no
  * lookup, and its name is known to be valid), else NULL. */
 struct tbd_channel *tbd__channel_recent(struct tbd_registry *r,
                                         struct tbd_session *s,
                                         const char *name);
+/* Whether the access rules let s acquire channel (ch: it, or NULL when it
+ * does not exist): 0, or TB_EPERM replied to request_id (counted and
+ * logged). Every caller of tbd__acquire judges first, once. */
+int tbd__acquire_judge(struct tbd_registry *r, struct tbd_session *s,
+                       uint64_t request_id, const char *channel,
+                       const struct tbd_channel *ch);
+/* Answer an Acquire now, park it, or fail: the reply is always emitted
+ * (or the wait parked). Returns the status sent (0 when parked). */
 int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
                  uint64_t request_id, const char *channel, int mode,
                  uint64_t version, int64_t timeout_ms);

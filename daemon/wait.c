@@ -260,8 +260,10 @@ void tbd__waitq_publish(struct tbd_registry *r, struct tbd_waitq *q,
     if (tbd__version_match(ch, mode, after) == NULL)
       continue; /* not for a ready wait: see tbd__acquire_park */
     tbd__wait_remove(r, w);
-    /* cannot park again: a version now exists that matches */
-    tbd__acquire(r, ws, id, ch->name, mode, after, 0);
+    /* judged again: the channel has an owner now; cannot park again: a
+     * version now exists that matches */
+    if (tbd__acquire_judge(r, ws, id, ch->name, ch) == 0)
+      tbd__acquire(r, ws, id, ch->name, mode, after, 0);
   }
 }
 
