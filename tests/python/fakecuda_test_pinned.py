@@ -17,29 +17,15 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import tbtest  # noqa: E402
 from tbtest import daemon  # noqa: E402
 
 import tensorbroker as tb  # noqa: E402
 
-try:
-    cu = ctypes.CDLL("libcuda.so.1")
-    cu.fakecuda_hooks  # only the fake has it
-except (OSError, AttributeError):
-    raise tbtest.Skip("libcuda.so.1 is not the fake CUDA driver here")
-
-cu.fakecuda_log_read.restype = ctypes.c_size_t
-cu.fakecuda_log_read.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+from fakecuda import (cu, make_context_current, new_stream,  # noqa: E402
+                      stream_name, log_bodies, DLManagedTensorVersioned, capi)
 
 CH = "fake/pinned"
 N = 5000
-
-
-def log_bodies():
-    n = cu.fakecuda_log_read(None, 0)
-    buf = ctypes.create_string_buffer(n + 1)
-    cu.fakecuda_log_read(buf, n + 1)
-    return [line.split(" ", 1)[1] for line in buf.value.decode().splitlines()]
 
 
 def registrations(read_only):
@@ -48,29 +34,13 @@ def registrations(read_only):
                            else " portable devicemap")]
 
 
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLTensorHead(ctypes.Structure):  # DLManagedTensorVersioned's start
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
-                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
-                ("flags", ctypes.c_uint64), ("data", ctypes.c_void_p),
-                ("device", DLDevice)]
-
-
-capi = ctypes.pythonapi
-capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
-capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-
 def capsule_device(lease, dl_device):
     """(device_type, device_id, data address) of a versioned capsule of the
     lease, which is then dropped unconsumed (its destructor frees it)."""
     cap = lease.__dlpack__(max_version=(1, 0), dl_device=dl_device)
-    h = ctypes.cast(capi.PyCapsule_GetPointer(cap, b"dltensor_versioned"),
-                    ctypes.POINTER(DLTensorHead)).contents
-    return (h.device.device_type, h.device.device_id, h.data)
+    t = ctypes.cast(capi.PyCapsule_GetPointer(cap, b"dltensor_versioned"),
+                    ctypes.POINTER(DLManagedTensorVersioned)).contents.dl_tensor
+    return (t.device.device_type, t.device.device_id, t.data)
 
 
 def test_empty_pinned_exchange():
@@ -133,23 +103,15 @@ def cpu_and_gpu_stages():
     primary context current and busy mode on (every stream looks busy, so
     no done event is skipped as idle); yields (producer, consumer, stream,
     the stream's name in the log)."""
-    cu.cuInit(0)
-    dev = ctypes.c_int()
-    ctx = ctypes.c_void_p()
-    assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
-    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
-    assert cu.cuCtxSetCurrent(ctx) == 0
-    s = ctypes.c_void_p()
-    assert cu.cuStreamCreate(ctypes.byref(s), 1) == 0
-    cu.fakecuda_stream_name.restype = ctypes.c_char_p
-    cu.fakecuda_stream_name.argtypes = [ctypes.c_void_p]
+    make_context_current()
+    s = new_stream()
     cu.fakecuda_set_busy(1)
     try:
         with daemon() as sock:
             prod = tb.Client(socket=sock, name="cpu-stage")
             gpu = tb.Client(socket=sock, name="gpu-stage")
             try:
-                yield prod, gpu, s.value, cu.fakecuda_stream_name(s.value).decode()
+                yield prod, gpu, s, stream_name(s)
             finally:
                 gpu.close()
                 prod.close()

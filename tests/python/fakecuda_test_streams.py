@@ -16,92 +16,17 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import tbtest  # noqa: E402
 from tbtest import daemon  # noqa: E402
 
 import tensorbroker as tb  # noqa: E402
 
-try:
-    cu = ctypes.CDLL("libcuda.so.1")
-    cu.fakecuda_hooks  # only the fake has it
-except (OSError, AttributeError):
-    raise tbtest.Skip("libcuda.so.1 is not the fake CUDA driver here")
+from fakecuda import (cu, check, make_context_current, new_stream,  # noqa: E402
+                      stream_name as sname, log_text as log, log_count as count,
+                      DLDevice, DLDataType, DLManagedTensorVersioned,
+                      DELETER, capi)
 
-cu.fakecuda_stream_name.restype = ctypes.c_char_p
-cu.fakecuda_stream_name.argtypes = [ctypes.c_void_p]
-cu.fakecuda_log_count.restype = ctypes.c_size_t
-cu.fakecuda_log_count.argtypes = [ctypes.c_char_p]
-cu.fakecuda_log_read.restype = ctypes.c_size_t
-cu.fakecuda_log_read.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-
-
-def check(r, what):
-    if r != 0:
-        raise AssertionError("%s failed: CUresult %d" % (what, r))
-
-
-check(cu.cuInit(0), "cuInit")
-_dev = ctypes.c_int()
-check(cu.cuDeviceGet(ctypes.byref(_dev), 0), "cuDeviceGet")
-_ctx = ctypes.c_void_p()
-check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(_ctx), _dev), "retain")
-check(cu.cuCtxSetCurrent(_ctx), "cuCtxSetCurrent")
+make_context_current()
 cu.fakecuda_set_busy(1)  # every stream busy: no record skipped as idle
-
-
-def new_stream():
-    s = ctypes.c_void_p()
-    check(cu.cuStreamCreate(ctypes.byref(s), 1), "cuStreamCreate")
-    return s.value
-
-
-def sname(s):
-    return cu.fakecuda_stream_name(s).decode()
-
-
-def log():
-    n = cu.fakecuda_log_read(None, 0)
-    buf = ctypes.create_string_buffer(n + 1)
-    cu.fakecuda_log_read(buf, n + 1)
-    return buf.value.decode()
-
-
-def count(body):
-    return cu.fakecuda_log_count(body.encode())
-
-
-# ---- DLPack by hand, as a C consumer or producer library would ----
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class DLManagedTensorVersioned(ctypes.Structure):
-    pass
-
-
-DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensorVersioned))
-DLManagedTensorVersioned._fields_ = [
-    ("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
-    ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
-
-capi = ctypes.pythonapi
-capi.PyCapsule_New.restype = ctypes.py_object
-capi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
-capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-capi.PyCapsule_SetName.restype = ctypes.c_int
-capi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 _keep = []  # producer-side tensors live as long as the test module
 
