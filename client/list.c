@@ -81,13 +81,64 @@ static void entry_put(void *a, size_t stride, size_t n, const void *x,
   memcpy(e, x, size < stride ? size : stride);
 }
 
-/* A struct_size the list functions accept: at least min (the struct's
- * first version), aligned as the struct. */
 /* A caller's entry size: at least the first version, aligned, and at most
  * TB_STRUCT_SIZE_MAX, so that the array's size cannot overflow. */
 static int stride_ok(size_t struct_size, size_t min, size_t align) {
   return struct_size >= min && struct_size <= TB_STRUCT_SIZE_MAX &&
          struct_size % align == 0;
+}
+
+/* A list the daemon pages by the id of the last entry it sent (sessions,
+ * leases, waits): where the request keeps that cursor, and how a reply's
+ * page reads. */
+struct id_pages {
+  int reply_case;
+  uint64_t *after; /* the request's cursor */
+  /* the page in rep: how many entries, whether more follow */
+  size_t (*page)(const Tensorbroker__V1__Reply *rep, int *more);
+  /* entry i of the page into x (entry_size bytes, zeroed past the fields
+   * set); returns its id, the next cursor */
+  uint64_t (*entry)(const Tensorbroker__V1__Reply *rep, size_t i, void *x);
+  size_t entry_size;
+};
+
+/* Ask for r's pages until the daemon says there is no more; the entries go
+ * stride bytes apart into a new array (list_done). A page whose ids do not
+ * go past the cursor is TB_EPROTO. Caller holds call_lock. */
+static int id_pages_get(struct tb_client *c, tb__request *r,
+                        const struct id_pages *p, size_t stride, void **out,
+                        size_t *count) {
+  union {
+    struct tb_session_info s;
+    struct tb_lease_entry l;
+    struct tb_wait_entry w;
+  } x;
+  void *a = NULL;
+  size_t n = 0, cap = 0;
+  int rc = 0, more = 1;
+
+  while (rc == 0 && more) {
+    tb__server_message *m = NULL;
+    uint64_t last = 0;
+    size_t got;
+
+    rc = ask(c, r, p->reply_case, &m);
+    if (rc < 0)
+      break;
+    got = p->page(m->reply, &more);
+    rc = page_room(c, got, more, &a, &cap, n, stride);
+    for (size_t i = 0; rc == 0 && i < got; i++) {
+      last = p->entry(m->reply, i, &x);
+      entry_put(a, stride, n++, &x, p->entry_size);
+    }
+    if (rc == 0 && got > 0) {
+      if (last <= *p->after)
+        rc = tb__set_error(c, TB_EPROTO, "list page out of order");
+      *p->after = last;
+    }
+    tb__msg_free(c, m);
+  }
+  return list_done(rc, &a, stride, out, count, n);
 }
 
 /* The first version of struct tb_channel_info, as 0.1.0 had it. */
@@ -175,13 +226,41 @@ int tb_list_channels(tb_client *c, struct tb_channel_info **out,
   return list_channels(c, CHANNEL_INFO_V0, 0, out, count);
 }
 
+static size_t sessions_page(const Tensorbroker__V1__Reply *rep, int *more) {
+  const Tensorbroker__V1__ListSessionsReply *lr = rep->list_sessions;
+
+  *more = lr != NULL && lr->more;
+  return lr != NULL ? lr->n_sessions : 0;
+}
+
+static uint64_t session_entry(const Tensorbroker__V1__Reply *rep, size_t i,
+                              void *out) {
+  const Tensorbroker__V1__SessionInfo *si = rep->list_sessions->sessions[i];
+  struct tb_session_info *x = out;
+
+  memset(x, 0, sizeof(*x));
+  x->session_id = si->session_id;
+  x->pid = si->pid;
+  x->uid = si->uid;
+  x->gid = si->gid;
+  copy_str(x->name, sizeof(x->name), si->name);
+  x->stream_contract = (int)si->stream_contract;
+  x->leases = si->leases;
+  x->buffers = si->buffers;
+  x->subscriptions = si->subscriptions;
+  x->implicit_stream_calls = si->implicit_stream_calls;
+  x->requests = si->requests;
+  return si->session_id;
+}
+
 int tb_list_sessions(tb_client *c, struct tb_session_info **out,
                      size_t *count) {
   Tensorbroker__V1__ListSessions ls = TENSORBROKER__V1__LIST_SESSIONS__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  struct tb_session_info *a = NULL;
-  size_t n = 0, cap = 0;
-  int rc = 0, more = 1;
+  const struct id_pages p = {TENSORBROKER__V1__REPLY__BODY_LIST_SESSIONS,
+                             &ls.after_session_id, sessions_page,
+                             session_entry, sizeof(struct tb_session_info)};
+  int rc;
 
   if (c == NULL || out == NULL || count == NULL)
     return TB_EINVAL;
@@ -189,43 +268,7 @@ int tb_list_sessions(tb_client *c, struct tb_session_info **out,
   tb__clear_error(c);
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_SESSIONS;
   r.list_sessions = &ls;
-  while (rc == 0 && more) {
-    const Tensorbroker__V1__ListSessionsReply *lr;
-    tb__server_message *m = NULL;
-    size_t got;
-
-    rc = ask(c, &r, TENSORBROKER__V1__REPLY__BODY_LIST_SESSIONS, &m);
-    if (rc < 0)
-      break;
-    lr = m->reply->list_sessions;
-    got = lr ? lr->n_sessions : 0;
-    more = lr && lr->more;
-    rc = page_room(c, got, more, (void **)&a, &cap, n, sizeof(*a));
-    for (size_t i = 0; rc == 0 && i < got; i++) {
-      const Tensorbroker__V1__SessionInfo *si = lr->sessions[i];
-      struct tb_session_info *x = &a[n++];
-      memset(x, 0, sizeof(*x));
-      x->session_id = si->session_id;
-      x->pid = si->pid;
-      x->uid = si->uid;
-      x->gid = si->gid;
-      copy_str(x->name, sizeof(x->name), si->name);
-      x->stream_contract = (int)si->stream_contract;
-      x->leases = si->leases;
-      x->buffers = si->buffers;
-      x->subscriptions = si->subscriptions;
-      x->implicit_stream_calls = si->implicit_stream_calls;
-      x->requests = si->requests;
-    }
-    if (rc == 0 && got > 0) {
-      uint64_t last = lr->sessions[got - 1]->session_id;
-      if (last <= ls.after_session_id)
-        rc = tb__set_error(c, TB_EPROTO, "list page out of order");
-      ls.after_session_id = last;
-    }
-    tb__msg_free(c, m);
-  }
-  rc = list_done(rc, (void **)&a, sizeof(*a), (void **)out, count, n);
+  rc = id_pages_get(c, &r, &p, sizeof(**out), (void **)out, count);
   pthread_mutex_unlock(&c->call_lock);
   return rc;
 }
@@ -284,8 +327,18 @@ static int need_operator_view(struct tb_client *c, const char *what) {
                        what);
 }
 
-static void lease_from_pb(const Tensorbroker__V1__LeaseInfo *li,
-                          struct tb_lease_entry *x) {
+static size_t leases_page(const Tensorbroker__V1__Reply *rep, int *more) {
+  const Tensorbroker__V1__ListLeasesReply *lr = rep->list_leases;
+
+  *more = lr != NULL && lr->more;
+  return lr != NULL ? lr->n_leases : 0;
+}
+
+static uint64_t lease_entry(const Tensorbroker__V1__Reply *rep, size_t i,
+                            void *out) {
+  const Tensorbroker__V1__LeaseInfo *li = rep->list_leases->leases[i];
+  struct tb_lease_entry *x = out;
+
   memset(x, 0, sizeof(*x));
   x->lease_id = li->lease_id;
   x->session_id = li->session_id;
@@ -301,15 +354,17 @@ static void lease_from_pb(const Tensorbroker__V1__LeaseInfo *li,
   x->ready_event = li->ready_event != 0;
   x->done_events = li->done_events;
   x->died = li->died != 0;
+  return li->lease_id;
 }
 
 int tb_list_leases(tb_client *c, size_t struct_size,
                    struct tb_lease_entry **out, size_t *count) {
   Tensorbroker__V1__ListLeases ll = TENSORBROKER__V1__LIST_LEASES__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  void *a = NULL;
-  size_t n = 0, cap = 0;
-  int rc, more = 1;
+  const struct id_pages p = {TENSORBROKER__V1__REPLY__BODY_LIST_LEASES,
+                             &ll.after_lease_id, leases_page, lease_entry,
+                             sizeof(struct tb_lease_entry)};
+  int rc;
 
   if (c == NULL || out == NULL || count == NULL ||
       !stride_ok(struct_size, sizeof(struct tb_lease_entry), sizeof(uint64_t)))
@@ -319,38 +374,24 @@ int tb_list_leases(tb_client *c, size_t struct_size,
   rc = need_operator_view(c, "list leases");
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_LEASES;
   r.list_leases = &ll;
-  while (rc == 0 && more) {
-    const Tensorbroker__V1__ListLeasesReply *lr;
-    tb__server_message *m = NULL;
-    size_t got;
-
-    rc = ask(c, &r, TENSORBROKER__V1__REPLY__BODY_LIST_LEASES, &m);
-    if (rc < 0)
-      break;
-    lr = m->reply->list_leases;
-    got = lr ? lr->n_leases : 0;
-    more = lr && lr->more;
-    rc = page_room(c, got, more, &a, &cap, n, struct_size);
-    for (size_t i = 0; rc == 0 && i < got; i++) {
-      struct tb_lease_entry x;
-      lease_from_pb(lr->leases[i], &x);
-      entry_put(a, struct_size, n++, &x, sizeof(x));
-    }
-    if (rc == 0 && got > 0) {
-      uint64_t last = lr->leases[got - 1]->lease_id;
-      if (last <= ll.after_lease_id)
-        rc = tb__set_error(c, TB_EPROTO, "list page out of order");
-      ll.after_lease_id = last;
-    }
-    tb__msg_free(c, m);
-  }
-  rc = list_done(rc, &a, struct_size, (void **)out, count, n);
+  if (rc == 0)
+    rc = id_pages_get(c, &r, &p, struct_size, (void **)out, count);
   pthread_mutex_unlock(&c->call_lock);
   return rc;
 }
 
-static void wait_from_pb(const Tensorbroker__V1__WaitInfo *wi,
-                         struct tb_wait_entry *x) {
+static size_t waits_page(const Tensorbroker__V1__Reply *rep, int *more) {
+  const Tensorbroker__V1__ListWaitsReply *lr = rep->list_waits;
+
+  *more = lr != NULL && lr->more;
+  return lr != NULL ? lr->n_waits : 0;
+}
+
+static uint64_t wait_entry(const Tensorbroker__V1__Reply *rep, size_t i,
+                           void *out) {
+  const Tensorbroker__V1__WaitInfo *wi = rep->list_waits->waits[i];
+  struct tb_wait_entry *x = out;
+
   memset(x, 0, sizeof(*x));
   x->session_id = wi->session_id;
   x->pid = wi->pid;
@@ -363,15 +404,17 @@ static void wait_from_pb(const Tensorbroker__V1__WaitInfo *wi,
   x->timeout_ms = wi->timeout_ms;
   x->leases = wi->leases;
   x->in_history = wi->in_history != 0;
+  return wi->session_id;
 }
 
 int tb_list_waits(tb_client *c, size_t struct_size,
                   struct tb_wait_entry **out, size_t *count) {
   Tensorbroker__V1__ListWaits lw = TENSORBROKER__V1__LIST_WAITS__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  void *a = NULL;
-  size_t n = 0, cap = 0;
-  int rc, more = 1;
+  const struct id_pages p = {TENSORBROKER__V1__REPLY__BODY_LIST_WAITS,
+                             &lw.after_session_id, waits_page, wait_entry,
+                             sizeof(struct tb_wait_entry)};
+  int rc;
 
   if (c == NULL || out == NULL || count == NULL ||
       !stride_ok(struct_size, sizeof(struct tb_wait_entry), sizeof(uint64_t)))
@@ -381,32 +424,8 @@ int tb_list_waits(tb_client *c, size_t struct_size,
   rc = need_operator_view(c, "list waits");
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_WAITS;
   r.list_waits = &lw;
-  while (rc == 0 && more) {
-    const Tensorbroker__V1__ListWaitsReply *lr;
-    tb__server_message *m = NULL;
-    size_t got;
-
-    rc = ask(c, &r, TENSORBROKER__V1__REPLY__BODY_LIST_WAITS, &m);
-    if (rc < 0)
-      break;
-    lr = m->reply->list_waits;
-    got = lr ? lr->n_waits : 0;
-    more = lr && lr->more;
-    rc = page_room(c, got, more, &a, &cap, n, struct_size);
-    for (size_t i = 0; rc == 0 && i < got; i++) {
-      struct tb_wait_entry x;
-      wait_from_pb(lr->waits[i], &x);
-      entry_put(a, struct_size, n++, &x, sizeof(x));
-    }
-    if (rc == 0 && got > 0) {
-      uint64_t last = lr->waits[got - 1]->session_id;
-      if (last <= lw.after_session_id)
-        rc = tb__set_error(c, TB_EPROTO, "list page out of order");
-      lw.after_session_id = last;
-    }
-    tb__msg_free(c, m);
-  }
-  rc = list_done(rc, &a, struct_size, (void **)out, count, n);
+  if (rc == 0)
+    rc = id_pages_get(c, &r, &p, struct_size, (void **)out, count);
   pthread_mutex_unlock(&c->call_lock);
   return rc;
 }
