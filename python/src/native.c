@@ -1423,7 +1423,43 @@ static PyObject *client_poll_notice(ClientObject *self, PyObject *args, PyObject
                        (unsigned long long)n.buffer_id, "reason", n.reason);
 }
 
-static const char *memory_kind_name(int kind);
+/* A Python list with one dict per entry (build) of a list the library
+ * made (n entries, size bytes apart), which is freed. */
+static PyObject *dict_list(void *entries, size_t n, size_t size,
+                           PyObject *(*build)(const void *entry)) {
+  PyObject *list = PyList_New(0);
+  for (size_t i = 0; list != NULL && i < n; i++) {
+    PyObject *d = build((const char *)entries + i * size);
+    if (d == NULL || PyList_Append(list, d) < 0)
+      Py_CLEAR(list);
+    Py_XDECREF(d);
+  }
+  tb_free(entries);
+  return list;
+}
+
+static const char *memory_kind_name(int kind) {
+  const char *name = tb_memory_kind_name(kind);
+  return name != NULL ? name : "?";
+}
+
+static const char *wait_what_name(int what) {
+  const char *name = tb_wait_what_name(what);
+  return name != NULL ? name : "?";
+}
+
+static PyObject *channel_dict(const void *entry) {
+  const struct tb_channel_info *ci = entry;
+  return Py_BuildValue(
+      "{s:s,s:K,s:I,s:K,s:I,s:I,s:I,s:O,s:K,s:I,s:O,s:s}", "name", ci->name,
+      "latest_version", (unsigned long long)ci->latest_version, "history_depth",
+      ci->history_depth, "publisher_session", (unsigned long long)ci->publisher_session,
+      "versions_held", ci->versions_held, "leases", ci->leases, "subscribers",
+      ci->subscribers, "closed", ci->closed ? Py_True : Py_False, "publishes",
+      (unsigned long long)ci->publishes, "waiters", ci->waiters, "waiting",
+      ci->waiting ? Py_True : Py_False, "memory_kind",
+      ci->memory_kind != 0 ? memory_kind_name(ci->memory_kind) : "");
+}
 
 static PyObject *client_channels(ClientObject *self, PyObject *unused) {
   if (client_check(self) < 0)
@@ -1435,23 +1471,19 @@ static PyObject *client_channels(ClientObject *self, PyObject *unused) {
   CLIENT_CALL(self, rc, err, tb_channel_list(c_, sizeof(*ci), &ci, &n));
   if (rc < 0)
     return raise_tb(rc, err);
-  PyObject *list = PyList_New(0);
-  for (size_t i = 0; list != NULL && i < n; i++) {
-    PyObject *d = Py_BuildValue(
-        "{s:s,s:K,s:I,s:K,s:I,s:I,s:I,s:O,s:K,s:I,s:O,s:s}", "name", ci[i].name,
-        "latest_version", (unsigned long long)ci[i].latest_version, "history_depth",
-        ci[i].history_depth, "publisher_session", (unsigned long long)ci[i].publisher_session,
-        "versions_held", ci[i].versions_held, "leases", ci[i].leases, "subscribers",
-        ci[i].subscribers, "closed", ci[i].closed ? Py_True : Py_False, "publishes",
-        (unsigned long long)ci[i].publishes, "waiters", ci[i].waiters, "waiting",
-        ci[i].waiting ? Py_True : Py_False, "memory_kind",
-        ci[i].memory_kind != 0 ? memory_kind_name(ci[i].memory_kind) : "");
-    if (d == NULL || PyList_Append(list, d) < 0)
-      Py_CLEAR(list);
-    Py_XDECREF(d);
-  }
-  tb_free(ci);
-  return list;
+  return dict_list(ci, n, sizeof(*ci), channel_dict);
+}
+
+static PyObject *session_dict(const void *entry) {
+  const struct tb_session_info *si = entry;
+  const char *cn = tb_contract_name(si->stream_contract);
+  return Py_BuildValue(
+      "{s:K,s:I,s:I,s:I,s:s,s:s,s:I,s:I,s:I,s:K,s:K}", "session_id",
+      (unsigned long long)si->session_id, "pid", si->pid, "uid", si->uid, "gid", si->gid,
+      "name", si->name, "stream_contract", cn ? cn : "?", "leases", si->leases, "buffers",
+      si->buffers, "subscriptions", si->subscriptions, "implicit_stream_calls",
+      (unsigned long long)si->implicit_stream_calls, "requests",
+      (unsigned long long)si->requests);
 }
 
 static PyObject *client_sessions(ClientObject *self, PyObject *unused) {
@@ -1464,27 +1496,20 @@ static PyObject *client_sessions(ClientObject *self, PyObject *unused) {
   CLIENT_CALL(self, rc, err, tb_session_list(c_, sizeof(*si), &si, &n));
   if (rc < 0)
     return raise_tb(rc, err);
-  PyObject *list = PyList_New(0);
-  for (size_t i = 0; list != NULL && i < n; i++) {
-    const char *cn = tb_contract_name(si[i].stream_contract);
-    PyObject *d = Py_BuildValue(
-        "{s:K,s:I,s:I,s:I,s:s,s:s,s:I,s:I,s:I,s:K,s:K}", "session_id",
-        (unsigned long long)si[i].session_id, "pid", si[i].pid, "uid", si[i].uid, "gid",
-        si[i].gid, "name", si[i].name, "stream_contract", cn ? cn : "?", "leases",
-        si[i].leases, "buffers", si[i].buffers, "subscriptions", si[i].subscriptions,
-        "implicit_stream_calls", (unsigned long long)si[i].implicit_stream_calls, "requests",
-        (unsigned long long)si[i].requests);
-    if (d == NULL || PyList_Append(list, d) < 0)
-      Py_CLEAR(list);
-    Py_XDECREF(d);
-  }
-  tb_free(si);
-  return list;
+  return dict_list(si, n, sizeof(*si), session_dict);
 }
 
-static const char *memory_kind_name(int kind) {
-  const char *name = tb_memory_kind_name(kind);
-  return name != NULL ? name : "?";
+static PyObject *lease_dict(const void *entry) {
+  const struct tb_lease_entry *le = entry;
+  return Py_BuildValue(
+      "{s:K,s:K,s:I,s:I,s:s,s:s,s:K,s:K,s:s,s:K,s:K,s:O,s:I,s:O}", "lease_id",
+      (unsigned long long)le->lease_id, "session_id", (unsigned long long)le->session_id,
+      "pid", le->pid, "uid", le->uid, "session_name", le->session_name, "channel",
+      le->channel, "version", (unsigned long long)le->version, "bytes",
+      (unsigned long long)le->bytes, "memory_kind", memory_kind_name(le->memory_kind),
+      "age_ms", (unsigned long long)le->age_ms, "buffer_id", (unsigned long long)le->buffer_id,
+      "ready_event", le->ready_event ? Py_True : Py_False, "done_events", le->done_events,
+      "died", le->died ? Py_True : Py_False);
 }
 
 static PyObject *client_leases(ClientObject *self, PyObject *unused) {
@@ -1497,29 +1522,18 @@ static PyObject *client_leases(ClientObject *self, PyObject *unused) {
   CLIENT_CALL(self, rc, err, tb_lease_list(c_, sizeof(*le), &le, &n));
   if (rc < 0)
     return raise_tb(rc, err);
-  PyObject *list = PyList_New(0);
-  for (size_t i = 0; list != NULL && i < n; i++) {
-    PyObject *d = Py_BuildValue(
-        "{s:K,s:K,s:I,s:I,s:s,s:s,s:K,s:K,s:s,s:K,s:K,s:O,s:I,s:O}", "lease_id",
-        (unsigned long long)le[i].lease_id, "session_id", (unsigned long long)le[i].session_id,
-        "pid", le[i].pid, "uid", le[i].uid, "session_name", le[i].session_name, "channel",
-        le[i].channel, "version", (unsigned long long)le[i].version, "bytes",
-        (unsigned long long)le[i].bytes, "memory_kind", memory_kind_name(le[i].memory_kind),
-        "age_ms", (unsigned long long)le[i].age_ms, "buffer_id",
-        (unsigned long long)le[i].buffer_id, "ready_event",
-        le[i].ready_event ? Py_True : Py_False, "done_events", le[i].done_events, "died",
-        le[i].died ? Py_True : Py_False);
-    if (d == NULL || PyList_Append(list, d) < 0)
-      Py_CLEAR(list);
-    Py_XDECREF(d);
-  }
-  tb_free(le);
-  return list;
+  return dict_list(le, n, sizeof(*le), lease_dict);
 }
 
-static const char *wait_what_name(int what) {
-  const char *name = tb_wait_what_name(what);
-  return name != NULL ? name : "?";
+static PyObject *wait_dict(const void *entry) {
+  const struct tb_wait_entry *we = entry;
+  return Py_BuildValue(
+      "{s:K,s:I,s:I,s:s,s:s,s:s,s:K,s:K,s:L,s:I,s:O}", "session_id",
+      (unsigned long long)we->session_id, "pid", we->pid, "uid", we->uid, "session_name",
+      we->session_name, "what", wait_what_name(we->what), "channel", we->channel, "version",
+      (unsigned long long)we->version, "age_ms", (unsigned long long)we->age_ms,
+      "timeout_ms", (long long)we->timeout_ms, "leases", we->leases, "in_history",
+      we->in_history ? Py_True : Py_False);
 }
 
 static PyObject *client_waits(ClientObject *self, PyObject *unused) {
@@ -1532,21 +1546,7 @@ static PyObject *client_waits(ClientObject *self, PyObject *unused) {
   CLIENT_CALL(self, rc, err, tb_wait_list(c_, sizeof(*we), &we, &n));
   if (rc < 0)
     return raise_tb(rc, err);
-  PyObject *list = PyList_New(0);
-  for (size_t i = 0; list != NULL && i < n; i++) {
-    PyObject *d = Py_BuildValue(
-        "{s:K,s:I,s:I,s:s,s:s,s:s,s:K,s:K,s:L,s:I,s:O}", "session_id",
-        (unsigned long long)we[i].session_id, "pid", we[i].pid, "uid", we[i].uid,
-        "session_name", we[i].session_name, "what", wait_what_name(we[i].what), "channel",
-        we[i].channel, "version", (unsigned long long)we[i].version, "age_ms",
-        (unsigned long long)we[i].age_ms, "timeout_ms", (long long)we[i].timeout_ms,
-        "leases", we[i].leases, "in_history", we[i].in_history ? Py_True : Py_False);
-    if (d == NULL || PyList_Append(list, d) < 0)
-      Py_CLEAR(list);
-    Py_XDECREF(d);
-  }
-  tb_free(we);
-  return list;
+  return dict_list(we, n, sizeof(*we), wait_dict);
 }
 
 static PyObject *client_drop(ClientObject *self, PyObject *args) {
