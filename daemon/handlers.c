@@ -520,8 +520,6 @@ static int on_subscribe(struct tbd_registry *r, struct tbd_session *s,
   return tbd__reply_status(r, s, id, 0, NULL);
 }
 
-#define LIST_ROOM(r) TBD_LIST_ROOM(r)
-
 /* A row of ListChannels: a channel, or (ch NULL) a name that only has
  * parked acquires. */
 struct channel_row {
@@ -532,12 +530,6 @@ struct channel_row {
 static int channel_row_cmp(const void *a, const void *b) {
   const struct channel_row *x = a, *y = b;
   return strcmp(x->name, y->name);
-}
-
-static int session_cmp(const void *a, const void *b) {
-  const struct tbd_session *x = *(const struct tbd_session *const *)a;
-  const struct tbd_session *y = *(const struct tbd_session *const *)b;
-  return x->id < y->id ? -1 : x->id > y->id;
 }
 
 static void channel_info_fill(struct tbd_registry *r,
@@ -614,7 +606,7 @@ static int on_list_channels(struct tbd_registry *r, struct tbd_session *s,
 
     channel_info_fill(r, &all[k], ci);
     used += tensorbroker__v1__channel_info__get_packed_size(ci) + 8;
-    if (used > LIST_ROOM(r)) {
+    if (used > TBD_LIST_ROOM(r)) {
       lr.more = true;
       break;
     }
@@ -659,7 +651,7 @@ static int on_list_sessions(struct tbd_registry *r, struct tbd_session *s,
   for (t = r->sessions; t != NULL && nall < r->nsessions; t = t->hh.next)
     if (t->hello && t->id > after && (everyone || t->uid == s->uid))
       all[nall++] = t;
-  qsort(all, nall, sizeof(*all), session_cmp);
+  qsort(all, nall, sizeof(*all), tbd__session_ptr_cmp);
   for (size_t k = 0; k < nall; k++) {
     Tensorbroker__V1__SessionInfo *si = &infos[n];
 
@@ -677,7 +669,7 @@ static int on_list_sessions(struct tbd_registry *r, struct tbd_session *s,
     si->requests = t->requests;
     si->subscriptions = t->nsubs;
     used += tensorbroker__v1__session_info__get_packed_size(si) + 8;
-    if (used > LIST_ROOM(r)) {
+    if (used > TBD_LIST_ROOM(r)) {
       lr.more = true;
       break;
     }

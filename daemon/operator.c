@@ -102,7 +102,7 @@ out_nomem:
 
 /* ---- waits ---- */
 
-static int session_cmp(const void *a, const void *b) {
+int tbd__session_ptr_cmp(const void *a, const void *b) {
   const struct tbd_session *x = *(const struct tbd_session *const *)a;
   const struct tbd_session *y = *(const struct tbd_session *const *)b;
   return x->id < y->id ? -1 : x->id > y->id;
@@ -167,7 +167,7 @@ int tbd__list_waits(struct tbd_registry *r, struct tbd_session *s,
                              ? t->wait->v->ch
                              : tbd__channel_find(r, t->wait->q->name)))
       all[nall++] = t;
-  qsort(all, nall, sizeof(*all), session_cmp);
+  qsort(all, nall, sizeof(*all), tbd__session_ptr_cmp);
   for (size_t k = 0; k < nall; k++) {
     Tensorbroker__V1__WaitInfo *wi = &infos[n];
 

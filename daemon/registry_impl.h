@@ -484,6 +484,9 @@ void tbd__new_version_notify(struct tbd_registry *r, struct tbd_session *s,
 /* Lists come in pages that fit one datagram (the room left for entries),
  * sorted, after a cursor; the reply says when entries were left out. */
 #define TBD_LIST_ROOM(r) ((size_t)(r)->lim.max_message - 512)
+/* qsort order of an array of sessions by id (lists of sessions, of waits:
+ * one per session). */
+int tbd__session_ptr_cmp(const void *a, const void *b);
 
 /* The acquires parked on name (0 when none). */
 uint32_t tbd__waiters(struct tbd_registry *r, const char *name);
