@@ -69,6 +69,15 @@ def log_count(body):
     return cu.fakecuda_log_count(body.encode())
 
 
+def recorded_on(stream_name):
+    """The event the log shows recorded on the stream (its first such
+    line), as the log names it; AssertionError when there is none."""
+    for b in log_bodies():
+        if b.startswith("record ") and b.endswith(" on " + stream_name):
+            return b[len("record "):-len(" on " + stream_name)]
+    raise AssertionError("no event recorded on %s: %s" % (stream_name, log_bodies()))
+
+
 # ---- DLPack by hand, as a C consumer or producer library reads it ----
 
 class DLDevice(ctypes.Structure):

@@ -22,7 +22,8 @@ from tbtest import daemon  # noqa: E402
 import tensorbroker as tb  # noqa: E402
 
 from fakecuda import (cu, make_context_current, new_stream,  # noqa: E402
-                      stream_name, log_bodies, DLManagedTensorVersioned, capi)
+                      stream_name, log_bodies, recorded_on, DLManagedTensorVersioned,
+                      capi)
 
 CH = "fake/pinned"
 N = 5000
@@ -117,14 +118,6 @@ def cpu_and_gpu_stages():
                 prod.close()
     finally:
         cu.fakecuda_set_busy(0)
-
-
-def recorded_on(stream_name):
-    """The event recorded on the stream, as the log names it."""
-    for b in log_bodies():
-        if b.startswith("record ") and b.endswith(" on " + stream_name):
-            return b.split(" ")[1]
-    raise AssertionError("no event recorded on %s: %s" % (stream_name, log_bodies()))
 
 
 def test_gpu_reader_orders_rewrite():

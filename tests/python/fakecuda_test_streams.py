@@ -22,6 +22,7 @@ import tensorbroker as tb  # noqa: E402
 
 from fakecuda import (cu, check, make_context_current, new_stream,  # noqa: E402
                       stream_name as sname, log_text as log, log_count as count,
+                      recorded_on,
                       DLDevice, DLDataType, DLManagedTensorVersioned,
                       DELETER, capi)
 
@@ -112,12 +113,7 @@ class Pipeline:
         lease = self.cons.acquire(CH, exact=v, stream=s)
         cu.fakecuda_log_clear()
         lease.release()
-        suffix = " on %s" % sname(s)
-        for line in log().splitlines():
-            body = line.split(" ", 1)[1]
-            if body.startswith("record ") and body.endswith(suffix):
-                self.done = body[len("record "):-len(suffix)]
-        assert self.done, log()
+        self.done = recorded_on(sname(s))
         self.reuse(v)
 
     def close(self):
