@@ -532,9 +532,11 @@ static int channel_row_cmp(const void *a, const void *b) {
   return strcmp(x->name, y->name);
 }
 
-static void channel_info_fill(struct tbd_registry *r,
-                              const struct channel_row *row,
-                              Tensorbroker__V1__ChannelInfo *ci) {
+/* tbd__list_page's fill: row is a struct channel_row. */
+static void channel_info_fill(struct tbd_registry *r, const void *rowp,
+                              void *info) {
+  const struct channel_row *row = rowp;
+  Tensorbroker__V1__ChannelInfo *ci = info;
   struct tbd_channel *ch = row->ch;
   struct tbd_subgroup *g;
   struct tbd_sub *sub;
@@ -571,24 +573,18 @@ static int on_list_channels(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
   Tensorbroker__V1__ListChannelsReply lr =
       TENSORBROKER__V1__LIST_CHANNELS_REPLY__INIT;
-  Tensorbroker__V1__ChannelInfo *infos, **ptrs;
+  struct tbd_list_page page;
   struct tbd_channel *ch;
   struct tbd_waitq *wq;
   struct channel_row *all;
   const char *after = q != NULL && q->after != NULL ? q->after : "";
   bool waiting = q != NULL && q->waiting;
   size_t most = r->nchannels + (waiting ? HASH_COUNT(r->waitqs) : 0) + 1;
-  size_t n = 0, nall = 0, used = 0;
+  size_t nall = 0;
 
-  infos = tbd_calloc(most, sizeof(*infos));
-  ptrs = tbd_calloc(most, sizeof(*ptrs));
   all = tbd_calloc(most, sizeof(*all));
-  if (infos == NULL || ptrs == NULL || all == NULL) {
-    tbd_free(infos);
-    tbd_free(ptrs);
-    tbd_free(all);
+  if (all == NULL)
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
-  }
   /* a channel s may not list is left out: s must not learn its name; so
    * is a name only waited for, unless a session of s's uid waits for it */
   for (ch = r->channels; ch != NULL && nall < most; ch = ch->hh.next)
@@ -601,28 +597,43 @@ static int on_list_channels(struct tbd_registry *r, struct tbd_session *s,
         tbd__access_waiting(r, s, wq))
       all[nall++] = (struct channel_row){wq->name, NULL};
   qsort(all, nall, sizeof(*all), channel_row_cmp);
-  for (size_t k = 0; k < nall; k++) {
-    Tensorbroker__V1__ChannelInfo *ci = &infos[n];
-
-    channel_info_fill(r, &all[k], ci);
-    used += tensorbroker__v1__channel_info__get_packed_size(ci) + 8;
-    if (used > TBD_LIST_ROOM(r)) {
-      lr.more = true;
-      break;
-    }
-    ptrs[n] = ci;
-    n++;
+  if (tbd__list_page(r, all, nall, sizeof(*all),
+                     sizeof(Tensorbroker__V1__ChannelInfo), channel_info_fill,
+                     &page) < 0) {
+    tbd_free(all);
+    return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   }
   rep.request_id = id;
   rep.body_case = TENSORBROKER__V1__REPLY__BODY_LIST_CHANNELS;
   rep.list_channels = &lr;
-  lr.n_channels = n;
-  lr.channels = ptrs;
+  lr.n_channels = page.n;
+  lr.channels = (Tensorbroker__V1__ChannelInfo **)page.ptrs;
+  lr.more = page.more;
   tbd__send_reply(r, s, &rep, NULL, 0);
-  tbd_free(infos);
-  tbd_free(ptrs);
+  tbd__list_page_free(&page);
   tbd_free(all);
   return 0;
+}
+
+/* tbd__list_page's fill: row is a struct tbd_session *. */
+static void session_info_fill(struct tbd_registry *r, const void *row,
+                              void *info) {
+  const struct tbd_session *t = *(struct tbd_session *const *)row;
+  Tensorbroker__V1__SessionInfo *si = info;
+
+  (void)r;
+  tensorbroker__v1__session_info__init(si);
+  si->session_id = t->id;
+  si->pid = (uint32_t)t->pid;
+  si->uid = t->uid;
+  si->gid = t->gid;
+  si->name = (char *)t->name;
+  si->stream_contract = t->contract;
+  si->leases = t->nleases;
+  si->buffers = t->nbuffers;
+  si->implicit_stream_calls = t->implicit_stream_calls;
+  si->requests = t->requests;
+  si->subscriptions = t->nsubs;
 }
 
 static int on_list_sessions(struct tbd_registry *r, struct tbd_session *s,
@@ -631,20 +642,14 @@ static int on_list_sessions(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
   Tensorbroker__V1__ListSessionsReply lr =
       TENSORBROKER__V1__LIST_SESSIONS_REPLY__INIT;
-  Tensorbroker__V1__SessionInfo *infos, **ptrs;
+  struct tbd_list_page page;
   struct tbd_session *t, **all;
   uint64_t after = q != NULL ? q->after_session_id : 0;
-  size_t n = 0, nall = 0, used = 0;
+  size_t nall = 0;
 
-  infos = tbd_calloc(r->nsessions + 1, sizeof(*infos));
-  ptrs = tbd_calloc(r->nsessions + 1, sizeof(*ptrs));
   all = tbd_calloc(r->nsessions + 1, sizeof(*all));
-  if (infos == NULL || ptrs == NULL || all == NULL) {
-    tbd_free(infos);
-    tbd_free(ptrs);
-    tbd_free(all);
+  if (all == NULL)
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
-  }
   /* under default = owner, a session other than an operator's sees only
    * the sessions of its own uid */
   bool everyone = tbd__access_all_sessions(r, s);
@@ -652,38 +657,20 @@ static int on_list_sessions(struct tbd_registry *r, struct tbd_session *s,
     if (t->hello && t->id > after && (everyone || t->uid == s->uid))
       all[nall++] = t;
   qsort(all, nall, sizeof(*all), tbd__session_ptr_cmp);
-  for (size_t k = 0; k < nall; k++) {
-    Tensorbroker__V1__SessionInfo *si = &infos[n];
-
-    t = all[k];
-    tensorbroker__v1__session_info__init(si);
-    si->session_id = t->id;
-    si->pid = (uint32_t)t->pid;
-    si->uid = t->uid;
-    si->gid = t->gid;
-    si->name = t->name;
-    si->stream_contract = t->contract;
-    si->leases = t->nleases;
-    si->buffers = t->nbuffers;
-    si->implicit_stream_calls = t->implicit_stream_calls;
-    si->requests = t->requests;
-    si->subscriptions = t->nsubs;
-    used += tensorbroker__v1__session_info__get_packed_size(si) + 8;
-    if (used > TBD_LIST_ROOM(r)) {
-      lr.more = true;
-      break;
-    }
-    ptrs[n] = si;
-    n++;
+  if (tbd__list_page(r, all, nall, sizeof(*all),
+                     sizeof(Tensorbroker__V1__SessionInfo), session_info_fill,
+                     &page) < 0) {
+    tbd_free(all);
+    return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   }
   rep.request_id = id;
   rep.body_case = TENSORBROKER__V1__REPLY__BODY_LIST_SESSIONS;
   rep.list_sessions = &lr;
-  lr.n_sessions = n;
-  lr.sessions = ptrs;
+  lr.n_sessions = page.n;
+  lr.sessions = (Tensorbroker__V1__SessionInfo **)page.ptrs;
+  lr.more = page.more;
   tbd__send_reply(r, s, &rep, NULL, 0);
-  tbd_free(infos);
-  tbd_free(ptrs);
+  tbd__list_page_free(&page);
   tbd_free(all);
   return 0;
 }

@@ -19,6 +19,43 @@ static uint64_t age_of(struct tbd_registry *r, uint64_t since) {
   return now > since ? now - since : 0;
 }
 
+/* ---- list pages ---- */
+
+int tbd__list_page(struct tbd_registry *r, const void *rows, size_t nrows,
+                   size_t row_size, size_t info_size,
+                   void (*fill)(struct tbd_registry *r, const void *row,
+                                void *info),
+                   struct tbd_list_page *out) {
+  size_t used = 0;
+
+  memset(out, 0, sizeof(*out));
+  out->infos = tbd_calloc(nrows + 1, info_size);
+  out->ptrs = tbd_calloc(nrows + 1, sizeof(*out->ptrs));
+  if (out->infos == NULL || out->ptrs == NULL) {
+    tbd__list_page_free(out);
+    return TB_ENOMEM;
+  }
+  for (size_t k = 0; k < nrows; k++) {
+    void *info = (char *)out->infos + out->n * info_size;
+
+    fill(r, (const char *)rows + k * row_size, info);
+    used += protobuf_c_message_get_packed_size(info) + 8;
+    if (used > TBD_LIST_ROOM(r)) {
+      out->more = true;
+      break;
+    }
+    out->ptrs[out->n++] = info;
+  }
+  return 0;
+}
+
+void tbd__list_page_free(struct tbd_list_page *p) {
+  tbd_free(p->infos);
+  tbd_free(p->ptrs);
+  p->infos = NULL;
+  p->ptrs = NULL;
+}
+
 /* ---- leases ---- */
 
 static int lease_cmp(const void *a, const void *b) {
@@ -27,9 +64,12 @@ static int lease_cmp(const void *a, const void *b) {
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static void lease_info_fill(struct tbd_registry *r, const struct tbd_lease *l,
-                            Tensorbroker__V1__LeaseInfo *li) {
+/* tbd__list_page's fill: row is a struct tbd_lease *. */
+static void lease_info_fill(struct tbd_registry *r, const void *row,
+                            void *info) {
+  const struct tbd_lease *l = *(struct tbd_lease *const *)row;
   const struct tbd_version *v = l->v;
+  Tensorbroker__V1__LeaseInfo *li = info;
 
   tensorbroker__v1__lease_info__init(li);
   li->lease_id = l->id;
@@ -53,16 +93,14 @@ int tbd__list_leases(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
   Tensorbroker__V1__ListLeasesReply lr =
       TENSORBROKER__V1__LIST_LEASES_REPLY__INIT;
-  Tensorbroker__V1__LeaseInfo *infos, **ptrs;
+  struct tbd_list_page page;
   struct tbd_lease *l, **all;
   uint64_t after = q != NULL ? q->after_lease_id : 0;
-  size_t n = 0, nall = 0, used = 0;
+  size_t nall = 0;
 
-  infos = tbd_calloc(r->nleases + 1, sizeof(*infos));
-  ptrs = tbd_calloc(r->nleases + 1, sizeof(*ptrs));
   all = tbd_calloc(r->nleases + 1, sizeof(*all));
-  if (infos == NULL || ptrs == NULL || all == NULL)
-    goto out_nomem;
+  if (all == NULL)
+    return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   /* r->leases holds the anchor too (id 0, no session) */
   /* access control: leases on channels s may not list, of other uids,
    * are left out */
@@ -71,33 +109,22 @@ int tbd__list_leases(struct tbd_registry *r, struct tbd_session *s,
         tbd__access_sees(r, s, l->s, l->v->ch))
       all[nall++] = l;
   qsort(all, nall, sizeof(*all), lease_cmp);
-  for (size_t k = 0; k < nall; k++) {
-    Tensorbroker__V1__LeaseInfo *li = &infos[n];
-
-    lease_info_fill(r, all[k], li);
-    used += tensorbroker__v1__lease_info__get_packed_size(li) + 8;
-    if (used > TBD_LIST_ROOM(r)) {
-      lr.more = true;
-      break;
-    }
-    ptrs[n++] = li;
+  if (tbd__list_page(r, all, nall, sizeof(*all),
+                     sizeof(Tensorbroker__V1__LeaseInfo), lease_info_fill,
+                     &page) < 0) {
+    tbd_free(all);
+    return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   }
   rep.request_id = id;
   rep.body_case = TENSORBROKER__V1__REPLY__BODY_LIST_LEASES;
   rep.list_leases = &lr;
-  lr.n_leases = n;
-  lr.leases = ptrs;
+  lr.n_leases = page.n;
+  lr.leases = (Tensorbroker__V1__LeaseInfo **)page.ptrs;
+  lr.more = page.more;
   tbd__send_reply(r, s, &rep, NULL, 0);
-  tbd_free(infos);
-  tbd_free(ptrs);
+  tbd__list_page_free(&page);
   tbd_free(all);
   return 0;
-
-out_nomem:
-  tbd_free(infos);
-  tbd_free(ptrs);
-  tbd_free(all);
-  return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
 }
 
 /* ---- waits ---- */
@@ -108,8 +135,11 @@ int tbd__session_ptr_cmp(const void *a, const void *b) {
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static void wait_info_fill(struct tbd_registry *r, const struct tbd_wait *w,
-                           Tensorbroker__V1__WaitInfo *wi) {
+/* tbd__list_page's fill: row is a struct tbd_session * with a wait. */
+static void wait_info_fill(struct tbd_registry *r, const void *row,
+                           void *info) {
+  const struct tbd_wait *w = (*(struct tbd_session *const *)row)->wait;
+  Tensorbroker__V1__WaitInfo *wi = info;
   uint64_t now = tbd__now(r);
 
   tensorbroker__v1__wait_info__init(wi);
@@ -150,16 +180,14 @@ int tbd__list_waits(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
   Tensorbroker__V1__ListWaitsReply lr =
       TENSORBROKER__V1__LIST_WAITS_REPLY__INIT;
-  Tensorbroker__V1__WaitInfo *infos, **ptrs;
+  struct tbd_list_page page;
   struct tbd_session *t, **all;
   uint64_t after = q != NULL ? q->after_session_id : 0;
-  size_t n = 0, nall = 0, used = 0;
+  size_t nall = 0;
 
-  infos = tbd_calloc(r->nwaits + 1, sizeof(*infos));
-  ptrs = tbd_calloc(r->nwaits + 1, sizeof(*ptrs));
   all = tbd_calloc(r->nwaits + 1, sizeof(*all));
-  if (infos == NULL || ptrs == NULL || all == NULL)
-    goto out_nomem;
+  if (all == NULL)
+    return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   for (t = r->sessions; t != NULL && nall < r->nwaits; t = t->hh.next)
     if (t->wait != NULL && t->id > after &&
         tbd__access_sees(r, s, t,
@@ -168,33 +196,22 @@ int tbd__list_waits(struct tbd_registry *r, struct tbd_session *s,
                              : tbd__channel_find(r, t->wait->q->name)))
       all[nall++] = t;
   qsort(all, nall, sizeof(*all), tbd__session_ptr_cmp);
-  for (size_t k = 0; k < nall; k++) {
-    Tensorbroker__V1__WaitInfo *wi = &infos[n];
-
-    wait_info_fill(r, all[k]->wait, wi);
-    used += tensorbroker__v1__wait_info__get_packed_size(wi) + 8;
-    if (used > TBD_LIST_ROOM(r)) {
-      lr.more = true;
-      break;
-    }
-    ptrs[n++] = wi;
+  if (tbd__list_page(r, all, nall, sizeof(*all),
+                     sizeof(Tensorbroker__V1__WaitInfo), wait_info_fill,
+                     &page) < 0) {
+    tbd_free(all);
+    return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   }
   rep.request_id = id;
   rep.body_case = TENSORBROKER__V1__REPLY__BODY_LIST_WAITS;
   rep.list_waits = &lr;
-  lr.n_waits = n;
-  lr.waits = ptrs;
+  lr.n_waits = page.n;
+  lr.waits = (Tensorbroker__V1__WaitInfo **)page.ptrs;
+  lr.more = page.more;
   tbd__send_reply(r, s, &rep, NULL, 0);
-  tbd_free(infos);
-  tbd_free(ptrs);
+  tbd__list_page_free(&page);
   tbd_free(all);
   return 0;
-
-out_nomem:
-  tbd_free(infos);
-  tbd_free(ptrs);
-  tbd_free(all);
-  return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
 }
 
 /* ---- drop ---- */

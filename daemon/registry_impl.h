@@ -488,6 +488,26 @@ void tbd__new_version_notify(struct tbd_registry *r, struct tbd_session *s,
  * one per session). */
 int tbd__session_ptr_cmp(const void *a, const void *b);
 
+/* A page of a list reply: entries (protobuf-c messages of one type) made
+ * from rows, as many as fit one datagram, and pointers to them. */
+struct tbd_list_page {
+  void *infos;  /* the entries */
+  void **ptrs;  /* ptrs[i] = entry i, for the reply's repeated field */
+  size_t n;     /* entries that fit */
+  bool more;    /* rows were left out: the client asks again after the
+                 * last one */
+};
+/* Make the page of nrows rows (row_size bytes apart, sorted, after the
+ * cursor): fill(r, row, info) makes the entry (info_size bytes) of each
+ * row in turn until they no longer fit TBD_LIST_ROOM. 0, or TB_ENOMEM
+ * with nothing allocated. Free with tbd__list_page_free after sending. */
+int tbd__list_page(struct tbd_registry *r, const void *rows, size_t nrows,
+                   size_t row_size, size_t info_size,
+                   void (*fill)(struct tbd_registry *r, const void *row,
+                                void *info),
+                   struct tbd_list_page *out);
+void tbd__list_page_free(struct tbd_list_page *p);
+
 /* The acquires parked on name (0 when none). */
 uint32_t tbd__waiters(struct tbd_registry *r, const char *name);
 /* Answer ListLeases, ListWaits and DropChannel (always with a reply);
