@@ -26,42 +26,18 @@
 /* Make the socket path ours: refuse if a daemon answers there or the path
  * is not a socket, remove a stale socket file. */
 static int claim_path(const char *path) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  struct stat st;
-  int fd, rc;
+  bool stale;
+  int rc = tbd_socket_path_claim(path, SOCK_SEQPACKET, &stale);
 
-  if (lstat(path, &st) < 0) {
-    if (errno == ENOENT)
-      return 0;
-    tbd_error("%s: %s", path, strerror(errno));
-    return -1;
-  }
-  if (!S_ISSOCK(st.st_mode)) {
+  if (rc == -EEXIST)
     tbd_error("%s exists and is not a socket; not replacing it", path);
-    return -1;
-  }
-  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    tbd_error("socket: %s", strerror(errno));
-    return -1;
-  }
-  memcpy(sa.sun_path, path, strlen(path));
-  rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
-  close(fd);
-  if (rc == 0) {
+  else if (rc == -EADDRINUSE)
     tbd_error("another daemon is listening on %s; not starting", path);
-    return -1;
-  }
-  if (errno != ECONNREFUSED) {
-    tbd_error("cannot check %s: %s", path, strerror(errno));
-    return -1;
-  }
-  tbd_info("removing stale socket %s", path);
-  if (unlink(path) < 0 && errno != ENOENT) {
-    tbd_error("unlink %s: %s", path, strerror(errno));
-    return -1;
-  }
-  return 0;
+  else if (rc < 0)
+    tbd_error("cannot claim %s: %s", path, strerror(-rc));
+  else if (stale)
+    tbd_info("removing stale socket %s", path);
+  return rc < 0 ? -1 : 0;
 }
 
 static int listen_on(const struct tbd_options *o) {

@@ -23,6 +23,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "registry.h"
+#include "server.h"
 
 enum conn_state { READING, WRITING, DRAINING };
 
@@ -410,35 +411,12 @@ static void on_connection(uv_stream_t *server, int status) {
 
 /* ---- the listener ---- */
 
-/* Make path ours, as the daemon's own socket (main.c): refuse when it is
- * not a socket or something answers there, remove a stale one. */
-static int claim_path(const char *path) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  struct stat st;
-  int fd, rc;
-
-  if (lstat(path, &st) < 0)
-    return errno == ENOENT ? 0 : -errno;
-  if (!S_ISSOCK(st.st_mode))
-    return -EEXIST;
-  fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return -errno;
-  memcpy(sa.sun_path, path, strlen(path));
-  rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
-  close(fd);
-  if (rc == 0)
-    return -EADDRINUSE;
-  if (errno != ECONNREFUSED)
-    return -errno;
-  return unlink(path) < 0 && errno != ENOENT ? -errno : 0;
-}
-
 static int listen_unix(struct tbd_http *h, unsigned mode) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   const char *path = h->addr.path;
   mode_t old;
-  int fd, rc = claim_path(path);
+  bool stale;
+  int fd, rc = tbd_socket_path_claim(path, SOCK_STREAM, &stale);
 
   if (rc < 0) {
     tbd_error("--metrics-listen unix:%s: %s", path,

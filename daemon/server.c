@@ -18,6 +18,8 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -903,4 +905,32 @@ void tbd_server_free(struct tbd_server *srv) {
   if (srv->reserve_fd >= 0)
     close(srv->reserve_fd);
   srv->reserve_fd = -1;
+}
+
+int tbd_socket_path_claim(const char *path, int type, bool *stale) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  struct stat st;
+  int fd, rc;
+
+  *stale = false;
+  if (strlen(path) >= sizeof(sa.sun_path))
+    return -ENAMETOOLONG;
+  if (lstat(path, &st) < 0)
+    return errno == ENOENT ? 0 : -errno;
+  if (!S_ISSOCK(st.st_mode))
+    return -EEXIST;
+  fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  memcpy(sa.sun_path, path, strlen(path));
+  rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+  close(fd);
+  if (rc == 0)
+    return -EADDRINUSE;
+  if (errno != ECONNREFUSED)
+    return -errno;
+  if (unlink(path) < 0 && errno != ENOENT)
+    return -errno;
+  *stale = true;
+  return 0;
 }

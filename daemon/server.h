@@ -5,6 +5,7 @@
 #ifndef TBD_SERVER_H
 #define TBD_SERVER_H
 
+#include <stdbool.h>
 #include <uv.h>
 
 #include "config.h"
@@ -62,5 +63,12 @@ void tbd_server_free(struct tbd_server *srv);
 /* The emit callback the registry uses (exposed for the tests). */
 void tbd_server_emit(void *ud, struct tbd_session *s,
                      const tb__server_message *m, const int *fds, int nfds);
+
+/* Make the Unix socket path ours for a listener of type (SOCK_SEQPACKET
+ * for the daemon, SOCK_STREAM for the metrics): 0 when nothing is there,
+ * or a stale socket file was (removed; *stale true); -EEXIST when the path
+ * is not a socket, -EADDRINUSE when something answers there, else another
+ * -errno. Nothing is ever replaced but a socket nobody listens on. */
+int tbd_socket_path_claim(const char *path, int type, bool *stale);
 
 #endif /* TBD_SERVER_H */
