@@ -15,6 +15,7 @@
 #include <tensorbroker/errors.h>
 
 #include "alloc.h"
+#include "config.h"
 
 enum princ_kind { P_UID, P_GID, P_OWNER, P_ANY };
 
@@ -90,20 +91,6 @@ static void section_name(const char *prefix, char *buf, size_t len) {
     snprintf(buf, len, "[access \"%s\"]", prefix);
 }
 
-static int parse_id(const char *s, uint32_t *out) {
-  char *end;
-  unsigned long v;
-
-  if (*s < '0' || *s > '9')
-    return -1;
-  errno = 0;
-  v = strtoul(s, &end, 10);
-  if (errno != 0 || *end != '\0' || v >= UINT32_MAX)
-    return -1;
-  *out = (uint32_t)v;
-  return 0;
-}
-
 /* getpwnam_r and getgrnam_r want a buffer whose size sysconf suggests, and
  * say ERANGE when a group has more members than that holds. */
 static int resolve(bool group, const char *name, uint32_t *out) {
@@ -161,7 +148,7 @@ static int parse_princ(const char *tok, bool operators, struct princ *p,
   }
   if (strncmp(tok, "uid:", 4) == 0 || strncmp(tok, "gid:", 4) == 0) {
     p->kind = tok[0] == 'u' ? P_UID : P_GID;
-    if (parse_id(colon + 1, &p->id) < 0) {
+    if (tbd_parse_u32(colon + 1, 10, 0, UINT32_MAX - 1, &p->id) < 0) {
       snprintf(err, errlen, "'%s': '%s' is not a number", tok, colon + 1);
       return -1;
     }

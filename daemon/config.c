@@ -2,7 +2,9 @@
 /* Limits and their defaults. */
 #include "config.h"
 
+#include <errno.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "tb_proto.h"
 
@@ -109,4 +111,19 @@ int tbd_limit_needs_restart(const struct tbd_limit_desc *d) {
   default:
     return 0;
   }
+}
+
+int tbd_parse_u32(const char *s, int base, uint32_t min, uint32_t max,
+                  uint32_t *out) {
+  char *end;
+  unsigned long v;
+
+  if (s == NULL || *s < '0' || *s > '9')
+    return -1;
+  errno = 0;
+  v = strtoul(s, &end, base);
+  if (errno != 0 || *end != '\0' || v < min || v > max)
+    return -1;
+  *out = (uint32_t)v;
+  return 0;
 }

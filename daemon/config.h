@@ -83,4 +83,10 @@ uint32_t *tbd_limit_field(struct tbd_limits *l, const struct tbd_limit_desc *d);
  * max-metadata) and the descriptor budget (max-fds, fd-reserve). */
 int tbd_limit_needs_restart(const struct tbd_limit_desc *d);
 
+/* A number in base (8, 10) in [min, max] from all of s, which must start
+ * with a digit (no sign, no space): 0, or -1 with *out untouched. Options,
+ * access rules and listen addresses read their numbers with it. */
+int tbd_parse_u32(const char *s, int base, uint32_t min, uint32_t max,
+                  uint32_t *out);
+
 #endif /* TBD_CONFIG_H */

@@ -20,6 +20,7 @@
 #include <tensorbroker/errors.h>
 
 #include "alloc.h"
+#include "config.h"
 #include "log.h"
 #include "metrics.h"
 #include "registry.h"
@@ -51,25 +52,12 @@ struct tbd_http_conn {
 
 /* ---- the address ---- */
 
-static int parse_port(const char *s, uint16_t *port) {
-  char *end;
-  unsigned long v;
-
-  if (*s < '0' || *s > '9')
-    return -1;
-  errno = 0;
-  v = strtoul(s, &end, 10);
-  if (errno != 0 || *end != '\0' || v > 65535)
-    return -1;
-  *port = (uint16_t)v;
-  return 0;
-}
 
 static int parse_tcp(const char *s, struct tbd_http_addr *a, char *why,
                      size_t whylen) {
   char host[64];
   const char *colon;
-  uint16_t port;
+  uint32_t port;
   size_t n;
 
   if (s[0] == '[') {
@@ -85,7 +73,8 @@ static int parse_tcp(const char *s, struct tbd_http_addr *a, char *why,
       goto out_form;
     n = (size_t)(colon - s);
   }
-  if (n == 0 || n >= sizeof(host) || parse_port(colon + 1, &port) < 0)
+  if (n == 0 || n >= sizeof(host) ||
+      tbd_parse_u32(colon + 1, 10, 0, 65535, &port) < 0)
     goto out_form;
   memcpy(host, s, n);
   host[n] = '\0';
@@ -97,7 +86,7 @@ static int parse_tcp(const char *s, struct tbd_http_addr *a, char *why,
     if ((ntohl(in->sin_addr.s_addr) >> 24) != 127)
       goto out_remote;
     in->sin_family = AF_INET;
-    in->sin_port = htons(port);
+    in->sin_port = htons((uint16_t)port);
   } else {
     struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&a->sa;
     if (inet_pton(AF_INET6, host, &in6->sin6_addr) != 1)
@@ -105,7 +94,7 @@ static int parse_tcp(const char *s, struct tbd_http_addr *a, char *why,
     if (!IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
       goto out_remote;
     in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(port);
+    in6->sin6_port = htons((uint16_t)port);
   }
   a->kind = TBD_HTTP_TCP;
   return 0;

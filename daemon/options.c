@@ -73,21 +73,6 @@ static int errf(char *err, size_t n, const char *fmt, ...) {
   return -1;
 }
 
-static int parse_u32(const char *s, int base, unsigned long min,
-                     unsigned long max, uint32_t *out) {
-  char *end;
-  unsigned long v;
-
-  if (s == NULL || *s == '\0' || *s == '-' || *s == '+')
-    return -1;
-  errno = 0;
-  v = strtoul(s, &end, base);
-  if (errno != 0 || *end != '\0' || v < min || v > max)
-    return -1;
-  *out = (uint32_t)v;
-  return 0;
-}
-
 static int parse_bool(const char *s, uint32_t *out) {
   static const char *const yes[] = {"yes", "true", "on", "1"};
   static const char *const no[] = {"no", "false", "off", "0"};
@@ -115,7 +100,7 @@ static int set_socket_mode(struct tbd_options *o, const char *v, char *err,
                            size_t n) {
   uint32_t m;
 
-  if (parse_u32(v, 8, 0, 0777, &m) < 0)
+  if (tbd_parse_u32(v, 8, 0, 0777, &m) < 0)
     return errf(err, n, "socket-mode: '%s' is not an octal mode 0..0777", v);
   o->mode = m;
   return 0;
@@ -133,7 +118,7 @@ static int set_ready_fd(struct tbd_options *o, const char *v, char *err,
                         size_t n) {
   uint32_t fd;
 
-  if (parse_u32(v, 10, 0, INT_MAX, &fd) < 0)
+  if (tbd_parse_u32(v, 10, 0, INT_MAX, &fd) < 0)
     return errf(err, n, "ready-fd: '%s' is not a descriptor number", v);
   o->ready_fd = (int)fd;
   return 0;
@@ -192,7 +177,7 @@ static int set_limit(struct tbd_options *o, const struct tbd_limit_desc *d,
     o->lim.busy_poll_auto = 1;
     return 0;
   }
-  if (parse_u32(v, 10, d->min, d->max, &x) < 0)
+  if (tbd_parse_u32(v, 10, d->min, d->max, &x) < 0)
     return errf(err, n, "%s: '%s' is not a number in %u..%u%s", d->flag, v,
                 d->min, d->max, busy_poll ? " or 'auto'" : "");
   if (busy_poll)
