@@ -241,6 +241,25 @@ int tb__cuda_find_uuid(const uint8_t uuid[16], int *ordinal, char *why,
   return TB_EDEVICE;
 }
 
+/* 0 when ordinal names one of this process's visible devices, else
+ * TB_EDEVICE (or the driver's failure) with why. */
+static int ordinal_visible(const struct tb_cuda *cu, int ordinal, char *why,
+                           size_t whylen) {
+  tb_cu_result r;
+  int n = 0;
+
+  r = cu->cuDeviceGetCount(&n);
+  if (r != 0)
+    return tb__cu_fail(why, whylen, "cuDeviceGetCount", r);
+  if (ordinal < 0 || ordinal >= n) {
+    tb__cu_why(why, whylen,
+           "device %d is not among this process's %d visible CUDA devices",
+           ordinal, n);
+    return TB_EDEVICE;
+  }
+  return 0;
+}
+
 int tb__cuda_device_uuid(int ordinal, uint8_t uuid[16], char *why,
                          size_t whylen) {
   const struct tb_cuda *cu;
@@ -259,15 +278,9 @@ int tb__cuda_device_uuid(int ordinal, uint8_t uuid[16], char *why,
   pthread_mutex_unlock(&tb_uuid_lock);
   if (ordinal >= 0 && ordinal < n)
     return 0;
-  r = cu->cuDeviceGetCount(&n);
-  if (r != 0)
-    return tb__cu_fail(why, whylen, "cuDeviceGetCount", r);
-  if (ordinal < 0 || ordinal >= n) {
-    tb__cu_why(why, whylen,
-           "device %d is not among this process's %d visible CUDA devices",
-           ordinal, n);
-    return TB_EDEVICE;
-  }
+  rc = ordinal_visible(cu, ordinal, why, whylen);
+  if (rc != 0)
+    return rc;
   r = cu->cuDeviceGet(&dev, ordinal);
   if (r != 0)
     return tb__cu_fail(why, whylen, "cuDeviceGet", r);
@@ -360,20 +373,14 @@ int tb__cuda_device_enter(int ordinal, struct tb__cuda_devctx *d, char *why,
   tb_cu_context cur = NULL, ctx;
   tb_cu_device dev, cur_dev;
   tb_cu_result r;
-  int n = 0, rc;
+  int rc;
 
   rc = tb__cu_get(&cu, why, whylen);
   if (rc != 0)
     return rc;
-  r = cu->cuDeviceGetCount(&n);
-  if (r != 0)
-    return tb__cu_fail(why, whylen, "cuDeviceGetCount", r);
-  if (ordinal < 0 || ordinal >= n) {
-    tb__cu_why(why, whylen,
-           "device %d is not among this process's %d visible CUDA devices",
-           ordinal, n);
-    return TB_EDEVICE;
-  }
+  rc = ordinal_visible(cu, ordinal, why, whylen);
+  if (rc != 0)
+    return rc;
   r = cu->cuCtxGetCurrent(&cur);
   if (r != 0)
     return tb__cu_fail(why, whylen, "cuCtxGetCurrent", r);

@@ -211,11 +211,6 @@ int tb__cuda_open_mem_here(const uint8_t handle[64], int owner, size_t size,
 /* Close a mapping in the context it was opened in (own allocations: no-op). */
 int tb__cuda_close_mem_in(tb_cu_context ctx, tb_cu_deviceptr p);
 
-/* The device ordinal an (already resolved, not no_sync) stream runs on:
- * an explicit stream's context's device, or the current context's. */
-int tb__cuda_stream_device(const struct tb__cuda_stream *s, int *ordinal,
-                           char *why, size_t whylen);
-
 /* Whether s captures: 0 no (no_sync streams: 0), 1 yes; TB_ECAPTURE when
  * touching s would invalidate a capture (the legacy stream while this
  * thread captures) or it is already invalidated; what: the operation, for

@@ -325,7 +325,8 @@ int tb__cuda_acquire(struct tb_client *c, struct tb__cuda_map *m,
   if (rc < 0)
     return tb__set_error(c, rc, "%s", why);
   if (!s.no_sync) {
-    rc = tb__cuda_stream_device(&s, &sdev, why, sizeof(why));
+    tb_cu_context sctx;
+    rc = tb__cuda_stream_ident(&s, &sctx, &sdev, why, sizeof(why));
     if (rc < 0) {
       rc = tb__set_error(c, rc, "%s", why);
       goto out_leave;

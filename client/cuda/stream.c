@@ -162,25 +162,6 @@ int tb__cu_stream_idle(const struct tb_cuda *cu, tb_cu_stream s) {
   return cu->cuStreamQuery(s) == TB_CUDA_SUCCESS;
 }
 
-int tb__cuda_stream_device(const struct tb__cuda_stream *s, int *ordinal,
-                           char *why, size_t whylen) {
-  const struct tb_cuda *cu;
-  struct tb__cu_ctx_saved saved;
-  tb_cu_device d;
-  tb_cu_result r;
-  int rc;
-
-  rc = tb__cu_stream_enter(s, NULL, &cu, &saved, why, whylen);
-  if (rc != 0)
-    return rc;
-  r = cu->cuCtxGetDevice(&d);
-  tb__cu_ctx_leave(cu, &saved);
-  if (r != 0)
-    return tb__cu_fail(why, whylen, "cuCtxGetDevice", r);
-  *ordinal = d;
-  return 0;
-}
-
 int tb__cuda_capturing(const struct tb__cuda_stream *s, const char *what,
                        char *why, size_t whylen) {
   const struct tb_cuda *cu;
