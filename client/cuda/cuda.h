@@ -113,6 +113,11 @@ int tb__cuda_record(tb_cu_event ev, const struct tb__cuda_stream *s,
                     int may_skip, int *complete, int *skipped, char *why,
                     size_t whylen);
 
+/* Whether ev's latest record has completed (cuEventQuery succeeded), asked
+ * in ctx (NULL: the current one) and in relaxed capture mode, so that it
+ * never touches a capture; 0 when it has not or the query failed. */
+int tb__cuda_event_done(tb_cu_event ev, tb_cu_context ctx);
+
 /* Make s wait for ev. Not capturing: cuStreamWaitEvent(s, ev, 0).
  * Capturing: cuStreamWaitEvent(s, ev, CU_EVENT_WAIT_EXTERNAL), which the
  * capture records as a node that waits for the event's latest record when

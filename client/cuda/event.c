@@ -66,6 +66,21 @@ out_leave:
   return rc;
 }
 
+int tb__cuda_event_done(tb_cu_event ev, tb_cu_context ctx) {
+  const struct tb_cuda *cu;
+  struct tb__cu_ctx_saved saved;
+  int done, mode;
+
+  if (tb__cuda_load(&cu) != 0 ||
+      tb__cu_ctx_enter(cu, ctx, &saved, NULL, 0) != 0)
+    return 0;
+  mode = tb__cu_relaxed_enter(cu);
+  done = cu->cuEventQuery(ev) == TB_CUDA_SUCCESS;
+  tb__cu_relaxed_leave(cu, mode);
+  tb__cu_ctx_leave(cu, &saved);
+  return done;
+}
+
 int tb__cuda_wait(const struct tb__cuda_stream *s, tb_cu_event ev, char *why,
                   size_t whylen) {
   const struct tb_cuda *cu;

@@ -471,27 +471,3 @@ int tb__ci_wait_ready(struct tb_client *c, const struct tb__cuda_map *m,
     return tb__set_error(c, rc, "%s", why);
   return 0;
 }
-
-/* Record the done event of device on s, under the connection lock. */
-int tb__ci_record_done(struct tb__conn *k, int device,
-                       const struct tb__cuda_stream *s, uint64_t *id) {
-  struct tb__cuda_ev *e, *found = NULL;
-  int rc = 0;
-
-  *id = 0;
-  pthread_mutex_lock(&k->lock);
-  if (K_CUDA(k) != NULL) {
-    LL_FOREACH(K_CUDA(k)->done, e) {
-      if (e->device == device)
-        found = e;
-    }
-  }
-  if (found != NULL) {
-    int complete = 0;
-    rc = tb__cuda_record(found->ev, s, 1, &complete, NULL, NULL, 0);
-    if (rc == 0 && !complete)
-      *id = found->event_id;
-  }
-  pthread_mutex_unlock(&k->lock);
-  return rc;
-}

@@ -175,6 +175,98 @@ static int lease_target_locked(struct tb__conn *k, struct tb__cuda_acq *a,
   return rc;
 }
 
+/* Whether s (resolved, its context known) is the stream of e's latest
+ * record: the same handle in the same context, and for a per-thread
+ * default stream the same thread. */
+static int done_last_on(const struct tb__cuda_ev *e,
+                        const struct tb__cuda_stream *s) {
+  return e->last.stream == s->stream && e->last.ctx == s->ctx &&
+         (s->stream != TB_CU_STREAM_PER_THREAD ||
+          pthread_equal(e->last_thread, pthread_self()));
+}
+
+int tb__ci_done_record_locked(struct tb__conn *k, struct tb__cuda_ev *e,
+                              const struct tb__cuda_stream *target,
+                              int *complete, char *why, size_t whylen) {
+  struct tb__cuda_stream t = *target;
+  struct tb__cuda_conn *cc;
+  struct tb__cuda_join *j;
+  int device, skipped = 0, rc;
+
+  *complete = 0;
+  if (t.no_sync)
+    return 0;
+  if (t.ctx == NULL) {
+    rc = tb__cuda_stream_ident(&t, &t.ctx, &device, why, whylen);
+    if (rc < 0)
+      return rc;
+  }
+  /* CUDA waits for an event's latest record only. Records on one stream
+   * are ordered, so there the latest covers the earlier ones; one on
+   * another stream would not, and a producer waiting after it could
+   * rewrite a version whose reads still run where the event was recorded
+   * before. Unless that earlier record has completed (nothing is left to
+   * cover), the record goes on the join stream, after a wait for the
+   * event's previous record and for target's work. A capturing target
+   * records into its capture, as before (the copy of
+   * TB_ACQUIRE_COPY_TO_DEVICE; lease ends wait for captures to end). */
+  if (e->last.stream != NULL && !done_last_on(e, &t) &&
+      !tb__cuda_event_done(e->ev, e->last.ctx) &&
+      tb__cuda_capturing(&t, "recording the done event", NULL, 0) == 0) {
+    struct tb__cuda_stream js;
+    tb_cu_event ev;
+
+    cc = tb__ci_conn_cuda_locked(k);
+    if (cc == NULL)
+      return TB_ENOMEM;
+    rc = join_get_locked(cc, e->device, &j, why, whylen);
+    if (rc < 0)
+      return rc;
+    js = (struct tb__cuda_stream){j->stream, 0, 0, j->ctx};
+    rc = tb__cuda_wait(&js, e->ev, why, whylen);
+    if (rc == 0 && t.stream != js.stream) {
+      rc = join_ev_get_locked(cc, t.ctx, &ev, why, whylen);
+      if (rc == 0)
+        rc = tb__cuda_record(ev, &t, 0, NULL, NULL, why, whylen);
+      if (rc == 0)
+        rc = tb__cuda_wait(&js, ev, why, whylen);
+    }
+    if (rc < 0)
+      return rc;
+    t = js;
+  }
+  rc = tb__cuda_record(e->ev, &t, 1, complete, &skipped, why, whylen);
+  if (rc == 0 && !skipped) {
+    e->last = t;
+    e->last_thread = pthread_self();
+  }
+  return rc;
+}
+
+/* Record the done event of device on s, under the connection lock. */
+int tb__ci_record_done(struct tb__conn *k, int device,
+                       const struct tb__cuda_stream *s, uint64_t *id) {
+  struct tb__cuda_ev *e, *found = NULL;
+  int rc = 0;
+
+  *id = 0;
+  pthread_mutex_lock(&k->lock);
+  if (K_CUDA(k) != NULL) {
+    LL_FOREACH(K_CUDA(k)->done, e) {
+      if (e->device == device)
+        found = e;
+    }
+  }
+  if (found != NULL) {
+    int complete = 0;
+    rc = tb__ci_done_record_locked(k, found, s, &complete, NULL, 0);
+    if (rc == 0 && !complete)
+      *id = found->event_id;
+  }
+  pthread_mutex_unlock(&k->lock);
+  return rc;
+}
+
 /* The release's own stream joins the remembered ones: an explicit one
  * always (1 more than the declared maximum fits), NULL only when the lease
  * remembers none (the contract's default then). */
@@ -215,13 +307,13 @@ int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
   rc = lease_target_locked(k, a, &target, why, sizeof(why));
   if (rc != 0 || target.no_sync)
     return rc;
-  /* One done event per device, re-recorded for every release: a producer
-   * that waits on it after a later re-record waits for later work, which
-   * is later than needed but never too early. When the consumer's work
-   * had already finished (its stream idle) the release carries no done
-   * event: the producer has nothing to wait for. */
-  rc = tb__cuda_record(found->ev, &target, 1, &complete, NULL, why,
-                       sizeof(why));
+  /* One done event per device, re-recorded for every release, so that a
+   * producer waiting on it after a later re-record waits for later work
+   * too (tb__ci_done_record_locked). When the consumer's work had already
+   * finished (its stream idle) the release carries no done event: the
+   * producer has nothing to wait for. */
+  rc = tb__ci_done_record_locked(k, found, &target, &complete, why,
+                                 sizeof(why));
   if (rc < 0)
     return rc;
   if (!complete)

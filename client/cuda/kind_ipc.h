@@ -186,6 +186,11 @@ struct tb__cuda_ev {
   int device;
   tb_cu_stream stream; /* ready events: the producer stream it records on */
   int recorded;        /* ready events: recorded at least once */
+  /* done events: the stream of the latest record (last.stream NULL: none
+   * yet) and, for a per-thread default stream, whose it is
+   * (tb__ci_done_record_locked) */
+  struct tb__cuda_stream last;
+  pthread_t last_thread;
 };
 
 /* Another process's event, opened once and kept (and a wait on it costs
@@ -333,6 +338,17 @@ int tb__ci_wait_ready(struct tb_client *c, const struct tb__cuda_map *m,
 /* Record the done event of device on s, under the connection lock. */
 int tb__ci_record_done(struct tb__conn *k, int device,
     const struct tb__cuda_stream *s, uint64_t *id);
+
+/* Record the done event e after the work queued on target (a resolved
+ * stream), so that a wait on e's latest record also waits for everything
+ * its earlier records marked: directly on target when e's previous record
+ * was on that stream or has completed, else on the join stream of e's
+ * device after it waited for that previous record and for target. complete
+ * as tb__cuda_record's (target idle: nothing recorded). Caller holds
+ * k->lock. */
+int tb__ci_done_record_locked(struct tb__conn *k, struct tb__cuda_ev *e,
+                              const struct tb__cuda_stream *target,
+                              int *complete, char *why, size_t whylen);
 
 /* kind.h, publish: the allocation holding start, registered once; the
  * ready event of (device, stream) recorded. */

@@ -241,6 +241,10 @@ struct CUevent_st {
   unsigned long long capture_id;
   char name[48];
   char recorded_on[24];
+  /* busy mode: its latest record has been waited for by the host
+   * (cuEventSynchronize, or a synchronize of its stream or context), so
+   * cuEventQuery says it completed; a new record clears it */
+  int synced;
 };
 
 struct CUgraph_st {
@@ -315,6 +319,7 @@ static unsigned long long fk_event_ids, fk_buffer_ids, fk_graph_ids,
 
 static struct CUstream_st *fk_streams;
 static struct CUevent_st *fk_events;
+static void fk_events_synced(const char *on);
 static struct CUgraph_st *fk_graphs;
 static struct CUgraphExec_st *fk_execs;
 static struct fk_mem *fk_mems;
@@ -944,6 +949,8 @@ FK_EXPORT CUresult cuCtxSynchronize(void) {
   r = fk_need_ctx();
   if (r == FK_SUCCESS)
     r = fk_unsafe("cuCtxSynchronize");
+  if (r == FK_SUCCESS)
+    fk_events_synced(NULL);
   fk_log(r, "ctx-synchronize");
   pthread_mutex_unlock(&fk_lock);
   return r;
@@ -1999,6 +2006,7 @@ static CUresult fk_record(CUevent e, CUstream s, unsigned flags) {
       e->capture_id = (flags & FK_EVENT_RECORD_EXTERNAL) ? 0 : st->capture_id;
     } else {
       e->capture_id = 0;
+      e->synced = 0;
       snprintf(e->recorded_on, sizeof(e->recorded_on), "%s",
                fk_stream_label(s));
     }
@@ -2035,10 +2043,20 @@ FK_EXPORT CUresult cuEventQuery(CUevent hEvent) {
     r = fk_event_settled(hEvent);
   if (r == FK_SUCCESS)
     r = fk_unsafe("cuEventQuery");
-  if (r == FK_SUCCESS && atomic_load(&fk_busy_on))
+  if (r == FK_SUCCESS && atomic_load(&fk_busy_on) && !hEvent->synced)
     r = FK_ERROR_NOT_READY;
   pthread_mutex_unlock(&fk_lock);
   return r;
+}
+
+/* Busy mode: the host has waited for the latest record of every event
+ * recorded on the stream labelled on (NULL: on any stream). */
+static void fk_events_synced(const char *on) {
+  for (struct CUevent_st *e = fk_events; e != NULL; e = e->next) {
+    if (!e->destroyed && e->capture_id == 0 && e->recorded_on[0] != '\0' &&
+        (on == NULL || strcmp(e->recorded_on, on) == 0))
+      e->synced = 1;
+  }
 }
 
 FK_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
@@ -2050,6 +2068,8 @@ FK_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
     r = fk_event_settled(hEvent);
   if (r == FK_SUCCESS)
     r = fk_unsafe("cuEventSynchronize");
+  if (r == FK_SUCCESS)
+    hEvent->synced = 1;
   fk_log(r, "event-synchronize %s", fk_event_label(hEvent));
   pthread_mutex_unlock(&fk_lock);
   return r;
@@ -2244,6 +2264,8 @@ FK_EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
     r = fk_stream_settled(st, "cuStreamSynchronize");
   if (r == FK_SUCCESS)
     r = fk_unsafe("cuStreamSynchronize");
+  if (r == FK_SUCCESS)
+    fk_events_synced(fk_stream_label(hStream));
   fk_log(r, "stream-synchronize %s", fk_stream_label(hStream));
   pthread_mutex_unlock(&fk_lock);
   return r;

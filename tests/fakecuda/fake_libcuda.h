@@ -38,6 +38,10 @@
  * cuStreamQuery and cuEventQuery answer CUDA_ERROR_NOT_READY, so the library
  * believes work is in flight: it never skips a done or ready event record
  * and never marks a version complete. Tests of event bookkeeping use it.
+ * An event whose latest record the host has waited for (cuEventSynchronize,
+ * or cuStreamSynchronize of the stream it was recorded on, or
+ * cuCtxSynchronize) queries as complete until it is recorded again;
+ * streams stay busy.
  *
  * ---- The call log ------------------------------------------------------
  *

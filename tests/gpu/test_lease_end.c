@@ -14,6 +14,11 @@
  *
  *  - joined: acquired on s1, tb_lease_wait(t, s2), reads on both, plain
  *    deleter: the done event must follow both streams;
+ *  - two leases: a second lease of version 1, acquired on s2 and read
+ *    briefly there, ends after the first (whose done event was recorded
+ *    behind the 300 ms read on s1): the consumer's one done event is then
+ *    re-recorded, and the producer, waiting for its latest record only,
+ *    must still wait for s1's read (recorded on s2 alone, it would not);
  *  - capture: a read on s, then s begins a graph capture (global mode) and
  *    the deleter runs inside it: the capture must stay valid, the lease
  *    must stay held (the producer's tb_wait_free(v1, 0) is TB_EBUSY) until
@@ -35,7 +40,7 @@
 #define TWO 0x22222222u
 #define CH "gpu/lease_end"
 
-enum lease_case { CASE_JOINED, CASE_CAPTURE };
+enum lease_case { CASE_JOINED, CASE_TWO_LEASES, CASE_CAPTURE };
 
 static struct tbt_daemon daemon_;
 
@@ -87,6 +92,12 @@ static int consumer(struct tbt_chan *ch, void *arg) {
     TBG_OK(c, tb_lease_wait(t, s2));
     tbg_spin_count_async(&g, p, ONE, N, SPIN_MS, k2, s2);
     t->deleter(t);
+  } else if (*lc == CASE_TWO_LEASES) {
+    DLManagedTensorVersioned *t2 = NULL;
+    TBG_OK(c, tbg_acquire(c, CH, TB_ACQUIRE_EXACT, v1, s2, &t2));
+    t->deleter(t); /* its done event behind the long read on s1 */
+    tbg_spin_count_async(&g, tbg_tensor_ptr(t2, N), ONE, N, 1, k2, s2);
+    t2->deleter(t2); /* re-recorded after s2's short read */
   } else if (*lc == CASE_CAPTURE) {
     void *graph = NULL;
     TBG_CU(g.cu->cuStreamBeginCapture(s1, TB_CU_STREAM_CAPTURE_MODE_GLOBAL));
@@ -107,7 +118,7 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   /* the reads ran on streams that finished before the rewrite, or not */
   TBG_CU(g.cu->cuCtxSynchronize());
   TBG_CU(g.cu->cuMemcpyDtoH(&bad1, k1, 4));
-  if (*lc == CASE_JOINED)
+  if (*lc != CASE_CAPTURE)
     TBG_CU(g.cu->cuMemcpyDtoH(&bad2, k2, 4));
   fprintf(stderr, "consumer: %u and %u of %u words overwritten under the "
           "reads\n", bad1, bad2, N);
@@ -146,9 +157,15 @@ static void joined(void **state) {
   run(CASE_JOINED);
 }
 
+static void two_leases(void **state) {
+  (void)state;
+  run(CASE_TWO_LEASES);
+}
+
 static void capture(void **state) {
   (void)state;
   run(CASE_CAPTURE);
 }
 
-TBG_MAIN(cmocka_unit_test(joined), cmocka_unit_test(capture))
+TBG_MAIN(cmocka_unit_test(joined), cmocka_unit_test(two_leases),
+         cmocka_unit_test(capture))

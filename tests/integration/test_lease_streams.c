@@ -76,6 +76,45 @@ static size_t done_records(void) {
   return n;
 }
 
+/* Every record of the done event on another stream than its previous
+ * record must come after a wait of that stream on the event: CUDA waits
+ * for an event's latest record only, so a record that does not follow the
+ * previous one would let a producer waiting on it rewrite a version whose
+ * reads, marked by the previous record, still run. Checks the log since
+ * its last clear. */
+static void assert_records_cover(void) {
+  char text[16384], rec[80], prev[32] = "", body[128];
+  const char *line, *since = NULL;
+
+  fk->log_read(text, sizeof(text));
+  snprintf(rec, sizeof(rec), "record %s on ", done_ev);
+  for (line = text; line != NULL && *line != '\0';) {
+    const char *b;
+    size_t len, rl = strlen(rec);
+    if (fakecuda_line_body(line, 0, &b, &len) && len > rl &&
+        strncmp(b, rec, rl) == 0) {
+      char on[32];
+      snprintf(on, sizeof(on), "%.*s", (int)(len - rl), b + rl);
+      if (prev[0] != '\0' && strcmp(on, prev) != 0) {
+        char *between = strndup(since, (size_t)(line - since));
+        assert_non_null(between);
+        snprintf(body, sizeof(body), "wait %s on %s", on, done_ev);
+        if (fakecuda_text_count(between, 0, body) == 0) {
+          show_log();
+          fail_msg("%s recorded on %s after a record on %s, with no \"%s\" "
+                   "in between", done_ev, on, prev, body);
+        }
+        free(between);
+      }
+      snprintf(prev, sizeof(prev), "%s", on);
+      since = line;
+    }
+    line = strchr(line, '\n');
+    if (line != NULL)
+      line++;
+  }
+}
+
 static void assert_done_on(const char *stream) {
   char body[128];
   snprintf(body, sizeof(body), "record %s on %s", done_ev, stream);
@@ -169,6 +208,15 @@ static int group_setup(void **state) {
                           sizeof(done_ev)))
     fail_msg("no record on the release stream:\n%s", text);
   producer_reuses(v, 1);
+  return 0;
+}
+
+/* Before each case: the consumer's earlier reads are over (the done
+ * event's latest record has completed, as the fake says once the host
+ * synchronised), so the case's record may go straight on its stream. */
+static int settled(void **state) {
+  (void)state;
+  assert_int_equal(cu->cuCtxSynchronize(), 0);
   return 0;
 }
 
@@ -304,6 +352,7 @@ static void per_thread_stream(void **state) {
   assert_done_on("ptds");
   producer_reuses(v, 1);
 
+  (void)settled(NULL);
   v = publish();
   t = acquire(v, TB_STREAM_NO_SYNC);
   assert_int_equal(tb_lease_wait(t, TB_STREAM_PER_THREAD), 0);
@@ -410,6 +459,49 @@ static void disconnect_with_lease(void **state) {
   assert_int_equal(fk->log_count(body), 0);
 }
 
+/* Two leases read on two streams end one after the other while the first
+ * stream's reads still run (busy): the second record must cover the first
+ * lease too, since the producer waits for the event's latest record only.
+ * It goes on the join stream, after a wait for the first record and for
+ * the second stream; the producer's wait for the first version, made after
+ * both releases, then waits for the first stream's reads. */
+static void leases_on_two_streams(void **state) {
+  (void)state;
+  tb_cu_stream a = new_stream(), b = new_stream();
+  char text[16384], join[32], body[128], jev[64], suffix[64];
+  uint64_t v1 = publish();
+  DLManagedTensorVersioned *t1 = acquire(v1, a);
+  uint64_t v2 = publish();
+  DLManagedTensorVersioned *t2 = acquire(v2, b);
+
+  fk->log_clear();
+  assert_int_equal(tb_release(t1, TB_STREAM_DEFAULT), 0);
+  assert_done_on(sname(a)); /* the earlier record had completed */
+  assert_int_equal(tb_release(t2, TB_STREAM_DEFAULT), 0);
+  assert_records_cover();
+  assert_int_equal(done_records(), 2);
+  fk->log_read(text, sizeof(text));
+  /* J: the stream that waited on the done event */
+  snprintf(body, sizeof(body), " on %s", done_ev);
+  snprintf(suffix, sizeof(suffix), " on %s", sname(b));
+  if (!fakecuda_text_find(text, 0, "wait ", body, join, sizeof(join)) ||
+      !fakecuda_text_find(text, 0, "record ", suffix, jev, sizeof(jev))) {
+    show_log();
+    fail_msg("no join of the two streams");
+  }
+  assert_string_not_equal(join, sname(a));
+  assert_string_not_equal(join, sname(b));
+  snprintf(body, sizeof(body), "wait %s on %s", join, jev);
+  assert_int_equal(fakecuda_text_count(text, 0, body), 1);
+  snprintf(body, sizeof(body), "record %s on %s", done_ev, join);
+  assert_int_equal(fakecuda_text_count(text, 0, body), 1);
+  producer_reuses(v1, 1);
+  fk->log_clear();
+  assert_int_equal(tb_wait_free(prod, CH, v2, TBT_TIMEOUT_MS, sp), 0);
+  snprintf(body, sizeof(body), "wait %s on %s", sname(sp), done_ev);
+  assert_int_equal(fk->log_count(body), 1);
+}
+
 /* Bad input: a ninth declared stream is refused and changes nothing. */
 static void too_many_streams(void **state) {
   (void)state;
@@ -438,17 +530,18 @@ static void too_many_streams(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(release_on_acquire_stream),
-      cmocka_unit_test(deleter_after_lease_wait),
-      cmocka_unit_test(deleter_after_lease_use),
-      cmocka_unit_test(several_streams_join),
-      cmocka_unit_test(release_riding_on_acquire),
-      cmocka_unit_test(per_thread_stream),
-      cmocka_unit_test(no_stream_declared),
-      cmocka_unit_test(deleter_without_streams),
-      cmocka_unit_test(capturing_at_end),
-      cmocka_unit_test(disconnect_with_lease),
-      cmocka_unit_test(too_many_streams),
+      cmocka_unit_test_setup(release_on_acquire_stream, settled),
+      cmocka_unit_test_setup(deleter_after_lease_wait, settled),
+      cmocka_unit_test_setup(deleter_after_lease_use, settled),
+      cmocka_unit_test_setup(several_streams_join, settled),
+      cmocka_unit_test_setup(release_riding_on_acquire, settled),
+      cmocka_unit_test_setup(per_thread_stream, settled),
+      cmocka_unit_test_setup(no_stream_declared, settled),
+      cmocka_unit_test_setup(deleter_without_streams, settled),
+      cmocka_unit_test_setup(capturing_at_end, settled),
+      cmocka_unit_test_setup(disconnect_with_lease, settled),
+      cmocka_unit_test_setup(leases_on_two_streams, settled),
+      cmocka_unit_test_setup(too_many_streams, settled),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -546,7 +546,11 @@ static void done_events(void **state) {
   expect_lines(log_prefixed("event-synchronize "), 0,
                "host waits when a stream was given");
 
-  /* none named, spec contract: the legacy stream, as for a CUDA lease */
+  /* none named, spec contract: the legacy stream, as for a CUDA lease
+   * (after the earlier reads are over: then the record goes straight
+   * there, not on the join stream that would otherwise order it after
+   * them) */
+  assert_int_equal(cu->cuCtxSynchronize(), 0);
   assert_int_equal(tb_acquire(c, CH, &o, &t), 0);
   fk->log_clear();
   assert_int_equal(tb_release(t, NULL), 0);
@@ -651,6 +655,8 @@ static void ring_of_pinned_slots(void **state) {
       assert_int_equal(tb_ring_next(r, 0, NULL, &again), TB_EBUSY);
       check_bytes(held, 4096, 0); /* slot 0 not handed out: unchanged */
       if (fk != NULL) {
+        /* the other frames' reads are over: the record goes on s */
+        assert_int_equal(cu->cuCtxSynchronize(), 0);
         fk->log_clear();
         assert_int_equal(tb_release(held, s), 0);
         recorded_on(fk->stream_name(s), ev, sizeof(ev));

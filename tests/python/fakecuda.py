@@ -46,6 +46,14 @@ def new_stream():
     return s.value
 
 
+def settle():
+    """The host waits for all work of the current context
+    (cuCtxSynchronize): in busy mode the fake then says every event's
+    latest record has completed (streams stay busy), so a consumer's next
+    done event record may go straight on its stream."""
+    check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+
 def stream_name(s):
     """The stream as the log names it (sN, legacy, ...)."""
     return cu.fakecuda_stream_name(s).decode()

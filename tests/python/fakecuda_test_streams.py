@@ -20,7 +20,7 @@ from tbtest import daemon  # noqa: E402
 
 import tensorbroker as tb  # noqa: E402
 
-from fakecuda import (cu, check, make_context_current, new_stream,  # noqa: E402
+from fakecuda import (cu, check, make_context_current, new_stream, settle,  # noqa: E402
                       stream_name as sname, log_text as log, log_count as count,
                       recorded_on,
                       DLDevice, DLDataType, DLManagedTensorVersioned,
@@ -115,6 +115,7 @@ class Pipeline:
         lease.release()
         self.done = recorded_on(sname(s))
         self.reuse(v)
+        settle()  # that read is over: the case's record goes on its stream
 
     def close(self):
         self.cons.close()
@@ -177,6 +178,36 @@ def test_capsule_never_consumed_is_collected():
         del cap
         p.assert_done_on(sname(side))
         p.reuse(v)
+    run(case)
+
+
+def test_two_frames_on_two_side_streams():
+    # a PyTorch-style consumer holds two frames, each read on its own side
+    # stream, and drops them in turn while the first stream's reads still
+    # run (busy): the producer waits for the done event's latest record
+    # only, so that record must come after a wait on the first one
+    def case(p):
+        s1, s2 = new_stream(), new_stream()
+        v1 = p.publish()
+        x1 = ConsumerTensor(p.cons.acquire(CH, exact=v1), s1)
+        v2 = p.publish()
+        x2 = ConsumerTensor(p.cons.acquire(CH, exact=v2), s2)
+        cu.fakecuda_log_clear()
+        x1.drop()
+        x2.drop()
+        prev, since = None, []
+        for body in (line.split(" ", 1)[1] for line in log().splitlines()):
+            if body.startswith("record %s on " % p.done):
+                on = body.rsplit(" ", 1)[1]
+                if prev is not None and on != prev:
+                    assert "wait %s on %s" % (on, p.done) in since, (
+                        "the record on %s does not follow the one on %s"
+                        % (on, prev), log())
+                prev, since = on, []
+            else:
+                since.append(body)
+        assert prev not in (None, sname(s2)), log()
+        p.reuse(v1)
     run(case)
 
 
