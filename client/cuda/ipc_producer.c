@@ -121,8 +121,9 @@ static int alloc_registration(struct tb_client *c, struct tb__cuda_client *cc,
   return 0;
 }
 
-/* The ready event of (device, producer stream), created and registered the
- * first time that stream publishes, then re-recorded for every version the
+/* The ready event of (device, producer stream; for a per-thread default
+ * stream, its thread's), created and registered the first time that stream
+ * publishes, then re-recorded for every version the
  * stream publishes. Re-recording is safe because all records are on one
  * stream: a later record completes only after everything an earlier one
  * marked, so a consumer waiting on the latest record can only wait longer,
@@ -140,7 +141,11 @@ static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
   int rc, ordinal, n = 0;
 
   LL_FOREACH(cc->ready, e) {
-    if (e->device == device && e->stream == stream) {
+    /* each thread's per-thread default stream is a stream of its own:
+     * records of one event on two of them would not be ordered */
+    if (e->device == device && e->stream == stream &&
+        (stream != TB_CU_STREAM_PER_THREAD ||
+         pthread_equal(e->thread, pthread_self()))) {
       *out = e;
       return 0;
     }
@@ -171,6 +176,7 @@ static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
   }
   e->device = device;
   e->stream = stream;
+  e->thread = pthread_self();
   LL_PREPEND(cc->ready, e);
   *out = e;
   return 0;

@@ -185,6 +185,8 @@ struct tb__cuda_ev {
   uint64_t event_id;
   int device;
   tb_cu_stream stream; /* ready events: the producer stream it records on */
+  pthread_t thread;    /* ready events on a per-thread default stream: the
+                        * thread whose stream it is */
   int recorded;        /* ready events: recorded at least once */
   /* done events: the stream of the latest record (last.stream NULL: none
    * yet) and, for a per-thread default stream, whose it is

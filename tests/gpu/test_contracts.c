@@ -10,7 +10,16 @@
  *  PER_THREAD -> the per-thread stream waited: 0 wrong words
  *  NO_SYNC    -> nothing waited: the legacy-stream read is stale (> 0)
  *  EXPLICIT   -> acquire and publish with NULL fail with TB_ESTREAM; with a
- *                stream they work (0 wrong words). */
+ *                stream they work (0 wrong words).
+ *
+ * per_thread_producers: under PER_THREAD two threads of one producer
+ * publish with NULL, each on its own per-thread default stream: thread 1
+ * after a 300 ms rewrite of buffer A, thread 2 (while thread 1 lives) at
+ * once from buffer B. A consumer that then acquires thread 1's version must
+ * wait for thread 1's rewrite: 0 wrong words. One ready event shared by the
+ * two streams would have its latest record on thread 2's stream, and the
+ * read would overtake the rewrite. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -118,6 +127,102 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   return 0;
 }
 
+struct ptds_producer {
+  struct tbg_gpu *g;
+  tb_client *c;
+  tb_cu_deviceptr p;
+  unsigned val, ms;
+  pthread_barrier_t *published, *leave; /* NULL: none */
+  uint64_t v;
+};
+
+static void *publish_on_ptds(void *arg) {
+  struct ptds_producer *a = arg;
+  TBG_CU(a->g->cu->cuCtxSetCurrent(a->g->ctx));
+  if (a->ms > 0)
+    tbg_spin_fill(a->g, a->p, a->val, N, a->ms, TB_CU_STREAM_PER_THREAD);
+  else
+    tbg_fill(a->g, a->p, a->val, N, TB_CU_STREAM_PER_THREAD);
+  a->v = tbg_publish(a->c, a->g, "gpu/ptds", a->p, N, NULL, 4);
+  /* live on while the other thread publishes: an ended thread's
+   * per-thread stream and pthread_t may pass to the next thread */
+  if (a->published != NULL) {
+    pthread_barrier_wait(a->published);
+    pthread_barrier_wait(a->leave);
+  }
+  return NULL;
+}
+
+static int ptds_producer(struct tbt_chan *ch, void *arg) {
+  struct tbg_gpu g;
+  pthread_barrier_t published, leave;
+  pthread_t th[2];
+  (void)arg;
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, "producer", TB_CONTRACT_PER_THREAD);
+  tb_cu_deviceptr a = tbg_alloc(&g, N * 4ull), b = tbg_alloc(&g, N * 4ull);
+  tbg_fill(&g, a, OLD, N, TB_CU_STREAM_LEGACY);
+  TBG_CU(g.cu->cuStreamSynchronize(TB_CU_STREAM_LEGACY));
+  struct ptds_producer t1 = {&g, c, a, 0x600D0001u, SPIN_MS, &published,
+                             &leave, 0};
+  struct ptds_producer t2 = {&g, c, b, 0x600D0002u, 0, NULL, NULL, 0};
+  pthread_barrier_init(&published, NULL, 2);
+  pthread_barrier_init(&leave, NULL, 2);
+  tbg_child_hear(ch, "go", NULL, 0);
+  if (pthread_create(&th[0], NULL, publish_on_ptds, &t1) != 0)
+    TBG_FAIL("pthread_create");
+  pthread_barrier_wait(&published);
+  if (pthread_create(&th[1], NULL, publish_on_ptds, &t2) != 0)
+    TBG_FAIL("pthread_create");
+  pthread_join(th[1], NULL);
+  tbg_child_say(ch, "published %llu %u", (unsigned long long)t1.v, t1.val);
+  tbg_child_hear(ch, "done", NULL, 0);
+  pthread_barrier_wait(&leave);
+  pthread_join(th[0], NULL);
+  tb_client_disconnect(c);
+  return 0;
+}
+
+static int ptds_consumer(struct tbt_chan *ch, void *arg) {
+  struct tbg_gpu g;
+  char line[100], *end;
+  DLManagedTensorVersioned *t = NULL;
+  (void)arg;
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, "consumer", TB_CONTRACT_SPEC);
+  tb_cu_stream mine = tbg_stream(&g, 1);
+  tbg_child_say(ch, "ready");
+  tbg_child_hear(ch, "v", line, sizeof line);
+  unsigned long long ver = strtoull(line, &end, 10);
+  unsigned val = (unsigned)strtoul(end, NULL, 10);
+  TBG_OK(c, tbg_acquire(c, "gpu/ptds", TB_ACQUIRE_EXACT, ver, mine, &t));
+  unsigned bad = tbg_count(&g, tbg_tensor_ptr(t, N), val, N, mine);
+  fprintf(stderr, "consumer: %u of %u words read before thread 1's rewrite "
+          "finished\n", bad, N);
+  if (bad != 0)
+    TBG_FAIL("the wait did not follow the publishing thread's stream");
+  TBG_OK(c, tb_release(t, NULL));
+  tb_client_disconnect(c);
+  tbg_child_say(ch, "ok");
+  return 0;
+}
+
+static void per_thread_producers(void **state) {
+  struct tbt_child p, c;
+  (void)state;
+  tbg_daemon_up(&daemon_);
+  tbg_spawn(&p, ptds_producer, NULL);
+  tbg_spawn(&c, ptds_consumer, NULL);
+  tbg_hear(&c, "consumer", "ready", NULL, 0);
+  tbg_say(&p, "go");
+  tbg_relay(&p, "producer", "published", &c, "v");
+  tbg_hear(&c, "consumer", "ok", NULL, 0);
+  tbg_reap(&c, "consumer");
+  tbg_say(&p, "done");
+  tbg_reap(&p, "producer");
+  tbg_daemon_down(&daemon_);
+}
+
 static void contracts(void **state) {
   static const int order[4] = {TB_CONTRACT_SPEC, TB_CONTRACT_PER_THREAD,
                                TB_CONTRACT_NO_SYNC, TB_CONTRACT_EXPLICIT};
@@ -138,4 +243,4 @@ static void contracts(void **state) {
   tbg_daemon_down(&daemon_);
 }
 
-TBG_MAIN(cmocka_unit_test(contracts))
+TBG_MAIN(cmocka_unit_test(contracts), cmocka_unit_test(per_thread_producers))

@@ -502,6 +502,87 @@ static void leases_on_two_streams(void **state) {
   assert_int_equal(fk->log_count(body), 1);
 }
 
+/* The producer side of the same rule: a ready event is re-recorded for
+ * every version its stream publishes, which is safe only while all its
+ * records are on one stream. Two threads publishing on their per-thread
+ * default streams (the per-thread contract's NULL) publish on two streams,
+ * so they must record two ready events. */
+struct ptds_pub {
+  tb_client *c;
+  tb_cu_deviceptr p;
+  pthread_barrier_t *published, *leave; /* NULL: none */
+  char ev[64];
+  const char *err;
+};
+static void *publish_on_ptds(void *arg) {
+  struct ptds_pub *a = arg;
+  int64_t shape[1] = {NWORDS};
+  DLTensor t;
+  char text[8192];
+  uint64_t v = 0;
+
+  memset(&t, 0, sizeof(t));
+  t.data = (void *)(uintptr_t)a->p;
+  t.device.device_type = kDLCUDA;
+  t.ndim = 1;
+  t.dtype = (DLDataType){kDLUInt, 32, 1};
+  t.shape = shape;
+  if (cu->cuCtxSetCurrent(ctx) != 0)
+    a->err = "cuCtxSetCurrent";
+  fk->log_clear(); /* the log is per process: the threads take turns */
+  if (a->err == NULL && tb_publish(a->c, "fake/ptds", &t, NULL, &v) != 0)
+    a->err = "tb_publish";
+  fk->log_read(text, sizeof(text));
+  if (a->err == NULL &&
+      !fakecuda_text_find(text, 0, "record ", " on ptds", a->ev, sizeof(a->ev)))
+    a->err = "no ready event recorded on ptds";
+  /* stay alive while the other thread publishes: a thread that has ended
+   * may hand its pthread_t to the next one */
+  if (a->published != NULL) {
+    pthread_barrier_wait(a->published);
+    pthread_barrier_wait(a->leave);
+  }
+  return NULL;
+}
+
+static void ready_per_thread_streams(void **state) {
+  (void)state;
+  tb_client *pt = NULL;
+  struct ptds_pub a[2];
+  pthread_barrier_t published, leave;
+  pthread_t th[2];
+
+  assert_int_equal(
+      tbt_connect_contract(&daemon_, "ptds-producer", TB_CONTRACT_PER_THREAD,
+                           &pt),
+      0);
+  assert_int_equal(pthread_barrier_init(&published, NULL, 2), 0);
+  assert_int_equal(pthread_barrier_init(&leave, NULL, 2), 0);
+  memset(a, 0, sizeof(a));
+  for (int i = 0; i < 2; i++) {
+    a[i].c = pt;
+    a[i].p = buf[i];
+  }
+  a[0].published = &published;
+  a[0].leave = &leave;
+  assert_int_equal(pthread_create(&th[0], NULL, publish_on_ptds, &a[0]), 0);
+  pthread_barrier_wait(&published); /* thread 0 published, and lives on */
+  assert_int_equal(pthread_create(&th[1], NULL, publish_on_ptds, &a[1]), 0);
+  assert_int_equal(pthread_join(th[1], NULL), 0);
+  pthread_barrier_wait(&leave);
+  assert_int_equal(pthread_join(th[0], NULL), 0);
+  pthread_barrier_destroy(&published);
+  pthread_barrier_destroy(&leave);
+  for (int i = 0; i < 2; i++) {
+    if (a[i].err != NULL) {
+      show_log();
+      fail_msg("thread %d: %s", i, a[i].err);
+    }
+  }
+  assert_string_not_equal(a[0].ev, a[1].ev);
+  tb_client_disconnect(pt);
+}
+
 /* Bad input: a ninth declared stream is refused and changes nothing. */
 static void too_many_streams(void **state) {
   (void)state;
@@ -541,6 +622,7 @@ int main(void) {
       cmocka_unit_test_setup(capturing_at_end, settled),
       cmocka_unit_test_setup(disconnect_with_lease, settled),
       cmocka_unit_test_setup(leases_on_two_streams, settled),
+      cmocka_unit_test_setup(ready_per_thread_streams, settled),
       cmocka_unit_test_setup(too_many_streams, settled),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
