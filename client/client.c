@@ -162,6 +162,11 @@ static void handle_notice(struct tb_client *c,
     n.type = TB_NOTICE_DAEMON_CLOSING;
     copy_str(n.reason, sizeof(n.reason), no->daemon_closing->reason);
     break;
+  case TENSORBROKER__V1__NOTICE__BODY_EVENTS_GONE:
+    /* the library's own bookkeeping: nothing for the application */
+    tb__freed_events_gone(c, no->events_gone->event_ids,
+                          no->events_gone->n_event_ids);
+    return;
   default:
     return; /* a notice kind from a newer daemon: ignore */
   }

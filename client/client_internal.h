@@ -270,6 +270,10 @@ int tb__freed_take(struct tb_client *c, const char *channel, uint64_t version,
                    struct tb__freed *out);
 void tb__freed_clear(struct tb__freed *f);
 void tb__freed_free_all(struct tb_client *c);
+/* An EventsGone notice: drop these events (of a session whose process
+ * died) from the remembered entries' done events. */
+void tb__freed_events_gone(struct tb_client *c, const uint64_t *ids,
+                           size_t n);
 
 /* ---- kind_host.c: the producer's host buffers ---- */
 /* The buffer of c whose mapping holds [p, p + len), or NULL. */

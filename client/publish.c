@@ -105,6 +105,22 @@ int tb__freed_take(struct tb_client *c, const char *channel, uint64_t version,
   return 0;
 }
 
+void tb__freed_events_gone(struct tb_client *c, const uint64_t *ids,
+                           size_t n) {
+  for (size_t i = 0; i < c->fr_len; i++) {
+    struct tb__freed *f = &c->freed[(c->fr_head + i) % TB__FREED_TABLE_MAX];
+    size_t keep = 0;
+    for (size_t d = 0; d < f->n_done; d++) {
+      size_t j = 0;
+      while (j < n && ids[j] != f->done[d].event_id)
+        j++;
+      if (j == n)
+        f->done[keep++] = f->done[d];
+    }
+    f->n_done = keep;
+  }
+}
+
 void tb__freed_free_all(struct tb_client *c) {
   for (size_t i = 0; i < c->fr_len; i++)
     tb__freed_clear(&c->freed[(c->fr_head + i) % TB__FREED_TABLE_MAX]);
@@ -342,6 +358,11 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
   if (version == 0) {
     rc = tb__set_error(c, TB_ENOTFOUND, "version 0 is never published");
     goto out_unlock;
+  }
+  /* Notices already here first: an EventsGone among them takes the done
+   * events of a consumer whose process died out of the entry, and a stream
+   * made to wait on one would never run again. */
+  while (tb__pump(c, 0) > 0) {
   }
   if (!tb__freed_take(c, channel, version, &f)) {
     wf.channel = (char *)channel;

@@ -113,6 +113,63 @@ static const char *close_reason(const struct tbd_session *s,
   return buf;
 }
 
+/* s hung up without the Goodbye it promised: a process that crashed, was
+ * killed or exited. Its GPU work died with it, and a stream made to wait
+ * on one of its done events would never complete (as on a dead producer's
+ * ready event: docs/cuda.md, "What happens on a crash"). Its done events
+ * leave every version's list, so that no VersionFree or WaitFreeReply names
+ * them from now on, and every other session hears which events are gone
+ * (EventsGone), so that a producer holding them from an earlier one drops
+ * them as well. */
+#define EVENTS_GONE_PIECE 256
+
+static void events_gone(struct tbd_registry *r, struct tbd_session *s) {
+  Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
+  Tensorbroker__V1__EventsGone eg = TENSORBROKER__V1__EVENTS_GONE__INIT;
+  uint64_t ids[EVENTS_GONE_PIECE];
+  struct tbd_channel *ch, *chtmp;
+  struct tbd_session *o, *otmp;
+  struct tbd_event *e;
+  struct tbd_version *v;
+  size_t stripped = 0;
+
+  HASH_ITER(hh, r->channels, ch, chtmp) {
+    DL_FOREACH(ch->versions, v) {
+      size_t keep = 0;
+      for (size_t i = 0; i < v->ndone; i++) {
+        HASH_FIND(hh, r->events, &v->done[i].id, sizeof(v->done[i].id), e);
+        if (e != NULL && e->owner == s)
+          stripped++;
+        else
+          v->done[keep++] = v->done[i];
+      }
+      v->ndone = keep;
+    }
+  }
+  tbd_log_with(TBD_LOG_INFO,
+               &(struct tbd_log_fields){(long long)s->id, (long long)s->pid,
+                                        (long long)s->uid, NULL},
+               "session %llu (pid %d '%s') ended without closing: its %u "
+               "event(s) are gone, %zu done event(s) of leased versions no "
+               "longer waited for",
+               (unsigned long long)s->id, (int)s->pid, s->name,
+               (unsigned)s->nevents, stripped);
+  n.body_case = TENSORBROKER__V1__NOTICE__BODY_EVENTS_GONE;
+  n.events_gone = &eg;
+  eg.session_id = s->id;
+  eg.event_ids = ids;
+  e = s->events;
+  while (e != NULL) {
+    eg.n_event_ids = 0;
+    for (; e != NULL && eg.n_event_ids < EVENTS_GONE_PIECE; e = e->snext)
+      ids[eg.n_event_ids++] = e->info.id;
+    HASH_ITER(hh, r->sessions, o, otmp) {
+      if (o != s && tbd_session_hello(o))
+        tbd__emit_notice(r, o, &n);
+    }
+  }
+}
+
 void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
   struct tbd_lease *l, *ltmp;
   struct tbd_sub *sub, *subtmp;
@@ -123,6 +180,8 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
 
   /* Nothing more goes to the closing session itself. */
   s->muted = true;
+  if (tbd_session_abrupt(s) && s->events != NULL)
+    events_gone(r, s);
   if (s->wait != NULL)
     tbd__wait_remove(r, s->wait);
   DL_FOREACH_SAFE2(s->leases, l, ltmp, snext) {

@@ -474,6 +474,16 @@ static void server_messages(void) {
   no.daemon_closing = &dc;
   save_srv("daemon_closing", &m);
   {
+    Tensorbroker__V1__EventsGone eg = TENSORBROKER__V1__EVENTS_GONE__INIT;
+    uint64_t ids[2] = {5, 6};
+    eg.session_id = 9;
+    eg.n_event_ids = 2;
+    eg.event_ids = ids;
+    no.body_case = TENSORBROKER__V1__NOTICE__BODY_EVENTS_GONE;
+    no.events_gone = &eg;
+    save_srv("events_gone", &m);
+  }
+  {
     /* reply{acquire{}} with an unknown field, and a notice with no body */
     static const uint8_t unknown[] = {0x0a, 0x06, 0x72, 0x02, 0x08, 0x01,
                                       0x98, 0x06};

@@ -5,7 +5,17 @@
  * still leased by K, so tb_wait_free(v1, 0) is TB_EBUSY. K starts a kernel
  * that reads version 1 for 2 s and is SIGKILLed meanwhile. Then the
  * producer's tb_wait_free(v1) must succeed, O must still acquire and read
- * version 2 correctly, and the daemon must answer. */
+ * version 2 correctly, and the daemon must answer.
+ *
+ * killed_after_release: consumer K acquires version 1, queues a 2 s read
+ * of it, releases it on that stream (its done event recorded behind the
+ * read) and is SIGKILLed. The producer had published version 2 before the
+ * kill, so it holds version 1's VersionFree naming K's done event. A dead
+ * process's event never completes (measured for a producer's ready event),
+ * so a producer stream made to wait on it would stall for good: once K's
+ * session is gone, tb_wait_free(v1) must leave the producer's stream free
+ * to run (it must finish within 10 s) and the buffer must take a rewrite. */
+#include <string.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -83,6 +93,94 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   return 0;
 }
 
+static int gone_producer(struct tbt_chan *ch, void *arg) {
+  struct tbg_gpu g;
+  (void)arg;
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, "producer", TB_CONTRACT_SPEC);
+  tb_cu_stream s = tbg_stream(&g, 1);
+  tb_cu_deviceptr a = tbg_alloc(&g, N * 4ull), b = tbg_alloc(&g, N * 4ull);
+  tbg_fill(&g, a, 31, N, s);
+  uint64_t v1 = tbg_publish(c, &g, "gpu/ckill2", a, N, s, 1);
+  tbg_child_say(ch, "published %llu", (unsigned long long)v1);
+  tbg_child_hear(ch, "next", NULL, 0);
+  tbg_fill(&g, b, 32, N, s);
+  (void)tbg_publish(c, &g, "gpu/ckill2", b, N, s, 1); /* v1 is freed */
+  tbg_child_say(ch, "published");
+  tbg_child_hear(ch, "killed", NULL, 0);
+  /* until the daemon has ended the dead consumer's session */
+  for (int found = 1, i = 0; found; i++) {
+    struct tb_session_info *ss = NULL;
+    size_t n = 0;
+    struct tb_notice no;
+    TBG_OK(c, tb_list_sessions(c, &ss, &n));
+    found = 0;
+    for (size_t j = 0; j < n; j++)
+      found = found || strcmp(ss[j].name, "doomed") == 0;
+    tb_free(ss);
+    if (found && i > 1000)
+      TBG_FAIL("the killed consumer's session did not end");
+    if (found)
+      (void)tb_client_poll_notice(c, &no, 10);
+  }
+  TBG_OK(c, tb_wait_free(c, "gpu/ckill2", v1, TBT_TIMEOUT_MS, s));
+  tbg_fill(&g, a, 33, N, s);
+  uint64_t deadline = tbt_now_ms() + 10000;
+  tb_cu_result q;
+  while ((q = g.cu->cuStreamQuery(s)) == TB_CUDA_ERROR_NOT_READY &&
+         tbt_now_ms() < deadline) {
+    struct tb_notice no;
+    (void)tb_client_poll_notice(c, &no, 10);
+  }
+  if (q != TB_CUDA_SUCCESS)
+    TBG_FAIL("the producer's stream still waits 10 s after the rewrite was "
+             "queued: it waits for good on the killed consumer's done event");
+  if (tbg_count(&g, a, 33, N, s) != 0)
+    TBG_FAIL("cannot rewrite the freed buffer");
+  tbg_child_say(ch, "free");
+  tbg_child_hear(ch, "done", NULL, 0);
+  tb_client_disconnect(c);
+  return 0;
+}
+
+static int gone_consumer(struct tbt_chan *ch, void *arg) {
+  struct tbg_gpu g;
+  DLManagedTensorVersioned *t = NULL;
+  (void)arg;
+  tbg_gpu_init(&g, 0);
+  tb_client *c = tbg_connect(&daemon_, "doomed", TB_CONTRACT_SPEC);
+  tb_cu_stream s = tbg_stream(&g, 1);
+  tb_cu_deviceptr cnt = tbg_alloc(&g, 4);
+  uint64_t v1 = tbg_child_hear_version(ch);
+  TBG_OK(c, tbg_acquire(c, "gpu/ckill2", TB_ACQUIRE_EXACT, v1, s, &t));
+  tbg_spin_count_async(&g, tbg_tensor_ptr(t, N), 31, N, 2000, cnt, s);
+  TBG_OK(c, tb_release(t, s)); /* the done event behind the 2 s read */
+  if (g.cu->cuStreamQuery(s) != TB_CUDA_ERROR_NOT_READY)
+    TBG_FAIL("the 2 s reading kernel is not running any more");
+  tbg_child_say(ch, "released");
+  tbg_child_hear(ch, "never", NULL, 0); /* killed here */
+  return 3;
+}
+
+static void killed_after_release(void **state) {
+  struct tbt_child p, k;
+  char line[100];
+  (void)state;
+  tbg_start(&daemon_, &p, gone_producer, NULL, &k, gone_consumer, NULL);
+  tbg_hear(&p, "producer", "published", line, sizeof line);
+  tbg_say(&k, "v %s", line);
+  tbg_hear(&k, "doomed", "released", NULL, 0);
+  tbg_say(&p, "next");
+  tbg_hear(&p, "producer", "published", NULL, 0);
+  kill(k.pid, SIGKILL);
+  assert_int_equal(tbt_child_wait(&k, TBT_TIMEOUT_MS), 128 + SIGKILL);
+  tbg_say(&p, "killed");
+  tbg_hear(&p, "producer", "free", NULL, 0);
+  tbg_say(&p, "done");
+  tbg_reap(&p, "producer");
+  tbg_daemon_down(&daemon_);
+}
+
 static void consumer_kill(void **state) {
   static const int doomed = 1, other = 0;
   struct tbt_child p, k, o;
@@ -109,4 +207,5 @@ static void consumer_kill(void **state) {
   tbg_daemon_down(&daemon_);
 }
 
-TBG_MAIN(cmocka_unit_test(consumer_kill))
+TBG_MAIN(cmocka_unit_test(consumer_kill),
+         cmocka_unit_test(killed_after_release))

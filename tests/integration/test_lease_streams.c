@@ -15,12 +15,15 @@
  * nothing when the consumer declared no stream. */
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -583,6 +586,128 @@ static void ready_per_thread_streams(void **state) {
   tb_client_disconnect(pt);
 }
 
+/* Whether the daemon still has a session of this name. */
+static int session_named(const char *name) {
+  struct tb_session_info *ss = NULL;
+  size_t n = 0;
+  int found = 0;
+
+  assert_int_equal(tb_list_sessions(prod, &ss, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    found = found || strcmp(ss[i].name, name) == 0;
+  tb_free(ss);
+  return found;
+}
+
+/* A consumer process acquires version v on a stream of its own, releases
+ * it there (busy: its done event pending) and then ends its session:
+ * killed (SIGKILL) when kill_it, else by tb_client_disconnect, after which
+ * it lives on until told. Writes its done event's name into ev. */
+static pid_t consumer_process(uint64_t v, int kill_it, int *go, char *ev,
+                              size_t evlen) {
+  int up[2], down[2];
+  pid_t pid;
+  ssize_t n;
+
+  assert_int_equal(pipe(up), 0);
+  assert_int_equal(pipe(down), 0);
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    tb_client *c2 = NULL;
+    tb_cu_stream s = NULL;
+    struct tb_acquire_options ao;
+    DLManagedTensorVersioned *t = NULL;
+    char text[8192], suffix[64], name[64] = "";
+    close(up[0]);
+    close(down[1]);
+    if (tbt_connect(&daemon_, "dying", &c2) != 0 ||
+        cu->cuStreamCreate(&s, TB_CU_STREAM_NON_BLOCKING) != 0)
+      _exit(2);
+    tb_acquire_options_init(&ao);
+    ao.mode = TB_ACQUIRE_EXACT;
+    ao.version = v;
+    ao.timeout_ms = TBT_TIMEOUT_MS;
+    ao.stream = s;
+    if (tb_acquire(c2, CH, &ao, &t) != 0)
+      _exit(3);
+    fk->log_clear();
+    if (tb_release(t, s) != 0)
+      _exit(4);
+    fk->log_read(text, sizeof(text));
+    snprintf(suffix, sizeof(suffix), " on %s", fk->stream_name(s));
+    if (!fakecuda_text_find(text, 0, "record ", suffix, name, sizeof(name)))
+      _exit(5);
+    if (!kill_it)
+      tb_client_disconnect(c2); /* a Goodbye: the process lives on */
+    if (write(up[1], name, sizeof(name)) != (ssize_t)sizeof(name))
+      _exit(6);
+    char b;
+    (void)read(down[0], &b, 1); /* until the parent is done (or kills) */
+    _exit(0);
+  }
+  close(up[1]);
+  close(down[0]);
+  n = read(up[0], ev, evlen < 64 ? evlen : 64);
+  close(up[0]);
+  if (n != 64) {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    fail_msg("the consumer process failed (exit %d)", WEXITSTATUS(st));
+  }
+  *go = down[1];
+  return pid;
+}
+
+/* A consumer process that is killed after releasing a version it still
+ * read leaves a done event that will never complete: a producer stream
+ * made to wait on it would never run again. The daemon takes it out of
+ * its versions, and tells the producer (EventsGone), whose tb_wait_free
+ * then does not wait on it either when the version was freed (its
+ * VersionFree naming the event received) before the kill. A consumer that
+ * closes its session and lives on is waited for, as always. */
+static void consumer_killed_after_release(void **state) {
+  static const struct {
+    int kill_it, freed_first;
+  } cases[] = {{1, 0}, {1, 1}, {0, 1}};
+  (void)state;
+  for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+    int kill_it = cases[k].kill_it;
+    char ev[64], body[128];
+    int go = -1, st = 0;
+    uint64_t v = publish();
+    pid_t pid = consumer_process(v, kill_it, &go, ev, sizeof(ev));
+
+    if (cases[k].freed_first) /* v leaves the history: VersionFree now */
+      (void)publish();
+    if (kill_it) {
+      assert_int_equal(kill(pid, SIGKILL), 0);
+      assert_int_equal(waitpid(pid, &st, 0), pid);
+    }
+    /* the daemon has closed that session (and sent what it sends then) */
+    for (int i = 0; session_named("dying"); i++) {
+      struct tb_notice n;
+      if (i > 1000)
+        fail_msg("the consumer's session did not end");
+      (void)tb_client_poll_notice(prod, &n, 10);
+    }
+    if (!cases[k].freed_first)
+      (void)publish();
+    fk->log_clear();
+    assert_int_equal(tb_wait_free(prod, CH, v, TBT_TIMEOUT_MS, sp), 0);
+    snprintf(body, sizeof(body), "wait %s on %s", sname(sp), ev);
+    if (fk->log_count(body) != (kill_it ? 0u : 1u)) {
+      show_log();
+      fail_msg("%s consumer: expected %d \"%s\"",
+               kill_it ? "a killed" : "a disconnected, living", !kill_it,
+               body);
+    }
+    close(go);
+    if (!kill_it)
+      assert_int_equal(waitpid(pid, &st, 0), pid);
+  }
+}
+
 /* Bad input: a ninth declared stream is refused and changes nothing. */
 static void too_many_streams(void **state) {
   (void)state;
@@ -623,6 +748,7 @@ int main(void) {
       cmocka_unit_test_setup(disconnect_with_lease, settled),
       cmocka_unit_test_setup(leases_on_two_streams, settled),
       cmocka_unit_test_setup(ready_per_thread_streams, settled),
+      cmocka_unit_test_setup(consumer_killed_after_release, settled),
       cmocka_unit_test_setup(too_many_streams, settled),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

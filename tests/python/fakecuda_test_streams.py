@@ -80,6 +80,7 @@ CH = "fake/py"
 
 class Pipeline:
     def __init__(self, sock):
+        self.sock = sock
         self.prod = tb.Client(socket=sock, name="producer")
         self.cons = tb.Client(socket=sock, name="consumer")
         self.sp = new_stream()
@@ -208,6 +209,59 @@ def test_two_frames_on_two_side_streams():
                 since.append(body)
         assert prev not in (None, sname(s2)), log()
         p.reuse(v1)
+    run(case)
+
+
+# A consumer process, as a PyTorch user writes it: the frame goes to the
+# framework on a side stream, the tensor is dropped at once (its reads
+# still queued: busy), and the process is killed before they finish.
+DYING_CONSUMER = r'''
+import sys
+sys.path.insert(0, sys.argv[4])
+from fakecuda import cu, make_context_current, new_stream, stream_name, recorded_on
+import tensorbroker as tb
+make_context_current()
+cu.fakecuda_set_busy(1)
+c = tb.Client(socket=sys.argv[1], name="dying")
+side = new_stream()
+lease = c.acquire(sys.argv[2], exact=int(sys.argv[3]))
+cap = lease.__dlpack__(stream=side, max_version=(1, 0))
+cu.fakecuda_log_clear()
+del lease
+del cap
+print(recorded_on(stream_name(side)), flush=True)
+sys.stdin.read()  # until killed
+'''
+
+
+def test_consumer_killed_after_del():
+    # a dead process's done event never completes: the producer's
+    # wait_free must not make its stream wait on it, once the daemon has
+    # seen that consumer's session end without its Goodbye
+    import subprocess
+
+    def case(p):
+        v = p.publish()
+        child = subprocess.Popen(
+            [sys.executable, "-c", DYING_CONSUMER, p.sock, CH, str(v),
+             os.path.dirname(os.path.abspath(__file__))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ev = child.stdout.readline().strip()
+        p.publish()  # v leaves the history: its VersionFree names ev
+        p.prod.sessions()  # ... and has reached the producer
+        child.kill()
+        child.wait()
+        assert ev.startswith("e"), ev
+        for _ in range(1000):
+            if not any(x["name"] == "dying" for x in p.prod.sessions()):
+                break
+            p.prod.poll_notice(timeout=0.01)
+        else:
+            raise AssertionError("the killed consumer's session did not end")
+        cu.fakecuda_log_clear()
+        p.prod.wait_free(CH, v, timeout=20, stream=p.sp)
+        body = "wait %s on %s" % (sname(p.sp), ev)
+        assert count(body) == 0, (body, log())
     run(case)
 
 

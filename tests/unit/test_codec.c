@@ -433,6 +433,21 @@ static void test_notice_round_trips(void **state) {
   server_round_trip(&m, &d);
   assert_string_equal(d->notice->daemon_closing->reason, "SIGTERM");
   tb__server_message_free(d);
+
+  {
+    Tensorbroker__V1__EventsGone eg = TENSORBROKER__V1__EVENTS_GONE__INIT;
+    uint64_t ids[3] = {7, 8, 1ull << 40};
+    eg.session_id = 12;
+    eg.n_event_ids = 3;
+    eg.event_ids = ids;
+    no.body_case = TENSORBROKER__V1__NOTICE__BODY_EVENTS_GONE;
+    no.events_gone = &eg;
+    server_round_trip(&m, &d);
+    assert_int_equal(d->notice->events_gone->session_id, 12);
+    assert_int_equal(d->notice->events_gone->n_event_ids, 3);
+    assert_true(d->notice->events_gone->event_ids[2] == 1ull << 40);
+    tb__server_message_free(d);
+  }
 }
 
 static void test_empty_input(void **state) {
