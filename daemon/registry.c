@@ -176,5 +176,6 @@ void tbd__evinfo_to_pb(const struct tbd_evinfo *e,
   pb->device = dev;
   pb->owner_pid = e->pid;
   pb->complete = e->complete;
+  pb->owner_died = e->owner_died;
 }
 

@@ -28,6 +28,8 @@ struct tbd_evinfo {
   size_t uuid_len;
   uint32_t pid;
   bool complete; /* a version's ready event: finished at publish */
+  bool owner_died; /* a version's ready event: its producer hung up
+                    * without its Goodbye (EventInfo.owner_died) */
 };
 
 struct tbd_buffer {

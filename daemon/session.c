@@ -115,12 +115,13 @@ static const char *close_reason(const struct tbd_session *s,
 
 /* s hung up without the Goodbye it promised: a process that crashed, was
  * killed or exited. Its GPU work died with it, and a stream made to wait
- * on one of its done events would never complete (as on a dead producer's
- * ready event: docs/cuda.md, "What happens on a crash"). Its done events
- * leave every version's list, so that no VersionFree or WaitFreeReply names
- * them from now on, and every other session hears which events are gone
- * (EventsGone), so that a producer holding them from an earlier one drops
- * them as well. */
+ * on one of its events would never complete (docs/cuda.md, "What happens
+ * on a crash"). Its done events leave every version's list, so that no
+ * VersionFree or WaitFreeReply names them from now on, and every other
+ * session hears which events are gone (EventsGone), so that a producer
+ * holding them from an earlier one drops them as well. The versions whose
+ * ready event is its own are marked (EventInfo.owner_died), so that a
+ * consumer asks the event whether it finished rather than wait on it. */
 #define EVENTS_GONE_PIECE 256
 
 static void events_gone(struct tbd_registry *r, struct tbd_session *s) {
@@ -136,6 +137,11 @@ static void events_gone(struct tbd_registry *r, struct tbd_session *s) {
   HASH_ITER(hh, r->channels, ch, chtmp) {
     DL_FOREACH(ch->versions, v) {
       size_t keep = 0;
+      if (v->has_ready) {
+        HASH_FIND(hh, r->events, &v->ready.id, sizeof(v->ready.id), e);
+        if (e != NULL && e->owner == s)
+          v->ready.owner_died = true;
+      }
       for (size_t i = 0; i < v->ndone; i++) {
         HASH_FIND(hh, r->events, &v->done[i].id, sizeof(v->done[i].id), e);
         if (e != NULL && e->owner == s)

@@ -285,6 +285,7 @@ static void event_body(struct wr *w, const void *m) {
     wr_sub(w, 3, device_body, e->device);
   wr_u64(w, 4, e->owner_pid);
   wr_u64(w, 5, e->complete != 0);
+  wr_u64(w, 6, e->owner_died != 0);
 }
 
 /* 0 when the message has a form left to protobuf-c. */

@@ -344,6 +344,7 @@ static int dec_event(struct tb__arena *a, struct rd *in,
     LEN_FIELD(3, sub_device(a, &r, &m->device));
     VARINT_FIELD(4, m->owner_pid, AS_U32);
     VARINT_FIELD(5, m->complete, AS_BOOL);
+    VARINT_FIELD(6, m->owner_died, AS_BOOL);
   BODY_END;
 }
 

@@ -452,6 +452,38 @@ void tb__cuda_connect_end(struct tb_client *c, int hello_ok) {
 }
 
 /* Make s wait for the version's ready event (none, or a no-sync s: 0). */
+/* The ready event of a producer that died (EventInfo.owner_died), not
+ * complete at publish: a stream made to wait on it would never run again
+ * if the work it marks died with the process, so the event is asked
+ * instead. 1: it finished (nothing to wait for, now or later); else
+ * TB_ECLOSED, set on c. The device's context is current. */
+static int ready_of_dead_producer(struct tb_client *c,
+                                  const Tensorbroker__V1__EventInfo *ready,
+                                  const uint8_t *uuid) {
+  struct tb__conn *k = c->conn;
+  tb_cu_event ev;
+  char why[256] = "";
+  int rc, done = 0;
+
+  pthread_mutex_lock(&k->lock);
+  rc = tb__ci_open_event_locked(k, ready->event_id,
+                                ready->cuda_ipc_event_handle.data, uuid, &ev,
+                                why, sizeof(why));
+  if (rc == 0)
+    done = tb__cuda_event_done(ev, NULL);
+  pthread_mutex_unlock(&k->lock);
+  if (rc < 0)
+    return tb__set_error(c, TB_ECLOSED,
+                         "the producer of this version died, and whether its "
+                         "GPU work on it finished cannot be known: %s", why);
+  if (!done)
+    return tb__set_error(c, TB_ECLOSED,
+                         "the producer of this version died before its GPU "
+                         "work on it finished: its data may be incomplete, "
+                         "and a stream waiting for it would never run again");
+  return 1;
+}
+
 int tb__ci_wait_ready(struct tb_client *c, const struct tb__cuda_map *m,
                       const Tensorbroker__V1__EventInfo *ready,
                       const struct tb__cuda_stream *s) {
@@ -459,12 +491,16 @@ int tb__ci_wait_ready(struct tb_client *c, const struct tb__cuda_map *m,
   char why[256] = "";
   int rc;
 
-  if (ready == NULL || ready->event_id == 0 || s->no_sync)
+  if (ready == NULL || ready->event_id == 0)
     return 0;
   if (ready->cuda_ipc_event_handle.len != TB__CUDA_IPC_HANDLE_SIZE)
     return tb__set_error(c, TB_EPROTO, "ready event without a handle");
   if (ready->device != NULL && ready->device->uuid.len == TB__UUID_SIZE)
     uuid = ready->device->uuid.data;
+  if (ready->owner_died && !ready->complete)
+    return ready_of_dead_producer(c, ready, uuid);
+  if (s->no_sync)
+    return 0;
   rc = tb__ci_wait_event(c->conn, ready->event_id, ready->cuda_ipc_event_handle.data,
                   uuid, ready->complete, s, why, sizeof(why));
   if (rc < 0)

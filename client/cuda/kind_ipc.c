@@ -211,6 +211,7 @@ static int acquire_default(struct tb_client *c, struct tb__cuda_map *m,
   rc = tb__ci_wait_ready(c, m, ready, s);
   if (rc < 0)
     return rc;
+  out->ready_gone = rc == 1;
   out->base = v->p;
   out->done_device = v->device;
   out->enter = 0;
@@ -246,15 +247,15 @@ static int acquire_copy(struct tb_client *c, struct tb__cuda_map *m,
   }
   if (rc < 0)
     return rc;
+  rc = tb__ci_wait_ready(c, m, ready, s);
+  if (rc < 0)
+    return rc;
+  out->ready_gone = rc == 1;
   /* -1: nothing is waited for (the caller says the data is ready), the
    * copy goes on the consumer device's legacy stream. */
   if (cs.no_sync) {
     cs.no_sync = 0;
     cs.stream = TB_CU_STREAM_LEGACY;
-  } else {
-    rc = tb__ci_wait_ready(c, m, ready, s);
-    if (rc < 0)
-      return rc;
   }
   rc = tb__cuda_copy_peer(&cs, v->p + lo, v->ctx, (size_t)(hi - lo), &dst,
                           &dctx, &pooled, &copied, why, sizeof(why));
@@ -361,6 +362,10 @@ int tb__cuda_acquire(struct tb_client *c, struct tb__cuda_map *m,
       rc = rc2;
     if (rc == 0)
       rc = tb__ci_wait_ready(c, m, ready, &s);
+    if (rc == 1) {
+      a.ready_gone = 1;
+      rc = 0;
+    }
     if (rc == 0)
       a.base = v->p;
   }
@@ -483,7 +488,8 @@ int tb__ci_kind_acquire(struct tb_client *c, struct tb__map *map,
                         &l->acq);
   if (rc < 0)
     return rc;
-  if (re != NULL && re->event_id != 0 &&
+  /* a dead producer's finished event: nothing for tb_lease_wait either */
+  if (re != NULL && re->event_id != 0 && !l->acq.ready_gone &&
       re->cuda_ipc_event_handle.len == TB__CUDA_IPC_HANDLE_SIZE) {
     l->ready_event_id = re->event_id;
     l->ready_complete = re->complete != 0;

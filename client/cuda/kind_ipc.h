@@ -80,6 +80,8 @@ struct tb__cuda_acq {
   int copy_pooled;        /* cuMemAllocAsync'ed: freed with cuMemFreeAsync */
   void *copy_event;       /* plain event recorded after the copy */
   uint64_t done_event_id; /* done event recorded after the copy, 0: none */
+  int ready_gone; /* the ready event's producer died after its work on the
+                   * version finished: nothing to wait for */
 };
 
 /* Consumer, while an Acquire's request is in flight: when the driver is
@@ -332,7 +334,10 @@ int tb__ci_done_event_finish(struct tb_client *c, struct done_pending *pd);
 
 int tb__ci_done_event_ensure(struct tb_client *c, int device);
 
-/* Make s wait for the version's ready event (none, or a no-sync s: 0). */
+/* Make s wait for the version's ready event (none, or a no-sync s: 0).
+ * One whose producer died (EventInfo.owner_died) and that was not complete
+ * at publish is asked, whatever s, whether it finished: 1 if it did
+ * (nothing to wait for, now or later), else TB_ECLOSED. */
 int tb__ci_wait_ready(struct tb_client *c, const struct tb__cuda_map *m,
     const Tensorbroker__V1__EventInfo *ready,
     const struct tb__cuda_stream *s);

@@ -708,6 +708,97 @@ static void consumer_killed_after_release(void **state) {
   }
 }
 
+/* A producer process publishes a version of a VMM buffer (which outlives
+ * it) with its GPU work in flight (busy: the ready event not complete) and
+ * is killed. A dead process's event that had not completed never will: a
+ * consumer stream made to wait on it would never run again. So the daemon
+ * marks the version's ready event (EventInfo.owner_died) and the consumer
+ * asks the event instead of waiting on it: still pending, the acquire
+ * fails with TB_ECLOSED and nothing waits; finished (the fake not busy any
+ * more), the acquire succeeds and neither it nor tb_lease_wait waits. */
+static void producer_killed_with_work_in_flight(void **state) {
+  (void)state;
+  int up[2], st = 0;
+  uint64_t v = 0;
+  pid_t pid;
+  tb_cu_stream s = new_stream();
+  struct tb_acquire_options ao;
+  DLManagedTensorVersioned *t = NULL;
+  char text[8192];
+
+  assert_int_equal(pipe(up), 0);
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    tb_client *c2 = NULL;
+    tb_buffer *b = NULL;
+    struct tb_publish_options po;
+    int64_t shape[1] = {NWORDS};
+    DLTensor x;
+    close(up[0]);
+    if (tbt_connect(&daemon_, "dying-producer", &c2) != 0 ||
+        tb_buffer_create_cuda(c2, NWORDS * 4, 0, 0, &b) != 0)
+      _exit(2);
+    memset(&x, 0, sizeof(x));
+    x.data = tb_buffer_data(b);
+    x.device.device_type = kDLCUDA;
+    x.ndim = 1;
+    x.dtype = (DLDataType){kDLUInt, 32, 1};
+    x.shape = shape;
+    tb_publish_options_init(&po);
+    po.stream = sp;
+    if (tb_publish(c2, "fake/dead", &x, &po, &v) != 0)
+      _exit(3);
+    if (write(up[1], &v, sizeof(v)) != (ssize_t)sizeof(v))
+      _exit(4);
+    for (;;)
+      pause(); /* until killed */
+  }
+  close(up[1]);
+  assert_int_equal(read(up[0], &v, sizeof(v)), (ssize_t)sizeof(v));
+  close(up[0]);
+  assert_int_equal(kill(pid, SIGKILL), 0);
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  for (int i = 0; session_named("dying-producer"); i++) {
+    struct tb_notice n;
+    if (i > 1000)
+      fail_msg("the producer's session did not end");
+    (void)tb_client_poll_notice(cons, &n, 10);
+  }
+
+  tb_acquire_options_init(&ao);
+  ao.mode = TB_ACQUIRE_EXACT;
+  ao.version = v;
+  ao.timeout_ms = TBT_TIMEOUT_MS;
+  ao.stream = s;
+  fk->log_clear();
+  int arc = tb_acquire(cons, "fake/dead", &ao, &t);
+  if (arc != TB_ECLOSED) {
+    show_log();
+    fail_msg("the acquire returned %d, not TB_ECLOSED", arc);
+  }
+  tb_client_last_error(cons, text, sizeof(text));
+  if (strstr(text, "died before its GPU work on it finished") == NULL)
+    fail_msg("the error says: %s", text);
+  fk->log_read(text, sizeof(text));
+  if (strstr(text, "wait ") != NULL) {
+    show_log();
+    fail_msg("a stream waits on the dead producer's pending event");
+  }
+
+  fk->set_busy(0); /* the work had finished before the producer died */
+  fk->log_clear();
+  assert_int_equal(tb_acquire(cons, "fake/dead", &ao, &t), 0);
+  assert_int_equal(tb_lease_wait(t, new_stream()), 0);
+  fk->set_busy(1);
+  fk->log_read(text, sizeof(text));
+  if (strstr(text, "wait ") != NULL) {
+    show_log();
+    fail_msg("a stream waits on the dead producer's finished event");
+  }
+  assert_int_equal(tb_release(t, TB_STREAM_NO_SYNC), 0);
+}
+
 /* Bad input: a ninth declared stream is refused and changes nothing. */
 static void too_many_streams(void **state) {
   (void)state;
@@ -749,6 +840,7 @@ int main(void) {
       cmocka_unit_test_setup(leases_on_two_streams, settled),
       cmocka_unit_test_setup(ready_per_thread_streams, settled),
       cmocka_unit_test_setup(consumer_killed_after_release, settled),
+      cmocka_unit_test_setup(producer_killed_with_work_in_flight, settled),
       cmocka_unit_test_setup(too_many_streams, settled),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

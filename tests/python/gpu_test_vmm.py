@@ -6,7 +6,10 @@
   and write it without a copy; published, a consumer process reads the
   data with each library (gpu_peer.py), and the channel says cuda-vmm.
 - A producer process that publishes from such an array and is SIGKILLed
-  leaves its version readable: a consumer started afterwards reads it."""
+  leaves its version readable: a consumer started afterwards reads it.
+- One killed while its kernel still writes the version it published
+  leaves a version nobody may read: a consumer's acquire fails with
+  TB_ECLOSED rather than leave a stream waiting for good."""
 import json
 import os
 import signal
@@ -80,3 +83,38 @@ def test_version_outlives_killed_producer():
         p.stdin.close()
         got = peer(sock, "torch", "vmm/kill")    # a consumer that starts now
         assert got["sum"] == 7.0 * N, got
+
+
+PENDING_PRODUCER = r"""
+import sys, torch, tensorbroker as tb
+c = tb.Client(socket=sys.argv[1], name="doomed-producer")
+a = c.empty((%d,), "float32", device="cuda")
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    torch.cuda._sleep(20_000_000_000)  # ~10 s of GPU time before the write
+    torch.from_dlpack(a).fill_(7.0)
+c.publish("vmm/pending", a, stream=s.cuda_stream)
+print("published", flush=True)
+sys.stdin.read()
+""" % N
+
+
+def test_version_killed_with_work_in_flight():
+    with daemon() as sock:
+        p = subprocess.Popen([PYTHON, "-c", PENDING_PRODUCER, sock], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "published"
+        p.send_signal(signal.SIGKILL)
+        assert p.wait(timeout=60) == -signal.SIGKILL
+        p.stdout.close()
+        p.stdin.close()
+        with tb.Client(socket=sock, name="after") as c:
+            side = torch.cuda.Stream()
+            try:
+                lease = c.acquire("vmm/pending", timeout=10, stream=side.cuda_stream)
+            except tb.Error as e:
+                assert e.code == tb.TB_ECLOSED, e
+            else:
+                lease.release()
+                raise AssertionError("the version of a producer killed mid-write was granted")
+            side.synchronize()  # nothing waits on the dead producer's event
