@@ -490,6 +490,21 @@ int tbt_wait_session_gone(tb_client *c, uint64_t id) {
   return TB_ETIMEDOUT;
 }
 
+int tbt_wait_session_name_gone(tb_client *c, const char *name) {
+  struct tb_session_info *ss = NULL;
+  size_t n = 0;
+  uint64_t id = 0;
+  int rc = tb_list_sessions(c, &ss, &n);
+
+  if (rc < 0)
+    return rc;
+  for (size_t i = 0; i < n && id == 0; i++)
+    if (strcmp(ss[i].name, name) == 0)
+      id = ss[i].session_id;
+  tb_free(ss);
+  return id == 0 ? 0 : tbt_wait_session_gone(c, id);
+}
+
 int tbt_expect_notice(tb_client *c, int type, const char *channel,
                       uint64_t version, int timeout_ms, struct tb_notice *out) {
   uint64_t deadline = tbt_now_ms() + (uint64_t)timeout_ms;

@@ -158,6 +158,8 @@ int tbt_wait_requests(tb_client *c, uint64_t id, uint64_t min);
 /* Wait until session id is no longer listed (its connection closed and the
  * daemon cleaned up after it). Bounded; 0 or TB_ETIMEDOUT. */
 int tbt_wait_session_gone(tb_client *c, uint64_t id);
+/* The same for the session named name (none listed: 0 at once). */
+int tbt_wait_session_name_gone(tb_client *c, const char *name);
 
 /* Take notices until one of type (and, when channel is not NULL, of that
  * channel and version, version 0 matching any) arrives; others are

@@ -15,7 +15,6 @@
  * so a producer stream made to wait on it would stall for good: once K's
  * session is gone, tb_wait_free(v1) must leave the producer's stream free
  * to run (it must finish within 10 s) and the buffer must take a rewrite. */
-#include <string.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -109,20 +108,8 @@ static int gone_producer(struct tbt_chan *ch, void *arg) {
   tbg_child_say(ch, "published");
   tbg_child_hear(ch, "killed", NULL, 0);
   /* until the daemon has ended the dead consumer's session */
-  for (int found = 1, i = 0; found; i++) {
-    struct tb_session_info *ss = NULL;
-    size_t n = 0;
-    struct tb_notice no;
-    TBG_OK(c, tb_list_sessions(c, &ss, &n));
-    found = 0;
-    for (size_t j = 0; j < n; j++)
-      found = found || strcmp(ss[j].name, "doomed") == 0;
-    tb_free(ss);
-    if (found && i > 1000)
-      TBG_FAIL("the killed consumer's session did not end");
-    if (found)
-      (void)tb_client_poll_notice(c, &no, 10);
-  }
+  if (tbt_wait_session_name_gone(c, "doomed") != 0)
+    TBG_FAIL("the killed consumer's session did not end");
   TBG_OK(c, tb_wait_free(c, "gpu/ckill2", v1, TBT_TIMEOUT_MS, s));
   tbg_fill(&g, a, 33, N, s);
   uint64_t deadline = tbt_now_ms() + 10000;

@@ -586,19 +586,6 @@ static void ready_per_thread_streams(void **state) {
   tb_client_disconnect(pt);
 }
 
-/* Whether the daemon still has a session of this name. */
-static int session_named(const char *name) {
-  struct tb_session_info *ss = NULL;
-  size_t n = 0;
-  int found = 0;
-
-  assert_int_equal(tb_list_sessions(prod, &ss, &n), 0);
-  for (size_t i = 0; i < n; i++)
-    found = found || strcmp(ss[i].name, name) == 0;
-  tb_free(ss);
-  return found;
-}
-
 /* A consumer process acquires version v on a stream of its own, releases
  * it there (busy: its done event pending) and then ends its session:
  * killed (SIGKILL) when kill_it, else by tb_client_disconnect, after which
@@ -685,12 +672,7 @@ static void consumer_killed_after_release(void **state) {
       assert_int_equal(waitpid(pid, &st, 0), pid);
     }
     /* the daemon has closed that session (and sent what it sends then) */
-    for (int i = 0; session_named("dying"); i++) {
-      struct tb_notice n;
-      if (i > 1000)
-        fail_msg("the consumer's session did not end");
-      (void)tb_client_poll_notice(prod, &n, 10);
-    }
+    assert_int_equal(tbt_wait_session_name_gone(prod, "dying"), 0);
     if (!cases[k].freed_first)
       (void)publish();
     fk->log_clear();
@@ -759,12 +741,8 @@ static void producer_killed_with_work_in_flight(void **state) {
   close(up[0]);
   assert_int_equal(kill(pid, SIGKILL), 0);
   assert_int_equal(waitpid(pid, &st, 0), pid);
-  for (int i = 0; session_named("dying-producer"); i++) {
-    struct tb_notice n;
-    if (i > 1000)
-      fail_msg("the producer's session did not end");
-    (void)tb_client_poll_notice(cons, &n, 10);
-  }
+  assert_int_equal(
+      tbt_wait_session_name_gone(cons, "dying-producer"), 0);
 
   tb_acquire_options_init(&ao);
   ao.mode = TB_ACQUIRE_EXACT;

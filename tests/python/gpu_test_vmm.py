@@ -72,15 +72,20 @@ sys.stdin.read()
 """ % N
 
 
+def kill_after_publish(sock, script):
+    """Run a producer script until it says "published", then SIGKILL it."""
+    p = subprocess.Popen([PYTHON, "-c", script, sock], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "published"
+    p.send_signal(signal.SIGKILL)
+    assert p.wait(timeout=60) == -signal.SIGKILL
+    p.stdout.close()
+    p.stdin.close()
+
+
 def test_version_outlives_killed_producer():
     with daemon() as sock:
-        p = subprocess.Popen([PYTHON, "-c", PRODUCER, sock], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-        assert p.stdout.readline().strip() == "published"
-        p.send_signal(signal.SIGKILL)
-        assert p.wait(timeout=60) == -signal.SIGKILL
-        p.stdout.close()
-        p.stdin.close()
+        kill_after_publish(sock, PRODUCER)
         got = peer(sock, "torch", "vmm/kill")    # a consumer that starts now
         assert got["sum"] == 7.0 * N, got
 
@@ -101,13 +106,7 @@ sys.stdin.read()
 
 def test_version_killed_with_work_in_flight():
     with daemon() as sock:
-        p = subprocess.Popen([PYTHON, "-c", PENDING_PRODUCER, sock], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-        assert p.stdout.readline().strip() == "published"
-        p.send_signal(signal.SIGKILL)
-        assert p.wait(timeout=60) == -signal.SIGKILL
-        p.stdout.close()
-        p.stdin.close()
+        kill_after_publish(sock, PENDING_PRODUCER)
         with tb.Client(socket=sock, name="after") as c:
             side = torch.cuda.Stream()
             try:
