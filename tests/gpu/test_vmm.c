@@ -24,8 +24,16 @@
  * the consumer opens no event) and must read correctly; version 2 is
  * published with its ready event pending, and what the consumer's acquire
  * does with an interprocess event from another PID namespace is reported,
- * not asserted (unmeasured: docs/cuda.md says what to do either way). */
+ * not asserted (unmeasured: docs/cuda.md says what to do either way); so
+ * is what the producer's tb_wait_free does with the consumer's done event
+ * (that its stream runs on within 10 s is asserted: it must never stall).
+ * Reported too, for an ordering without interprocess events: a stream
+ * memory operation across the namespaces (the producer's stream writes a
+ * word of the VMM buffer after a 500 ms kernel, cuStreamWriteValue64; the
+ * consumer's stream waits for it, cuStreamWaitValue64, then counts the
+ * kernel's words). */
 
+#include <dlfcn.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -46,6 +54,21 @@
 #define N (1u << 20) /* 4 MiB of words: two granules on an H200 */
 #define VAL 41u
 #define VAL2 42u
+#define VAL3 43u
+
+/* Stream memory operations (cuda.h's cuStreamWriteValue64 and
+ * cuStreamWaitValue64, the _v2 entry points), looked up in the driver. */
+typedef tb_cu_result (*tbg_value64_fn)(tb_cu_stream s, tb_cu_deviceptr p,
+                                       uint64_t v, unsigned flags);
+static tbg_value64_fn value64_fn(const char *name) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  void *sym = lib != NULL ? dlsym(lib, name) : NULL;
+  tbg_value64_fn fn = NULL;
+  if (sym != NULL)
+    memcpy(&fn, &sym, sizeof(fn));
+  return fn;
+}
+#define TBG_CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS 122
 
 static struct tbt_daemon daemon_;
 
@@ -324,8 +347,46 @@ static int ns_producer_body(struct tbt_chan *ch, void *arg) {
   tbg_child_hear(ch, "next", NULL, 0);
   /* version 2 with its ready event pending (a slow kernel) */
   tbg_spin_fill(&g, p, VAL2, N, 500, s);
-  v = tbg_publish(c, &g, "gpu/vmm-ns", p, N, s, 2);
-  tbg_child_say(ch, "published %llu", (unsigned long long)v);
+  uint64_t v2 = tbg_publish(c, &g, "gpu/vmm-ns", p, N, s, 2);
+  tbg_child_say(ch, "published %llu", (unsigned long long)v2);
+  tbg_child_hear(ch, "released", NULL, 0);
+  TBG_CU(g.cu->cuStreamSynchronize(s));
+
+  /* the consumer's done event, from the other namespace: v2 leaves the
+   * history, and its reuse waits for the consumer's read */
+  (void)tbg_publish(c, &g, "gpu/vmm-ns", p, N, s, 2);
+  (void)tbg_publish(c, &g, "gpu/vmm-ns", p, N, s, 2);
+  char why[200] = "";
+  int rc = tb_wait_free(c, "gpu/vmm-ns", v2, TBT_TIMEOUT_MS, s);
+  if (rc < 0)
+    tb_client_last_error(c, why, sizeof why);
+  uint64_t deadline = tbt_now_ms() + 10000;
+  while (g.cu->cuStreamQuery(s) == TB_CUDA_ERROR_NOT_READY &&
+         tbt_now_ms() < deadline) {
+  }
+  if (g.cu->cuStreamQuery(s) != TB_CUDA_SUCCESS)
+    TBG_FAIL("the producer's stream stalls after tb_wait_free on a done "
+             "event from another PID namespace");
+  tbg_child_say(ch, "waitfree %s %s", tb_err_name(rc), why);
+
+  /* a stream memory operation instead of an event */
+  tbg_value64_fn write64 = value64_fn("cuStreamWriteValue64_v2");
+  int can64 = 0;
+  (void)g.cu->cuDeviceGetAttribute(
+      &can64, TBG_CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, g.dev);
+  tb_buffer *b2 = NULL;
+  TBG_OK(c, tb_buffer_create_cuda(c, N * 4ull + 4096, 0, 0, &b2));
+  tb_cu_deviceptr p2 = (tb_cu_deviceptr)(uintptr_t)tb_buffer_data(b2);
+  uint64_t flag = tb_buffer_size(b2) - 8;
+  TBG_CU(g.cu->cuMemsetD32Async(p2 + flag, 0, 2, s));
+  TBG_CU(g.cu->cuStreamSynchronize(s));
+  tb_cu_result wr = -1;
+  tbg_spin_fill(&g, p2, VAL3, N, 500, s);
+  if (write64 != NULL && can64)
+    wr = write64(s, p2 + flag, 1, 0);
+  v = tbg_publish(c, &g, "gpu/vmm-ns2", p2, N, TB_STREAM_NO_SYNC, 1);
+  tbg_child_say(ch, "published %llu %llu %d %d", (unsigned long long)v,
+                (unsigned long long)flag, can64, (int)wr);
   tbg_child_hear(ch, "done", NULL, 0);
   TBG_CU(g.cu->cuStreamSynchronize(s));
   tb_client_disconnect(c);
@@ -350,13 +411,41 @@ static int ns_consumer_body(struct tbt_chan *ch, void *arg) {
   v = tbg_child_hear_version(ch);
   int rc = tbg_acquire(c, "gpu/vmm-ns", TB_ACQUIRE_EXACT, v, s, &t);
   if (rc == 0) {
+    tb_cu_deviceptr cnt = tbg_alloc(&g, 4);
     unsigned bad = tbg_count(&g, tbg_tensor_ptr(t, N), VAL2, N, s);
     snprintf(why, sizeof why, "acquire ok; %u of %u words wrong", bad, N);
+    /* a read still queued at the release: its done event is recorded */
+    tbg_spin_count_async(&g, tbg_tensor_ptr(t, N), VAL2, N, 200, cnt, s);
     TBG_OK(c, tb_release(t, s));
   } else {
     tb_client_last_error(c, why + 0, sizeof why);
   }
   tbg_child_say(ch, "outcome %s: %s", tb_err_name(rc), why);
+  tbg_child_hear(ch, "waitfree", NULL, 0);
+
+  /* the memory operation: wait for the producer's word, then count */
+  char line[100], *end;
+  tbg_child_hear(ch, "v", line, sizeof line);
+  v = strtoull(line, &end, 10);
+  uint64_t flag = strtoull(end, &end, 10);
+  int can64 = (int)strtol(end, &end, 10), wr = (int)strtol(end, NULL, 10);
+  tbg_value64_fn wait64 = value64_fn("cuStreamWaitValue64_v2");
+  if (!can64 || wr != 0 || wait64 == NULL) {
+    tbg_child_say(ch, "memop not run: 64-bit memory operations %d, the "
+                  "producer's write %d, cuStreamWaitValue64_v2 %s",
+                  can64, wr, wait64 != NULL ? "found" : "missing");
+  } else {
+    TBG_OK(c, tbg_acquire(c, "gpu/vmm-ns2", TB_ACQUIRE_EXACT, v,
+                          TB_STREAM_NO_SYNC, &t));
+    tb_cu_deviceptr q = tbg_tensor_ptr(t, N);
+    uint64_t t0 = tbt_now_ms();
+    tb_cu_result wr2 = wait64(s, q + flag, 1, 0 /* GEQ */);
+    unsigned bad = wr2 == 0 ? tbg_count(&g, q, VAL3, N, s) : N;
+    tbg_child_say(ch, "memop cuStreamWaitValue64 %d; %u of %u words wrong "
+                  "after the wait (%llu ms)", (int)wr2, bad, N,
+                  (unsigned long long)(tbt_now_ms() - t0));
+    TBG_OK(c, tb_release(t, TB_STREAM_NO_SYNC));
+  }
   tb_client_disconnect(c);
   return 0;
 }
@@ -387,6 +476,15 @@ static void vmm_pid_namespaces(void **state) {
   tbg_hear(&c, "consumer", "outcome", outcome, sizeof outcome);
   fprintf(stderr, "a version with a pending ready event, across PID "
                   "namespaces: %s\n", outcome);
+  tbg_say(&p, "released");
+  tbg_hear(&p, "producer", "waitfree", outcome, sizeof outcome);
+  fprintf(stderr, "tb_wait_free on a done event from another PID "
+                  "namespace: %s\n", outcome);
+  tbg_say(&c, "waitfree");
+  tbg_relay(&p, "producer", "published", &c, "v");
+  tbg_hear(&c, "consumer", "memop", outcome, sizeof outcome);
+  fprintf(stderr, "a stream memory operation across PID namespaces: %s\n",
+          outcome);
   tbg_say(&p, "done");
   tbg_reap(&p, "producer");
   tbg_reap(&c, "consumer");
