@@ -317,6 +317,11 @@ static void render_counters(struct out *o, struct tbd_registry *r) {
   metric(o, "tensorbroker_sessions_dropped_total", "counter",
          "Sessions the daemon closed: protocol errors, full queues.",
          st->sessions_dropped);
+  metric(o, "tensorbroker_sessions_died_total", "counter",
+         "Sessions that hung up without the Goodbye they promised (a "
+         "crash, a kill, an exit without closing); their done events are "
+         "not waited for.",
+         st->sessions_died);
   metric(o, "tensorbroker_busy_polls_total", "counter",
          "Periods of busy polling after a request (--busy-poll).",
          st->busy_polls);

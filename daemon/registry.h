@@ -35,6 +35,7 @@ struct tbd_stats {
   uint64_t requests;
   uint64_t bad_messages;
   uint64_t sessions_dropped;
+  uint64_t sessions_died; /* hung up without the Goodbye they promised */
   uint64_t denials; /* requests refused by access control */
   uint64_t publishes;  /* versions published */
   uint64_t acquires;   /* leases granted */

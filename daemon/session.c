@@ -186,8 +186,11 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
 
   /* Nothing more goes to the closing session itself. */
   s->muted = true;
-  if (tbd_session_abrupt(s) && s->events != NULL)
-    events_gone(r, s);
+  if (tbd_session_abrupt(s)) {
+    r->stats.sessions_died++;
+    if (s->events != NULL)
+      events_gone(r, s);
+  }
   if (s->wait != NULL)
     tbd__wait_remove(r, s->wait);
   DL_FOREACH_SAFE2(s->leases, l, ltmp, snext) {

@@ -688,6 +688,13 @@ static void consumer_killed_after_release(void **state) {
     if (!kill_it)
       assert_int_equal(waitpid(pid, &st, 0), pid);
   }
+  /* the two kills are counted; the disconnect is not */
+  char *text = NULL;
+  size_t len = 0;
+  assert_int_equal(tb_daemon_get_metrics(prod, &text, &len), 0);
+  if (strstr(text, "\ntensorbroker_sessions_died_total 2\n") == NULL)
+    fail_msg("metrics:\n%s", text);
+  tb_free(text);
 }
 
 /* A producer process publishes a version of a VMM buffer (which outlives
