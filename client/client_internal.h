@@ -104,6 +104,7 @@ struct tb__done_event {
   uint8_t handle[TB__CUDA_IPC_HANDLE_SIZE];
   uint8_t uuid[TB__UUID_SIZE];
   uint32_t owner_pid;
+  uint64_t owner_shm_id; /* EventInfo.owner_shm_id */
 };
 
 struct tb__freed {
@@ -258,6 +259,17 @@ void tb__msg_free(struct tb_client *c, tb__server_message *m);
  * after the first one. Returns 1 if one was handled, 0 on timeout, or an
  * error. Used by tb_client_poll_notice. */
 int tb__pump(struct tb_client *c, int timeout_ms);
+
+/* The device number of the /dev/shm this process sees (0: none), found
+ * once: CUDA interprocess events reach only processes that share it
+ * (Hello.shm_id, EventInfo.owner_shm_id). */
+uint64_t tb__shm_id(void);
+/* Whether an event registered by a session with this Hello.shm_id is out
+ * of this process's reach (both known, and different). */
+static inline int tb__shm_foreign(uint64_t owner_shm_id) {
+  return owner_shm_id != 0 && tb__shm_id() != 0 &&
+         owner_shm_id != tb__shm_id();
+}
 
 /* Queue a notice (oldest dropped beyond TB__NOTICE_QUEUE_MAX). */
 void tb__notice_push(struct tb_client *c, const struct tb_notice *n);

@@ -80,6 +80,7 @@ void tb__freed_add(struct tb_client *c,
       if (e->device != NULL && e->device->uuid.len == TB__UUID_SIZE)
         memcpy(d->uuid, e->device->uuid.data, TB__UUID_SIZE);
       d->owner_pid = e->owner_pid;
+      d->owner_shm_id = e->owner_shm_id;
       f.n_done++;
     }
   }
@@ -407,6 +408,28 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
                        (unsigned)f.dropped);
     freed_keep(c, &f);
     goto out_unlock;
+  }
+  {
+    size_t foreign = 0;
+    for (size_t i = 0; i < f.n_done; i++)
+      foreign += tb__shm_foreign(f.done[i].owner_shm_id);
+    if (foreign > 0) {
+      /* CUDA interprocess events do not reach a process with another
+       * /dev/shm: a wait on one may never end. Kept, as above. */
+      rc = tb__set_error(c, TB_ENOTSUP,
+                         "version %llu of '%s' was released with GPU work "
+                         "still queued by %zu consumer(s) that see another "
+                         "/dev/shm (another container's IPC namespace): CUDA "
+                         "interprocess events do not reach across, so their "
+                         "reads cannot be waited for and this buffer must "
+                         "not be rewritten; such a consumer must finish its "
+                         "reads before it releases (synchronise, then "
+                         "release with stream -1) (docs/cuda.md, \"Across "
+                         "containers\")",
+                         (unsigned long long)version, channel, foreign);
+      freed_keep(c, &f);
+      goto out_unlock;
+    }
   }
   rc = 0;
   /* Plain host versions carry no done events and never touch CUDA;

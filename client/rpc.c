@@ -455,6 +455,22 @@ int tb__call_simple(struct tb_client *c, tb__request *r) {
   return 0;
 }
 
+static uint64_t shm_id;
+
+static void shm_id_find(void) {
+  struct stat st;
+
+  if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode))
+    shm_id = (uint64_t)st.st_dev;
+}
+
+uint64_t tb__shm_id(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+  pthread_once(&once, shm_id_find);
+  return shm_id;
+}
+
 int tb__hello_send(struct tb_client *c, const char *name, int contract,
                    const char *const *channels, size_t n_channels,
                    uint32_t memory_kinds, uint64_t *id) {
@@ -468,6 +484,7 @@ int tb__hello_send(struct tb_client *c, const char *name, int contract,
   h.library_version = (char *)TB_VERSION_STRING;
   h.prefetch = c->prefetch != 0;
   h.says_goodbye = 1; /* tb_client_disconnect says it */
+  h.shm_id = tb__shm_id();
   if (c->prefetch) {
     h.channels = (char **)channels;
     h.n_channels = n_channels;

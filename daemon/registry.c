@@ -177,5 +177,6 @@ void tbd__evinfo_to_pb(const struct tbd_evinfo *e,
   pb->owner_pid = e->pid;
   pb->complete = e->complete;
   pb->owner_died = e->owner_died;
+  pb->owner_shm_id = e->shm_id;
 }
 

@@ -30,6 +30,7 @@ struct tbd_evinfo {
   bool complete; /* a version's ready event: finished at publish */
   bool owner_died; /* a version's ready event: its producer hung up
                     * without its Goodbye (EventInfo.owner_died) */
+  uint64_t shm_id; /* its session's Hello.shm_id (EventInfo.owner_shm_id) */
 };
 
 struct tbd_buffer {
@@ -227,6 +228,7 @@ struct tbd_session {
   uint32_t memory_kinds;
   bool prefetch;              /* Hello.prefetch: buffers in NewVersion */
   bool says_goodbye;          /* Hello.says_goodbye */
+  uint64_t shm_id;            /* Hello.shm_id */
   bool said_goodbye;          /* its Goodbye came: closing on purpose */
   bool hung_up;               /* the peer ended the connection */
   bool operator_slot;         /* admitted past the limits (quota.c) */

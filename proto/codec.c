@@ -286,6 +286,7 @@ static void event_body(struct wr *w, const void *m) {
   wr_u64(w, 4, e->owner_pid);
   wr_u64(w, 5, e->complete != 0);
   wr_u64(w, 6, e->owner_died != 0);
+  wr_u64(w, 7, e->owner_shm_id);
 }
 
 /* 0 when the message has a form left to protobuf-c. */

@@ -345,6 +345,7 @@ static int dec_event(struct tb__arena *a, struct rd *in,
     VARINT_FIELD(4, m->owner_pid, AS_U32);
     VARINT_FIELD(5, m->complete, AS_BOOL);
     VARINT_FIELD(6, m->owner_died, AS_BOOL);
+    VARINT_FIELD(7, m->owner_shm_id, AS_U64);
   BODY_END;
 }
 

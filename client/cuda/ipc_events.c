@@ -499,6 +499,20 @@ int tb__ci_wait_ready(struct tb_client *c, const struct tb__cuda_map *m,
     uuid = ready->device->uuid.data;
   if (ready->owner_died && !ready->complete)
     return ready_of_dead_producer(c, ready, uuid);
+  if (tb__shm_foreign(ready->owner_shm_id)) {
+    /* CUDA interprocess events do not reach a process with another
+     * /dev/shm: never opened, never waited on (a wait might never end) */
+    if (ready->complete)
+      return 1;
+    return tb__set_error(c, TB_ENOTSUP,
+                         "this version was published with its GPU work still "
+                         "in flight by a producer that sees another /dev/shm "
+                         "(another container's IPC namespace): CUDA "
+                         "interprocess events do not reach across, so its "
+                         "readiness cannot be waited for; the producer must "
+                         "publish finished work (synchronise its stream "
+                         "first) (docs/cuda.md, \"Across containers\")");
+  }
   if (s->no_sync)
     return 0;
   rc = tb__ci_wait_event(c->conn, ready->event_id, ready->cuda_ipc_event_handle.data,

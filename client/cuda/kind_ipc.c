@@ -153,8 +153,10 @@ static void prefetch(struct tb_client *c,
       pthread_mutex_unlock(&k->lock);
     }
   }
-  /* a finished version's event is never opened by its acquire either */
+  /* a finished version's event is never opened by its acquire either, nor
+   * one that does not reach this process (another /dev/shm) */
   if (rc == 0 && ready != NULL && ready->event_id != 0 && !ready->complete &&
+      !tb__shm_foreign(ready->owner_shm_id) &&
       ready->cuda_ipc_event_handle.len == TB__CUDA_IPC_HANDLE_SIZE) {
     const uint8_t *uuid = bi->device->uuid.data;
     if (ready->device != NULL && ready->device->uuid.len == TB__UUID_SIZE)

@@ -337,7 +337,9 @@ int tb__ci_done_event_ensure(struct tb_client *c, int device);
 /* Make s wait for the version's ready event (none, or a no-sync s: 0).
  * One whose producer died (EventInfo.owner_died) and that was not complete
  * at publish is asked, whatever s, whether it finished: 1 if it did
- * (nothing to wait for, now or later), else TB_ECLOSED. */
+ * (nothing to wait for, now or later), else TB_ECLOSED. One registered by
+ * a process with another /dev/shm (EventInfo.owner_shm_id) is never
+ * opened: complete, 1; else TB_ENOTSUP. */
 int tb__ci_wait_ready(struct tb_client *c, const struct tb__cuda_map *m,
     const Tensorbroker__V1__EventInfo *ready,
     const struct tb__cuda_stream *s);

@@ -28,6 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,6 +65,24 @@ static size_t log_count(const char *fmt, ...) {
   vsnprintf(body, sizeof(body), fmt, ap);
   va_end(ap);
   return fk->log_count(body);
+}
+
+/* Lines of this process's log whose body starts with prefix. */
+static size_t log_prefixed(const char *prefix) {
+  static char text[1 << 16];
+  size_t n = 0, len;
+  const char *line, *b;
+
+  fk->log_read(text, sizeof(text));
+  for (line = text; line != NULL && *line != '\0';) {
+    if (fakecuda_line_body(line, 0, &b, &len) &&
+        strncmp(b, prefix, strlen(prefix)) == 0)
+      n++;
+    line = strchr(line, '\n');
+    if (line != NULL)
+      line++;
+  }
+  return n;
 }
 
 static uint32_t word(int buffer, uint32_t i) {
@@ -477,6 +497,60 @@ static int ns_consumer(const char *sock) {
   return 0;
 }
 
+/* The consumer of vmm_other_shm, run like ns_consumer (argv "shm-consumer
+ * SOCKET"), which first mounts a /dev/shm of its own, as a container
+ * without the host's IPC namespace has. Exit 0, or a code. */
+static int shm_consumer(const char *sock) {
+  struct tbt_daemon d = {.pid = 0};
+  struct tb_acquire_options ao;
+  DLManagedTensorVersioned *t = NULL;
+  tb_client *c = NULL;
+  tb_cu_device dev;
+  tb_cu_stream s = NULL;
+  struct stat before, after;
+  char why[512] = "";
+  int rc;
+
+  if (stat("/dev/shm", &before) != 0 ||
+      mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, NULL) != 0 ||
+      stat("/dev/shm", &after) != 0 || after.st_dev == before.st_dev)
+    return 20;
+  if (tb__cuda_load(&cu) != 0 || cu->cuDeviceGet(&dev, 0) != 0 ||
+      cu->cuDevicePrimaryCtxRetain(&ctx, dev) != 0 ||
+      cu->cuCtxSetCurrent(ctx) != 0 ||
+      cu->cuStreamCreate(&s, TB_CU_STREAM_NON_BLOCKING) != 0)
+    return 21;
+  fk = fakecuda();
+  if (fk == NULL)
+    return 22;
+  fk->set_busy(1); /* the read below is still queued at the release */
+  snprintf(d.sock, sizeof(d.sock), "%s", sock);
+  if (tbt_connect(&d, "shm-consumer", &c) != 0)
+    return 23;
+  tb_acquire_options_init(&ao);
+  ao.timeout_ms = TBT_TIMEOUT_MS;
+  ao.stream = s;
+  fk->log_clear();
+  /* the producer's work was in flight at publish: its event cannot be
+   * waited for from here, and is not even opened */
+  rc = tb_acquire(c, "vmm/shm-pending", &ao, &t);
+  tb_client_last_error(c, why, sizeof(why));
+  fprintf(stderr, "shm-consumer: pending version: %s (%s)\n", tb_err_name(rc),
+          why);
+  if (rc != TB_ENOTSUP || strstr(why, "another /dev/shm") == NULL)
+    return 24;
+  /* finished at publish: nothing to wait for, so it reads */
+  rc = tb_acquire(c, "vmm/shm-done", &ao, &t);
+  if (rc != 0)
+    return 25;
+  if (log_prefixed("ipc-open-event ") != 0)
+    return 26;
+  if (tb_release(t, s) != 0) /* a done event: the read is queued */
+    return 27;
+  tb_client_disconnect(c);
+  return 0;
+}
+
 /* May this process make PID namespaces (root, or a user namespace)? */
 static int can_unshare_pid(void) {
   pid_t pid = fork();
@@ -544,13 +618,91 @@ static void vmm_pid_namespace(void **state) {
   assert_int_equal(cu->cuMemFree(ipc), 0);
 }
 
+/* A consumer that sees another /dev/shm (a container without the host's
+ * IPC namespace): CUDA interprocess events do not reach across it, and a
+ * stream waiting on one might wait for good. So the library neither opens
+ * nor waits on them: a version published with its work in flight is
+ * TB_ENOTSUP at acquire, a finished one reads; and the producer's
+ * tb_wait_free for a version that consumer released with its read still
+ * queued is TB_ENOTSUP (it cannot be known free), not a wait. */
+static void vmm_other_shm(void **state) {
+  char self[4096], why[512];
+  tb_client *p = NULL;
+  tb_buffer *b[2] = {NULL, NULL};
+  int64_t shape;
+  DLTensor dt;
+  uint64_t done_v = 0;
+  ssize_t n;
+  pid_t pid;
+  int st;
+
+  (void)state;
+  if (!can_unshare_pid()) {
+    fprintf(stderr, "no mount namespaces here (not root): skipped\n");
+    skip();
+  }
+  assert_int_equal(tbt_connect(&daemon_, "shm-producer", &p), 0);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(tb_buffer_create_cuda(p, NWORDS * 4, 0, 0, &b[i]), 0);
+    fill_words((tb_cu_deviceptr)(uintptr_t)tb_buffer_data(b[i]), NS_FILL);
+  }
+  tb_cu_stream s = NULL;
+  assert_int_equal(cu->cuStreamCreate(&s, TB_CU_STREAM_NON_BLOCKING), 0);
+  struct tb_publish_options po;
+  tb_publish_options_init(&po);
+  po.stream = s;
+  fk->set_busy(1); /* in flight at publish */
+  ring_tensor(&dt, &shape, tb_buffer_data(b[0]));
+  assert_int_equal(tb_channel_publish(p, "vmm/shm-pending", &dt, &po, NULL),
+                   0);
+  fk->set_busy(0); /* finished at publish */
+  ring_tensor(&dt, &shape, tb_buffer_data(b[1]));
+  assert_int_equal(tb_channel_publish(p, "vmm/shm-done", &dt, &po, &done_v),
+                   0);
+
+  n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  assert_true(n > 0);
+  self[n] = '\0';
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    execlp("unshare", "unshare", "--pid", "--fork", "--mount-proc", self,
+           "shm-consumer", daemon_.sock, (char *)NULL);
+    _exit(127);
+  }
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    fail_msg("the consumer with its own /dev/shm failed: status %#x (exit "
+             "codes in shm_consumer)", st);
+  /* the version it released with its read queued */
+  assert_int_equal(tb_channel_publish(p, "vmm/shm-done", &dt, &po, NULL), 0);
+  fk->log_clear();
+  assert_int_equal(tb_wait_free(p, "vmm/shm-done", done_v, TBT_TIMEOUT_MS, s),
+                   TB_ENOTSUP);
+  tb_client_last_error(p, why, sizeof(why));
+  if (strstr(why, "another /dev/shm") == NULL)
+    fail_msg("tb_wait_free says: %s", why);
+  if (log_prefixed("ipc-open-event ") != 0) {
+    show_log();
+    fail_msg("the producer opened the consumer's done event");
+  }
+  /* asked again, it says the same */
+  assert_int_equal(tb_wait_free(p, "vmm/shm-done", done_v, 0, s), TB_ENOTSUP);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(tb_buffer_destroy(b[i]), 0);
+  tb_client_disconnect(p);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(vmm_lifecycle),
       cmocka_unit_test(vmm_ring),
       cmocka_unit_test(vmm_pid_namespace),
+      cmocka_unit_test(vmm_other_shm),
   };
   if (argc == 3 && strcmp(argv[1], "ns-consumer") == 0)
     return ns_consumer(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "shm-consumer") == 0)
+    return shm_consumer(argv[2]);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
