@@ -11,7 +11,11 @@ filled through the fake's cuMemcpyHtoD, published, and read back by a
 consumer process-side client (lease.memory_kind 3, cuda-vmm in the channel
 list), the data checked through cuMemcpyDtoH. A driver without POSIX
 descriptor support gives TB_ENOTSUP, and a bad dtype or device a clear
-error.
+error. A consumer in a container of its own (unshare, a tmpfs /dev/shm;
+root only) gets TB_ENOTSUP for a version published with work in flight,
+reads a finished one, and its release with a read queued makes the
+producer's wait_free TB_ENOTSUP: CUDA interprocess events do not reach
+across /dev/shm (docs/cuda.md, "Across containers").
 
 Registered as python_fakecuda_vmm with LD_LIBRARY_PATH pointing at the fake;
 anywhere else it skips."""
@@ -21,6 +25,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tbtest  # noqa: E402
 from tbtest import daemon  # noqa: E402
 
 import tensorbroker as tb  # noqa: E402
@@ -158,4 +163,72 @@ def test_ring_of_vmm_buffers():
         c.close()
         del ring, a
         gc.collect()
+        p.close()
+
+
+# A consumer in a container of its own: other PID namespace, its own
+# /dev/shm (no host IPC namespace), as a user runs one with
+# `docker run` without --ipc=host.
+CONTAINER_CONSUMER = r'''
+import ctypes, sys
+sys.path.insert(0, sys.argv[2])
+from fakecuda import (cu, check, make_context_current, new_stream,
+                      DLManagedTensorVersioned, capi)
+import tensorbroker as tb
+make_context_current()
+cu.fakecuda_set_busy(1)  # its read is still queued when it releases
+c = tb.Client(socket=sys.argv[1], name="container")
+side = new_stream()
+try:
+    c.acquire("py/shm-pending", stream=side)
+    print("granted a version whose readiness it cannot wait for")
+    sys.exit(1)
+except tb.Error as e:
+    assert e.code == tb.TB_ENOTSUP and "another /dev/shm" in str(e), e
+lease = c.acquire("py/shm-done", stream=side)
+cap = lease.__dlpack__(stream=side, max_version=(1, 0))
+m = ctypes.cast(capi.PyCapsule_GetPointer(cap, b"dltensor_versioned"),
+                ctypes.POINTER(DLManagedTensorVersioned)).contents.dl_tensor
+host = (ctypes.c_uint32 * %d)()
+check(cu.cuMemcpyDtoH_v2(host, m.data + m.byte_offset, ctypes.sizeof(host)),
+      "copy")
+assert list(host) == [9000 + i for i in range(len(host))], list(host)[:4]
+del lease, m
+del cap  # the read queued on side: the lease ends with a done event
+c.close()
+print("ok")
+''' % N
+
+
+def test_consumer_in_another_container():
+    import shutil
+    import subprocess
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        raise tbtest.Skip("needs root and unshare(1) for a private /dev/shm")
+    new_stream = __import__("fakecuda").new_stream
+    with daemon() as sock:
+        p = tb.Client(socket=sock, name="host-producer")
+        s = new_stream()
+        a = p.empty((N,), "uint32", device="cuda")
+        fill(a.data_ptr, 8000)
+        cu.fakecuda_set_busy(1)  # its work in flight at publish
+        p.publish("py/shm-pending", a, stream=s)
+        cu.fakecuda_set_busy(0)
+        b = p.empty((N,), "uint32", device="cuda")
+        fill(b.data_ptr, 9000)
+        v = p.publish("py/shm-done", b, stream=s)  # finished at publish
+        out = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c",
+             'mount -t tmpfs tmpfs /dev/shm && exec "$0" -c "$1" "$2" "$3"',
+             sys.executable, CONTAINER_CONSUMER, sock,
+             os.path.dirname(os.path.abspath(__file__))],
+            stdout=subprocess.PIPE, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == "ok", out
+        p.publish("py/shm-done", b, stream=s)  # v leaves the history
+        try:
+            p.wait_free("py/shm-done", v, timeout=5, stream=s)
+            raise AssertionError("wait_free waited on a done event from "
+                                 "another /dev/shm")
+        except tb.Error as e:
+            assert e.code == tb.TB_ENOTSUP and "another /dev/shm" in str(e), e
         p.close()
