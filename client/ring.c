@@ -21,6 +21,8 @@ struct tb_ring {
   unsigned nslots;
   unsigned next;        /* the slot tb_ring_next hands out */
   int cur;              /* the slot handed out, not yet published; -1 */
+  int cuda;             /* device memory: its writes are ordered on a stream */
+  void *stream;         /* the stream tb_ring_next made wait (normalised) */
   uint64_t versions[];  /* the version last published from each; 0: none */
 };
 
@@ -57,6 +59,7 @@ static int ring_create(tb_client *c, const char *channel, size_t slot_bytes,
     return rc;
   }
   r->c = c;
+  r->cuda = device >= 0;
   memcpy(r->channel, channel, strlen(channel) + 1);
   r->stride = stride;
   r->nslots = nslots;
@@ -78,12 +81,29 @@ int tb_ring_create_host(tb_client *c, const char *channel, size_t slot_bytes,
   return ring_create(c, channel, slot_bytes, nslots, -1, flags, out);
 }
 
+/* stream as its contract reads it: NULL names the contract's stream. */
+static void *ring_stream(const tb_ring *r, void *stream) {
+  if (stream != TB_STREAM_DEFAULT)
+    return stream;
+  switch (r->c->conn->contract) {
+  case TB_CONTRACT_SPEC:
+    return TB_STREAM_LEGACY;
+  case TB_CONTRACT_NO_SYNC:
+    return TB_STREAM_NO_SYNC;
+  case TB_CONTRACT_PER_THREAD:
+    return TB_STREAM_PER_THREAD;
+  default:
+    return stream;
+  }
+}
+
 int tb_ring_next(tb_ring *r, int timeout_ms, void *stream, void **data) {
   uint64_t v;
   int rc;
 
   if (r == NULL || data == NULL)
     return TB_EINVAL;
+  r->stream = ring_stream(r, stream);
   v = r->versions[r->next];
   if (v != 0) {
     rc = tb_channel_wait_free(r->c, r->channel, v, timeout_ms, stream);
@@ -147,6 +167,19 @@ int tb_ring_publish(tb_ring *r, const DLTensor *t,
     rc = tb__set_error(r->c, TB_EINVAL, "ring: history_depth %u must be "
                        "below the ring's %u slots, or no slot ever comes "
                        "free", o.history_depth, r->nslots);
+    pthread_mutex_unlock(&r->c->call_lock);
+    return rc;
+  }
+  /* The slot came back with the consumers' reads ordered before the work
+   * of the stream tb_ring_next was given, and no other: writes on another
+   * stream may overtake them (a side stream does not wait for the legacy
+   * one). Caught here on every frame, not only when the race is lost. */
+  if (r->cuda && ring_stream(r, o.stream) != r->stream) {
+    pthread_mutex_lock(&r->c->call_lock);
+    rc = tb__set_error(r->c, TB_ESTREAM, "ring: published on stream %p, but "
+                       "tb_ring_next ordered the slot's reuse on stream %p: "
+                       "pass the stream that writes the slot to both",
+                       ring_stream(r, o.stream), r->stream);
     pthread_mutex_unlock(&r->c->call_lock);
     return rc;
   }

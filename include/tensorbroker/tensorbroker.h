@@ -413,7 +413,11 @@ TB_EXPORT int tb_ring_next(tb_ring *r, int timeout_ms, void *stream,
 /* Publish t, which must lie inside the slot tb_ring_next() gave (TB_EINVAL
  * otherwise, nothing published), as channel's next version. opts as for
  * tb_channel_publish(); its history_depth (1 when 0) must be below nslots.
- * The next tb_ring_next() moves on to the following slot. */
+ * A CUDA ring's opts->stream must be the stream tb_ring_next() was given
+ * (NULL standing for the contract's, as there): the slot's reuse was
+ * ordered on that stream only, and writes on another may overtake the
+ * consumers' reads (TB_ESTREAM otherwise, nothing published). The next
+ * tb_ring_next() moves on to the following slot. */
 TB_EXPORT int tb_ring_publish(tb_ring *r, const DLTensor *t,
                               const struct tb_publish_options *opts,
                               uint64_t *out_version);

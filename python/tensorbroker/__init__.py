@@ -523,20 +523,32 @@ class Ring:
         self._versions = [0] * slots
         self._next = 0
         self._cur = None
+        self._cuda = self.slots[0].__dlpack_device__()[0] == DEVICE_CUDA
+        self._stream = None
 
     def next(self, timeout=None, stream=None):
         """The next slot's array, once the version last published from it is
         free: wait_free(timeout, stream), so for device memory stream waits
         on the GPU and for pinned host memory (stream None) the host waits.
         Raises TimeoutError when the wait runs out; the same slot comes
-        next time."""
+        next time. For device memory, write the slot on that stream and
+        publish with the same one (ValueError otherwise): the reuse is
+        ordered on it alone."""
         i = self._next
         if self._versions[i] != 0:
             self._client.wait_free(self.channel, self._versions[i], timeout=timeout,
                                    stream=stream)
             self._versions[i] = 0
         self._cur = i
+        self._stream = self._stream_of(stream)
         return self.slots[i]
+
+    def _stream_of(self, stream):
+        """stream as the connection's contract reads it (None, 0: its own)."""
+        s = _stream_int(stream)
+        if s is None or s == 0:
+            return _CONTRACT_STREAM.get(self._client.stream_contract)
+        return s
 
     def publish(self, obj=None, stream=None, metadata=None):
         """Publish the array next() returned (obj None), or a view of part of
@@ -544,6 +556,14 @@ class Ring:
         returns the version. stream: as for Client.publish (device memory)."""
         if self._cur is None:
             raise RuntimeError("ring.publish() without ring.next(): take a slot first")
+        if self._cuda and self._stream_of(stream) != self._stream:
+            # the slot's reuse was ordered on next()'s stream only: writes on
+            # another may overtake the consumers' reads (a side stream does
+            # not wait for the legacy one)
+            raise ValueError("ring.publish(stream=%r) after ring.next(stream=%r): "
+                             "the slot came back ordered on next()'s stream only; "
+                             "pass the stream that writes the slot to both"
+                             % (stream, self._stream))
         slot = self.slots[self._cur]
         if obj is None:
             obj = slot

@@ -419,8 +419,17 @@ static void vmm_ring(void **state) {
   po.history_depth = 3;
   ring_tensor(&dt, &shape, slot[0]);
   assert_int_equal(tb_ring_publish(r, &dt, &po, &v), TB_EINVAL);
+  /* and on another stream than the one the slot's reuse was ordered on
+   * (tb_ring_next's, the legacy stream): a side stream's writes could
+   * overtake the consumers' reads */
+  tb_cu_stream side = NULL;
+  assert_int_equal(cu->cuStreamCreate(&side, TB_CU_STREAM_NON_BLOCKING), 0);
+  tb_publish_options_init(&po);
+  po.stream = side;
+  assert_int_equal(tb_ring_publish(r, &dt, &po, &v), TB_ESTREAM);
+  po.stream = TB_STREAM_LEGACY; /* what NULL stands for under spec */
   ring_fill(slot[0], 4);
-  assert_int_equal(tb_ring_publish(r, &dt, NULL, &v), 0);
+  assert_int_equal(tb_ring_publish(r, &dt, &po, &v), 0);
   assert_int_equal(v, 4); /* nothing was published in between */
   /* each kept version reads its own slot */
   tb_acquire_options_init(&ao);

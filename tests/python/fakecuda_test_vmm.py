@@ -160,6 +160,16 @@ def test_ring_of_vmm_buffers():
             assert got == [1000 * f + i for i in range(N)], (f, got[:4])
             DELETER(cm.contents.deleter)(cm)
             lease.release()
+        # the next slot's reuse is ordered on the legacy stream: writing
+        # and publishing it on a side stream could overtake a reader
+        a = ring.next(timeout=5)  # None: the spec contract's legacy stream
+        side = __import__("fakecuda").new_stream()
+        try:
+            ring.publish(stream=side)
+            raise AssertionError("published on another stream than next()'s")
+        except ValueError as e:
+            assert "pass the stream that writes the slot to both" in str(e), e
+        ring.publish(stream=1)  # the same stream: accepted
         c.close()
         del ring, a
         gc.collect()
