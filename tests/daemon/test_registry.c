@@ -45,6 +45,7 @@ typedef Tensorbroker__V1__ServerMessage msg_t;
 #define N_FREE TENSORBROKER__V1__NOTICE__BODY_VERSION_FREE
 #define N_RETIRED TENSORBROKER__V1__NOTICE__BODY_BUFFER_RETIRED
 #define N_CLOSED TENSORBROKER__V1__NOTICE__BODY_CHANNEL_CLOSED
+#define N_GONE TENSORBROKER__V1__NOTICE__BODY_EVENTS_GONE
 #define LATEST TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_LATEST
 #define NEXT TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_NEXT
 #define EXACT TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_EXACT
@@ -290,6 +291,7 @@ struct acq {
   int fd;
   uint64_t ready_event;  /* 0: the reply had none */
   bool ready_complete;
+  bool ready_owner_died;
   int kind, dev_type;    /* the BufferInfo's */
 };
 
@@ -321,6 +323,7 @@ static int acquire_ex(struct tbd_registry *r, struct tbd_session *s,
     out->fd_attached = ar->buffer->fd_attached;
     out->ready_event = ar->ready_event ? ar->ready_event->event_id : 0;
     out->ready_complete = ar->ready_event && ar->ready_event->complete;
+    out->ready_owner_died = ar->ready_event && ar->ready_event->owner_died;
     out->kind = ar->buffer->kind;
     out->dev_type = ar->buffer->device ? ar->buffer->device->type : -1;
     assert_int_equal(ar->buffer->fd_attached, c->fd >= 0);
@@ -1591,6 +1594,84 @@ static int reg_vmm(struct tbd_registry *r, struct tbd_session *s,
   return st;
 }
 
+/* Sessions that die (promised a Goodbye, hung up without it): a consumer
+ * with 300 events, one of them the done event of a release of a version
+ * another consumer still holds, and a producer whose VMM version had its
+ * ready event pending. Every other session hears all 300 ids in two
+ * EventsGone notices (256 + 44); the version's VersionFree names no done
+ * event of the dead consumer; the dead producer's version is granted with
+ * its ready event marked owner_died. Sessions that close with a Goodbye
+ * send nothing of the kind. */
+static void test_dead_sessions_events_gone(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *k = session_says_goodbye(r, 11),
+                     *o = session(r, 12), *q = session_says_goodbye(r, 13);
+  uint64_t b = cuda_buffer(r, p, 0x31), ids[300], seen[300], vid = 0;
+  struct pub gpu = {.dev_type = kDLCUDA, .depth = 1, .event = event(r, p)};
+  struct tbt_fake_cuda f;
+  struct tbt_cap *m;
+  struct acq ak, ao;
+  size_t nseen = 0, pieces = 0;
+  int fds[1];
+
+  (void)state;
+  for (int i = 0; i < 300; i++)
+    ids[i] = event(r, k);
+  assert_tb_ok(publish_ex(r, p, "g", b, &gpu, NULL));
+  ak = acquire(r, k, "g", LATEST, 0);
+  ao = acquire(r, o, "g", LATEST, 0);
+  assert_tb_ok(tbt_req_release(r, k, ak.lease, ids[0], true));
+  tbt_caps_clear();
+  uint64_t kid = tbd_session_id(k);
+  tbd_session_hung_up(k);
+  tbd_session_close(r, k);
+  while ((m = tbt_cap_take_notice(o, N_GONE)) != NULL) {
+    const Tensorbroker__V1__EventsGone *eg = m->m->notice->events_gone;
+    assert_int_equal(eg->session_id, kid);
+    assert_true(eg->n_event_ids <= 256);
+    for (size_t i = 0; i < eg->n_event_ids && nseen < 300; i++)
+      seen[nseen++] = eg->event_ids[i];
+    pieces++;
+    tbt_cap_free(m);
+  }
+  assert_int_equal(pieces, 2);
+  assert_int_equal(nseen, 300);
+  for (int i = 0; i < 300; i++)
+    assert_true(seen[i] == ids[i]);
+  assert_int_equal(tbt_cap_drop_notices(p, N_GONE), 2);
+  /* the version leaves the history and is freed: no dead done event */
+  assert_tb_ok(publish_ex(r, p, "g", b, &gpu, NULL));
+  assert_tb_ok(release(r, o, ao.lease));
+  m = tbt_cap_take_notice(p, N_FREE);
+  assert_non_null(m);
+  assert_int_equal(m->m->notice->version_free->n_done_events, 0);
+  tbt_cap_free(m);
+
+  /* a producer dies with its VMM version's ready event pending */
+  tbt_fake_cuda_init(&f, 2);
+  fds[0] = memfd(4096, false);
+  assert_tb_ok(reg_vmm(r, q, &f, 4096, fds, 1, &vid));
+  struct pub pending = {.dev_type = kDLCUDA, .depth = 1,
+                        .event = event(r, q)};
+  assert_tb_ok(publish_ex(r, q, "v", vid, &pending, NULL));
+  ao = acquire(r, o, "v", LATEST, 0);
+  assert_false(ao.ready_owner_died);
+  assert_tb_ok(release(r, o, ao.lease));
+  tbd_session_hung_up(q);
+  tbd_session_close(r, q);
+  assert_int_equal(tbt_cap_drop_notices(o, N_GONE), 1);
+  ao = acquire(r, o, "v", LATEST, 0);
+  assert_true(ao.ready_event != 0 && !ao.ready_complete);
+  assert_true(ao.ready_owner_died);
+  assert_tb_ok(release(r, o, ao.lease));
+
+  /* closing with a Goodbye: nothing of the kind */
+  tbt_caps_clear();
+  tbd_session_close(r, p);
+  assert_null(tbt_cap_take_notice(o, N_GONE));
+  tbt_registry_free(r);
+}
+
 /* CUDA_VMM_FD: the registration carries the exported descriptor, which the
  * daemon keeps (its descriptor count says so) and attaches to each
  * consumer's first AcquireReply of the buffer; the versions outlive their
@@ -2464,6 +2545,7 @@ int main(void) {
       T(test_kind_table),
       T(test_buffer_register_kinds),
       T(test_vmm_buffers),
+      T(test_dead_sessions_events_gone),
       T(test_wait_free),
       T(test_protocol_errors),
       T(test_alloc_failure_publish),
