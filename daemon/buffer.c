@@ -90,6 +90,7 @@ int tbd__event_add(struct tbd_registry *r, struct tbd_session *s,
     return TB_ELIMIT;
   e->info.id = r->next_event_id;
   e->info.pid = (uint32_t)s->pid;
+  e->info.session = s->id;
   tbd_hash_oom = 0;
   HASH_ADD(hh, r->events, info.id, sizeof(e->info.id), e);
   if (tbd_hash_oom)

@@ -60,6 +60,26 @@ void tbd__channel_drop(struct tbd_registry *r, struct tbd_channel *ch) {
   channel_free(r, ch);
 }
 
+/* to was sent v's done events: each owner that dies tells it (EventsGone).
+ * Out of memory, that one is not told (it waits on the event as before). */
+static void told(struct tbd_registry *r, const struct tbd_version *v,
+                 const struct tbd_session *to) {
+  for (size_t i = 0; i < v->ndone; i++) {
+    struct tbd_session *owner = tbd__session_find(r, v->done[i].session);
+    struct tbd_told *t;
+    if (owner == NULL || owner == to)
+      continue;
+    HASH_FIND(hh, owner->told, &to->id, sizeof(to->id), t);
+    if (t != NULL || (t = tbd_calloc(1, sizeof(*t))) == NULL)
+      continue;
+    t->session_id = to->id;
+    tbd_hash_oom = 0;
+    HASH_ADD(hh, owner->told, session_id, sizeof(t->session_id), t);
+    if (tbd_hash_oom)
+      tbd_free(t);
+  }
+}
+
 static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
   Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
   Tensorbroker__V1__VersionFree vf = TENSORBROKER__V1__VERSION_FREE__INIT;
@@ -98,6 +118,8 @@ static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
     vf.done_events = evp;
     vf.done_events_dropped = dropped;
     tbd__emit_notice(r, pub, &n);
+    if (nev > 0)
+      told(r, v, pub);
   }
   while ((w = v->free_waits) != NULL) {
     Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
@@ -116,6 +138,8 @@ static void version_free_notify(struct tbd_registry *r, struct tbd_version *v) {
     tbd__wait_remove(r, w);
     r->stats.wait_frees++;
     tbd__send_reply(r, s, &rep, NULL, 0);
+    if (nev > 0)
+      told(r, v, s);
   }
   tbd_free(evs);
   tbd_free(devs);

@@ -31,6 +31,8 @@ struct tbd_evinfo {
   bool owner_died; /* a version's ready event: its producer hung up
                     * without its Goodbye (EventInfo.owner_died) */
   uint64_t shm_id; /* its session's Hello.shm_id (EventInfo.owner_shm_id) */
+  uint64_t session; /* the session that registered it (it may be gone, or
+                     * have unregistered it: versions keep copies) */
 };
 
 struct tbd_buffer {
@@ -166,6 +168,13 @@ struct tbd_subgroup {
 
 /* Buffers this session has been sent; fd_current: it holds a mapping (no
  * Forget since the descriptor was last attached). */
+/* A session that was sent some done events of another (VersionFree,
+ * WaitFreeReply): told of them again when that one dies (EventsGone). */
+struct tbd_told {
+  uint64_t session_id;
+  UT_hash_handle hh;
+};
+
 struct tbd_sent {
   uint64_t buffer_id;
   bool fd_current;
@@ -243,6 +252,7 @@ struct tbd_session {
   struct tbd_event *events;
   struct tbd_sub *subs;
   struct tbd_sent *sent;
+  struct tbd_told *told;      /* sessions sent its done events */
   struct tbd_wait *wait;     /* at most one parked request */
   struct tbd_metrics_snap *metrics_snap; /* Metrics being paged out */
 };

@@ -120,6 +120,14 @@ static void conn_doom(struct tbd_conn *c) {
   c->srv->doomed = c;
 }
 
+/* A send failed with rc: a peer that closed its end (EPIPE, ECONNRESET)
+ * hung up, as an end of stream read from it says, so that a death first
+ * met by a send counts as one (tbd_session_abrupt). */
+static void send_failed(struct tbd_conn *c, int rc) {
+  if (rc == -EPIPE || rc == -ECONNRESET)
+    tbd_session_hung_up(c->s);
+}
+
 /* Send what is queued; 0 when the queue is empty, 1 when the socket is
  * full, -1 when the connection failed. */
 static int conn_flush(struct tbd_conn *c) {
@@ -129,8 +137,10 @@ static int conn_flush(struct tbd_conn *c) {
                            MSG_DONTWAIT);
     if (rc == -EAGAIN || rc == -EWOULDBLOCK)
       return 1;
-    if (rc < 0)
+    if (rc < 0) {
+      send_failed(c, rc);
       return -1;
+    }
     c->outq = m->next;
     if (c->outq == NULL)
       c->outq_tail = NULL;
@@ -240,6 +250,7 @@ void tbd_server_emit(void *ud, struct tbd_session *s,
     if (rc != -EAGAIN && rc != -EWOULDBLOCK) {
       tbd_debug("session %llu: send: %s", (unsigned long long)tbd_session_id(s),
                 strerror(-rc));
+      send_failed(c, rc);
       conn_doom(c);
       return;
     }
@@ -489,6 +500,7 @@ static void on_conn_poll(uv_poll_t *h, int status, int events) {
     return;
   }
   if (status < 0) {
+    tbd_session_hung_up(c->s); /* the socket failed: its peer is gone */
     conn_doom(c);
   } else {
     if ((events & UV_WRITABLE) && !c->doomed) {

@@ -124,30 +124,47 @@ static const char *close_reason(const struct tbd_session *s,
  * consumer asks the event whether it finished rather than wait on it. */
 #define EVENTS_GONE_PIECE 256
 
+static int id_cmp(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 static void events_gone(struct tbd_registry *r, struct tbd_session *s) {
   Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
   Tensorbroker__V1__EventsGone eg = TENSORBROKER__V1__EVENTS_GONE__INIT;
-  uint64_t ids[EVENTS_GONE_PIECE];
   struct tbd_channel *ch, *chtmp;
-  struct tbd_session *o, *otmp;
+  struct tbd_told *t, *ttmp;
   struct tbd_event *e;
   struct tbd_version *v;
-  size_t stripped = 0;
+  uint64_t *ids = NULL;
+  size_t nids = 0, cap = 0, stripped = 0;
 
+  /* Its events are known by the session that registered them, not by the
+   * registry's table: one it unregistered after a release still has
+   * copies in versions. */
   HASH_ITER(hh, r->channels, ch, chtmp) {
     DL_FOREACH(ch->versions, v) {
       size_t keep = 0;
-      if (v->has_ready) {
-        HASH_FIND(hh, r->events, &v->ready.id, sizeof(v->ready.id), e);
-        if (e != NULL && e->owner == s)
-          v->ready.owner_died = true;
-      }
+      if (v->has_ready && v->ready.session == s->id)
+        v->ready.owner_died = true;
       for (size_t i = 0; i < v->ndone; i++) {
-        HASH_FIND(hh, r->events, &v->done[i].id, sizeof(v->done[i].id), e);
-        if (e != NULL && e->owner == s)
-          stripped++;
-        else
+        if (v->done[i].session != s->id) {
           v->done[keep++] = v->done[i];
+          continue;
+        }
+        stripped++;
+        if (nids == cap) {
+          size_t ncap = cap ? cap * 2 : 64;
+          uint64_t *p = tbd_malloc(ncap * sizeof(*p));
+          if (p == NULL)
+            continue; /* not named: only those told wait on it */
+          if (nids > 0)
+            memcpy(p, ids, nids * sizeof(*p));
+          tbd_free(ids);
+          ids = p;
+          cap = ncap;
+        }
+        ids[nids++] = v->done[i].id;
       }
       v->ndone = keep;
     }
@@ -160,20 +177,49 @@ static void events_gone(struct tbd_registry *r, struct tbd_session *s) {
                "longer waited for",
                (unsigned long long)s->id, (int)s->pid, s->name,
                (unsigned)s->nevents, stripped);
+  if (s->told == NULL) {
+    tbd_free(ids);
+    return;
+  }
+  /* Those it was sent may hold any of its events, unregistered ones too:
+   * the registered ones and those just stripped, each once. */
+  DL_FOREACH2(s->events, e, snext) {
+    if (nids == cap) {
+      size_t ncap = cap ? cap * 2 : 64;
+      uint64_t *p = tbd_malloc(ncap * sizeof(*p));
+      if (p == NULL)
+        break;
+      if (nids > 0)
+        memcpy(p, ids, nids * sizeof(*p));
+      tbd_free(ids);
+      ids = p;
+      cap = ncap;
+    }
+    ids[nids++] = e->info.id;
+  }
+  if (nids > 1)
+    qsort(ids, nids, sizeof(*ids), id_cmp);
+  {
+    size_t u = 0;
+    for (size_t i = 0; i < nids; i++)
+      if (u == 0 || ids[u - 1] != ids[i])
+        ids[u++] = ids[i];
+    nids = u;
+  }
   n.body_case = TENSORBROKER__V1__NOTICE__BODY_EVENTS_GONE;
   n.events_gone = &eg;
   eg.session_id = s->id;
-  eg.event_ids = ids;
-  e = s->events;
-  while (e != NULL) {
-    eg.n_event_ids = 0;
-    for (; e != NULL && eg.n_event_ids < EVENTS_GONE_PIECE; e = e->snext)
-      ids[eg.n_event_ids++] = e->info.id;
-    HASH_ITER(hh, r->sessions, o, otmp) {
-      if (o != s && tbd_session_hello(o))
+  for (size_t at = 0; at < nids; at += EVENTS_GONE_PIECE) {
+    eg.event_ids = ids + at;
+    eg.n_event_ids = nids - at < EVENTS_GONE_PIECE ? nids - at
+                                                   : EVENTS_GONE_PIECE;
+    HASH_ITER(hh, s->told, t, ttmp) {
+      struct tbd_session *o = tbd__session_find(r, t->session_id);
+      if (o != NULL && o != s && tbd_session_hello(o))
         tbd__emit_notice(r, o, &n);
     }
   }
+  tbd_free(ids);
 }
 
 void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
@@ -183,13 +229,13 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
   struct tbd_event *e, *etmp;
   struct tbd_buffer *b, *btmp;
   struct tbd_sent *se, *setmp;
+  struct tbd_told *tl, *tltmp;
 
   /* Nothing more goes to the closing session itself. */
   s->muted = true;
   if (tbd_session_abrupt(s)) {
     r->stats.sessions_died++;
-    if (s->events != NULL)
-      events_gone(r, s);
+    events_gone(r, s);
   }
   if (s->wait != NULL)
     tbd__wait_remove(r, s->wait);
@@ -214,6 +260,10 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
   HASH_ITER(hh, s->sent, se, setmp) {
     HASH_DEL(s->sent, se);
     tbd_free(se);
+  }
+  HASH_ITER(hh, s->told, tl, tltmp) {
+    HASH_DEL(s->told, tl);
+    tbd_free(tl);
   }
   if (s->hello)
     tbd__session_uncount(r, s);
