@@ -112,9 +112,11 @@ static int lease_drop_locked(struct tb__conn *k, struct tb__lease *l) {
 /* Record the done event of a lease (its memory kind decides on which
  * streams) and send its Release, or with aq put the Release's fields
  * into that Acquire. Returns TB__LEASE_LATER, without sending anything,
- * when the end must wait for a capture; an error when the done event
- * could not be recorded (the Release then went without one). Caller holds
- * k->lock; the connection is open. */
+ * when the end must wait for a capture; an error when the kind reported
+ * one (a release stream that cannot be named: the Release still carries
+ * the done event recorded after the lease's other streams; a record that
+ * failed: it goes without one). Caller holds k->lock; the connection is
+ * open. */
 static int lease_send_end_locked(struct tb__conn *k, struct tb__lease *l,
                                  void *stream,
                                  Tensorbroker__V1__Acquire *aq) {
@@ -126,8 +128,6 @@ static int lease_send_end_locked(struct tb__conn *k, struct tb__lease *l,
     rc = l->ops->done_record_locked(k, l->state, stream, &done, &imp);
     if (rc == TB__LEASE_LATER)
       return rc;
-    if (rc < 0)
-      done = 0; /* release without a done event; the caller gets rc */
     implicit |= imp;
   }
   if (aq != NULL && rc == 0) {

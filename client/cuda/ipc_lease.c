@@ -285,28 +285,49 @@ static int lease_release_stream(struct tb__conn *k, struct tb__cuda_acq *a,
   return tb__ci_lease_stream_add(a, &s, TB__LEASE_STREAMS + 1, why, whylen);
 }
 
+/* Whether this thread has no CUDA context current. */
+static int no_context_here(void) {
+  const struct tb_cuda *cu;
+  tb_cu_context cur = NULL;
+
+  return tb__cuda_load(&cu) == 0 && cu->cuCtxGetCurrent(&cur) == 0 &&
+         cur == NULL;
+}
+
 int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
                               void *stream, uint64_t *done_event_id,
                               int *implicit) {
   struct tb__cuda_stream target;
   struct tb__cuda_ev *e, *found = NULL;
+  struct tb__cuda_devctx dc;
   char why[256] = "";
-  int rc, complete = 0;
+  int rc, err, complete = 0, entered = 0;
 
   *done_event_id = 0;
   *implicit = 0;
-  rc = lease_release_stream(k, a, stream, implicit, why, sizeof(why));
-  if (rc < 0 || a->n_streams == 0 || K_CUDA(k) == NULL)
-    return rc;
+  /* The default streams of a lease acquired for a device (a->enter) are
+   * that device's, and so are those named on a thread with no context
+   * current (a worker's, a deleter's), where they would name nothing. */
+  if (a->enter || no_context_here())
+    entered = tb__cuda_device_enter(a->done_device, &dc, NULL, 0) == 0;
+  err = lease_release_stream(k, a, stream, implicit, why, sizeof(why));
+  if (entered)
+    tb__cuda_device_leave(&dc);
+  /* A release stream that cannot be named is the caller's error, but the
+   * streams the lease remembers still get their done event: the lease
+   * ends either way, and without it the producer would rewrite the memory
+   * under their reads. */
+  if (a->n_streams == 0 || K_CUDA(k) == NULL)
+    return err;
   LL_FOREACH(K_CUDA(k)->done, e) {
     if (e->device == a->done_device)
       found = e;
   }
   if (found == NULL)
-    return 0;
+    return err;
   rc = lease_target_locked(k, a, &target, why, sizeof(why));
   if (rc != 0 || target.no_sync)
-    return rc;
+    return rc != 0 ? rc : err;
   /* One done event per device, re-recorded for every release, so that a
    * producer waiting on it after a later re-record waits for later work
    * too (tb__ci_done_record_locked). When the consumer's work had already
@@ -318,6 +339,8 @@ int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
     return rc;
   if (!complete)
     *done_event_id = found->event_id;
+  if (err < 0)
+    return err;
   return 0;
 }
 

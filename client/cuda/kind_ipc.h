@@ -123,8 +123,12 @@ int tb__cuda_acquire(struct tb_client *c, struct tb__cuda_map *m,
  * when there is nothing to wait for (no stream declared, or all idle).
  * TB__LEASE_LATER when a remembered stream is capturing a graph (nothing
  * can be recorded after its real work until the capture ends): the caller
- * keeps the lease and asks again later, with stream NULL. Other errors:
- * the lease ends without a done event. Caller holds k->lock. */
+ * keeps the lease and asks again later, with stream NULL. A release stream
+ * that cannot be named (a bad value) is returned as an error after the
+ * done event was recorded on the remembered streams (*done_event_id set);
+ * other errors: no done event. Default streams (NULL, legacy, per-thread)
+ * are those of a->done_device when a device was given at acquire or no
+ * context is current. Caller holds k->lock. */
 int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
                               void *stream, uint64_t *done_event_id,
                               int *implicit);

@@ -784,6 +784,49 @@ static void producer_killed_with_work_in_flight(void **state) {
   assert_int_equal(tb_release(t, TB_STREAM_NO_SYNC), 0);
 }
 
+/* A lease read on s, released with a stream on a thread that has no CUDA
+ * context current (a worker's): the legacy stream it names is device 0's,
+ * and the done event follows s and it. And released with a stream value
+ * that names nothing: TB_ESTREAM, but the done event still follows s (the
+ * lease ends either way, and the producer must not rewrite under s). */
+struct rel_arg {
+  DLManagedTensorVersioned *t;
+  void *stream;
+  int rc;
+};
+static void *release_on_thread(void *p) {
+  struct rel_arg *a = p;
+  a->rc = tb_release(a->t, a->stream);
+  return NULL;
+}
+
+static void release_stream_unnamable(void **state) {
+  (void)state;
+  tb_cu_stream s = new_stream();
+  uint64_t v = publish();
+  struct rel_arg a = {acquire(v, s), TB_STREAM_LEGACY, 1};
+  pthread_t th;
+
+  fk->log_clear();
+  assert_int_equal(pthread_create(&th, NULL, release_on_thread, &a), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  if (a.rc != 0) {
+    show_log();
+    fail_msg("tb_release(t, legacy) on a thread without a context: %d", a.rc);
+  }
+  assert_int_equal(done_records(), 1);
+  assert_records_cover();
+  producer_reuses(v, 1);
+
+  (void)settled(NULL);
+  v = publish();
+  DLManagedTensorVersioned *t = acquire(v, s);
+  fk->log_clear();
+  assert_int_equal(tb_release(t, (void *)(intptr_t)-5), TB_ESTREAM);
+  assert_done_on(sname(s));
+  producer_reuses(v, 1);
+}
+
 /* Bad input: a ninth declared stream is refused and changes nothing. */
 static void too_many_streams(void **state) {
   (void)state;
@@ -826,6 +869,7 @@ int main(void) {
       cmocka_unit_test_setup(ready_per_thread_streams, settled),
       cmocka_unit_test_setup(consumer_killed_after_release, settled),
       cmocka_unit_test_setup(producer_killed_with_work_in_flight, settled),
+      cmocka_unit_test_setup(release_stream_unnamable, settled),
       cmocka_unit_test_setup(too_many_streams, settled),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
