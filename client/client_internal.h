@@ -41,6 +41,8 @@ extern _Thread_local int tb__hash_oom;
 
 #define TB__NOTICE_QUEUE_MAX 4096 /* queued notices; oldest dropped first */
 #define TB__FREED_TABLE_MAX 1024  /* remembered VersionFree notices */
+#define TB__FORGOT_MAX 256        /* versions whose done events were
+                                   * forgotten to make room (publish.c) */
 #define TB__MAPCACHE_MAX 256      /* cached buffer mappings per connection */
 #define TB__LAST_ERROR_MAX 512
 #define TB__DEFAULT_TIMEOUT_MS 30000
@@ -167,6 +169,14 @@ struct tb_client {
 
   struct tb__freed freed[TB__FREED_TABLE_MAX]; /* ring */
   size_t fr_head, fr_len;
+  /* (channel, version) of entries with done events dropped from the full
+   * table: tb_wait_free says they cannot be known free, rather than ask
+   * the daemon, which no longer knows them (ring, oldest overwritten) */
+  struct {
+    char *channel;
+    uint64_t version;
+  } forgot[TB__FORGOT_MAX];
+  size_t fg_next;
 
   struct tb_buffer *buffers;
   /* each memory kind's state of the client (its client_free frees it), by

@@ -35,20 +35,56 @@ void tb__freed_clear(struct tb__freed *f) {
   memset(f, 0, sizeof(*f));
 }
 
-/* Keep f (its storage now the table's), forgetting the oldest when full. */
+/* Remove the table's entry i (0: the oldest), closing the gap. */
+static void freed_remove(struct tb_client *c, size_t i) {
+  for (size_t j = i; j + 1 < c->fr_len; j++)
+    c->freed[(c->fr_head + j) % TB__FREED_TABLE_MAX] =
+        c->freed[(c->fr_head + j + 1) % TB__FREED_TABLE_MAX];
+  c->fr_len--;
+  memset(&c->freed[(c->fr_head + c->fr_len) % TB__FREED_TABLE_MAX], 0,
+         sizeof(struct tb__freed));
+}
+
+/* Keep f (its storage now the table's). When full, the oldest entry with
+ * nothing to wait for goes (a later tb_wait_free on it asks the daemon,
+ * which answers 0 without done events: the same); when every entry has
+ * done events, the oldest goes and is remembered as forgotten, so that
+ * tb_wait_free refuses it instead of taking it as free. */
 static void freed_keep(struct tb_client *c, const struct tb__freed *f) {
-  size_t slot;
+  size_t slot, i;
 
   if (c->fr_len == TB__FREED_TABLE_MAX) {
-    /* full: forget the oldest; a later tb_wait_free on it asks the daemon,
-     * which answers 0 without done events */
-    tb__freed_clear(&c->freed[c->fr_head]);
-    c->fr_head = (c->fr_head + 1) % TB__FREED_TABLE_MAX;
-    c->fr_len--;
+    for (i = 0; i < c->fr_len; i++) {
+      const struct tb__freed *o =
+          &c->freed[(c->fr_head + i) % TB__FREED_TABLE_MAX];
+      if (o->n_done == 0 && o->dropped == 0)
+        break;
+    }
+    if (i == c->fr_len) {
+      struct tb__freed *o = &c->freed[c->fr_head];
+      free(c->forgot[c->fg_next].channel);
+      c->forgot[c->fg_next].channel = o->channel; /* taken over */
+      c->forgot[c->fg_next].version = o->version;
+      c->fg_next = (c->fg_next + 1) % TB__FORGOT_MAX;
+      o->channel = NULL;
+      i = 0;
+    }
+    tb__freed_clear(&c->freed[(c->fr_head + i) % TB__FREED_TABLE_MAX]);
+    freed_remove(c, i);
   }
   slot = (c->fr_head + c->fr_len) % TB__FREED_TABLE_MAX;
   c->freed[slot] = *f;
   c->fr_len++;
+}
+
+/* Whether (channel, version)'s done events were forgotten (freed_keep). */
+static int freed_forgotten(const struct tb_client *c, const char *channel,
+                           uint64_t version) {
+  for (size_t i = 0; i < TB__FORGOT_MAX; i++)
+    if (c->forgot[i].channel != NULL && c->forgot[i].version == version &&
+        strcmp(c->forgot[i].channel, channel) == 0)
+      return 1;
+  return 0;
 }
 
 void tb__freed_add(struct tb_client *c,
@@ -94,13 +130,7 @@ int tb__freed_take(struct tb_client *c, const char *channel, uint64_t version,
     if (c->freed[s].version != version || strcmp(c->freed[s].channel, channel))
       continue;
     *out = c->freed[s];
-    /* close the gap: move the later entries one slot back */
-    for (size_t j = i; j + 1 < c->fr_len; j++)
-      c->freed[(c->fr_head + j) % TB__FREED_TABLE_MAX] =
-          c->freed[(c->fr_head + j + 1) % TB__FREED_TABLE_MAX];
-    c->fr_len--;
-    memset(&c->freed[(c->fr_head + c->fr_len) % TB__FREED_TABLE_MAX], 0,
-           sizeof(struct tb__freed));
+    freed_remove(c, i);
     return 1;
   }
   return 0;
@@ -123,6 +153,10 @@ void tb__freed_events_gone(struct tb_client *c, const uint64_t *ids,
 }
 
 void tb__freed_free_all(struct tb_client *c) {
+  for (size_t i = 0; i < TB__FORGOT_MAX; i++) {
+    free(c->forgot[i].channel);
+    c->forgot[i].channel = NULL;
+  }
   for (size_t i = 0; i < c->fr_len; i++)
     tb__freed_clear(&c->freed[(c->fr_head + i) % TB__FREED_TABLE_MAX]);
   c->fr_len = 0;
@@ -365,7 +399,20 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
    * made to wait on one would never run again. */
   while (tb__pump(c, 0) > 0) {
   }
-  if (!tb__freed_take(c, channel, version, &f)) {
+  if (!tb__freed_take(c, channel, version, &f) &&
+      freed_forgotten(c, channel, version)) {
+    rc = tb__set_error(c, TB_ELIMIT,
+                       "version %llu of '%s' was freed with consumers' done "
+                       "events, which this client forgot to make room: more "
+                       "than %d freed versions were not waited for. Its "
+                       "readers cannot be waited for now, so this buffer "
+                       "must not be rewritten on the strength of this call; "
+                       "wait for each version soon after it is freed",
+                       (unsigned long long)version, channel,
+                       TB__FREED_TABLE_MAX);
+    goto out_unlock;
+  }
+  if (f.channel == NULL) {
     wf.channel = (char *)channel;
     wf.version = version;
     wf.timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;

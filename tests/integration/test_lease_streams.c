@@ -27,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "client_internal.h" /* the VersionFree table */
 #include "cuda/driver.h"
 #include "fake_libcuda.h"
 #include "harness.h"
@@ -827,6 +828,53 @@ static void release_stream_unnamable(void **state) {
   producer_reuses(v, 1);
 }
 
+/* The client's table of VersionFree notices not yet waited for is bounded
+ * (TB__FREED_TABLE_MAX). When it is full, an entry with nothing to wait
+ * for goes first; when every entry has done events, the oldest goes and
+ * tb_wait_free then refuses it (TB_ELIMIT) rather than ask the daemon,
+ * which no longer knows the version and would answer "free" with no done
+ * events: a ring reusing that slot would rewrite it under its readers. */
+static void freed_table_full(void **state) {
+  Tensorbroker__V1__VersionFree vf = TENSORBROKER__V1__VERSION_FREE__INIT;
+  Tensorbroker__V1__EventInfo ei = TENSORBROKER__V1__EVENT_INFO__INIT;
+  Tensorbroker__V1__EventInfo *list[1] = {&ei};
+  uint8_t handle[64] = {0};
+  struct tb__freed f;
+  char why[512];
+  tb_client *x = NULL;
+
+  (void)state;
+  assert_int_equal(tbt_connect(&daemon_, "table", &x), 0);
+  ei.event_id = 77;
+  ei.cuda_ipc_event_handle.data = handle;
+  ei.cuda_ipc_event_handle.len = sizeof(handle);
+  vf.channel = "t/done";
+  vf.n_done_events = 1;
+  vf.done_events = list;
+  for (uint64_t v = 1; v <= TB__FREED_TABLE_MAX; v++) {
+    vf.version = v;
+    tb__freed_add(x, &vf);
+  }
+  /* full of done events: the oldest is forgotten, and said so */
+  vf.channel = "t/host";
+  vf.version = 1;
+  vf.n_done_events = 0;
+  tb__freed_add(x, &vf);
+  assert_int_equal(tb_wait_free(x, "t/done", 1, 0, NULL), TB_ELIMIT);
+  tb_client_last_error(x, why, sizeof(why));
+  assert_non_null(strstr(why, "forgot"));
+  /* full again: the entry without done events goes first */
+  vf.channel = "t/done";
+  vf.version = TB__FREED_TABLE_MAX + 1;
+  vf.n_done_events = 1;
+  tb__freed_add(x, &vf);
+  assert_int_equal(tb__freed_take(x, "t/host", 1, &f), 0);
+  assert_int_equal(tb__freed_take(x, "t/done", 2, &f), 1);
+  assert_int_equal(f.n_done, 1);
+  tb__freed_clear(&f);
+  tb_client_disconnect(x);
+}
+
 /* Bad input: a ninth declared stream is refused and changes nothing. */
 static void too_many_streams(void **state) {
   (void)state;
@@ -870,6 +918,7 @@ int main(void) {
       cmocka_unit_test_setup(consumer_killed_after_release, settled),
       cmocka_unit_test_setup(producer_killed_with_work_in_flight, settled),
       cmocka_unit_test_setup(release_stream_unnamable, settled),
+      cmocka_unit_test_setup(freed_table_full, settled),
       cmocka_unit_test_setup(too_many_streams, settled),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
