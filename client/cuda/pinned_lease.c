@@ -31,7 +31,7 @@ int tb__pinned_lease_begin(struct tb_client *c, void *stream, void *state) {
   struct pinned_lease *l = state;
   struct tb__cuda_stream s;
   char why[256] = "";
-  int rc;
+  int rc, dev;
 
   /* The done event lives on device 0, where the mapping was registered
    * (host_register.c); a stream of another device joins it there. */
@@ -40,7 +40,14 @@ int tb__pinned_lease_begin(struct tb_client *c, void *stream, void *state) {
     return rc;
   l->acq.done_device = 0;
   l->cuda = 1;
-  if (stream == NULL) /* none declared yet: tb__pinned_lease_end_locked */
+  /* NULL names the contract's stream of this thread and context, as for a
+   * CUDA lease: remembered now (with its thread), since the lease may end
+   * on another thread, whose per-thread or legacy stream is another. With
+   * no context current (a CPU stage), or under the explicit contract (a
+   * host reader), nothing is declared yet: tb__pinned_lease_end_locked. */
+  if (stream == NULL &&
+      (c->conn->contract == TB_CONTRACT_EXPLICIT ||
+       tb__cuda_current_device(&dev, NULL, NULL, 0) < 0))
     return 0;
   rc = tb__cuda_stream_resolve(c->conn->contract, stream, &s, why,
                                sizeof(why));

@@ -522,8 +522,12 @@ static void done_events(void **state) {
   assert_int_equal(cu->cuStreamCreate(&sp, TB_CU_STREAM_NON_BLOCKING), 0);
   snprintf(sp_name, sizeof(sp_name), "%s", fk->stream_name(sp));
 
-  /* named at release: recorded on s; the host producer blocks on it */
+  /* named at release: recorded on s; the host producer blocks on it (the
+   * acquire declares nothing: -1; with NULL it would declare the
+   * contract's stream of its thread, which the done event then follows
+   * too) */
   v = publish(p, b[0], 4096, kDLCUDAHost, 1);
+  o.stream = TB_STREAM_NO_SYNC;
   assert_int_equal(tb_acquire(c, CH, &o, &t), 0);
   check_bytes(t, 4096, 1);
   fk->log_clear();
@@ -551,6 +555,7 @@ static void done_events(void **state) {
    * there, not on the join stream that would otherwise order it after
    * them) */
   assert_int_equal(cu->cuCtxSynchronize(), 0);
+  o.stream = TB_STREAM_DEFAULT;
   assert_int_equal(tb_acquire(c, CH, &o, &t), 0);
   fk->log_clear();
   assert_int_equal(tb_release(t, NULL), 0);
@@ -611,6 +616,57 @@ static void release_without_context(void **state) {
              (int)(intptr_t)rc);
   }
   recorded_on("legacy", ev, sizeof(ev));
+  fk->set_busy(0);
+  assert_int_equal(tb_buffer_destroy(b), 0);
+  tb_client_disconnect(c);
+  tb_client_disconnect(p);
+}
+
+/* Under the per-thread contract a GPU stage acquires a pinned frame with
+ * NULL (its thread's per-thread stream, where it copies the frame to the
+ * device) and the tensor's deleter runs on another thread that has a
+ * context: the done event must follow the acquiring thread's stream (from
+ * another thread: the legacy stream of that context, which waits for it),
+ * not the deleting thread's own per-thread stream. */
+struct end_arg {
+  DLManagedTensorVersioned *t;
+  tb_cu_context ctx;
+};
+static void *end_with_context(void *p) {
+  struct end_arg *a = p;
+  const struct tb_cuda *cu = NULL;
+  if (tb__cuda_load(&cu) == 0)
+    (void)cu->cuCtxSetCurrent(a->ctx);
+  a->t->deleter(a->t);
+  return NULL;
+}
+
+static void per_thread_acquire_ends_elsewhere(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tb_acquire_options o = latest();
+  const struct tb_cuda *cu;
+  tb_client *p, *c;
+  tb_buffer *b;
+  struct end_arg a = {NULL, NULL};
+  pthread_t th;
+  char ev[64];
+
+  assert_int_equal(tb__cuda_load(&cu), 0);
+  assert_int_equal(cu->cuCtxGetCurrent(&a.ctx), 0);
+  assert_non_null(a.ctx);
+  fk->set_busy(1);
+  assert_int_equal(tbt_connect(d, "producer", &p), 0);
+  assert_int_equal(
+      tbt_connect_contract(d, "gpu-stage", TB_CONTRACT_PER_THREAD, &c), 0);
+  assert_int_equal(tb_buffer_create_host(p, 4096, TB_BUFFER_PINNED, &b), 0);
+  publish(p, b, 4096, kDLCUDAHost, 9);
+  assert_int_equal(tb_acquire(c, CH, &o, &a.t), 0); /* NULL: this thread's */
+  fk->log_clear();
+  assert_int_equal(pthread_create(&th, NULL, end_with_context, &a), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  recorded_on("legacy", ev, sizeof(ev));
+  expect_lines(log_count("record %s on ptds", ev), 0,
+               "records on the deleting thread's per-thread stream");
   fk->set_busy(0);
   assert_int_equal(tb_buffer_destroy(b), 0);
   tb_client_disconnect(c);
@@ -682,6 +738,7 @@ static void ring_of_pinned_slots(void **state) {
     assert_int_equal(tb_ring_publish(r, &frame, NULL, &v), 0);
     o.mode = TB_ACQUIRE_EXACT;
     o.version = v;
+    o.stream = TB_STREAM_NO_SYNC; /* the GPU reader names its stream later */
     assert_int_equal(tb_acquire(c, CH, &o, &t), 0);
     check_bytes(t, 4096, (uint64_t)f);
     if (f == 0)
@@ -708,6 +765,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(bad_input, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(older_daemon, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(done_events, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(per_thread_acquire_ends_elsewhere,
+                                      tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(release_without_context, tbt_setup,
                                       tbt_teardown),
       cmocka_unit_test_setup_teardown(ring_of_pinned_slots, tbt_setup,
