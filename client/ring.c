@@ -23,6 +23,7 @@ struct tb_ring {
   int cur;              /* the slot handed out, not yet published; -1 */
   int cuda;             /* device memory: its writes are ordered on a stream */
   void *stream;         /* the stream tb_ring_next made wait (normalised) */
+  pthread_t thread;     /* whose per-thread stream that was */
   uint64_t versions[];  /* the version last published from each; 0: none */
 };
 
@@ -104,6 +105,7 @@ int tb_ring_next(tb_ring *r, int timeout_ms, void *stream, void **data) {
   if (r == NULL || data == NULL)
     return TB_EINVAL;
   r->stream = ring_stream(r, stream);
+  r->thread = pthread_self();
   v = r->versions[r->next];
   if (v != 0) {
     rc = tb_channel_wait_free(r->c, r->channel, v, timeout_ms, stream);
@@ -174,11 +176,15 @@ int tb_ring_publish(tb_ring *r, const DLTensor *t,
    * of the stream tb_ring_next was given, and no other: writes on another
    * stream may overtake them (a side stream does not wait for the legacy
    * one). Caught here on every frame, not only when the race is lost. */
-  if (r->cuda && ring_stream(r, o.stream) != r->stream) {
+  if (r->cuda && (ring_stream(r, o.stream) != r->stream ||
+                  (r->stream == TB_STREAM_PER_THREAD &&
+                   !pthread_equal(r->thread, pthread_self())))) {
     pthread_mutex_lock(&r->c->call_lock);
     rc = tb__set_error(r->c, TB_ESTREAM, "ring: published on stream %p, but "
-                       "tb_ring_next ordered the slot's reuse on stream %p: "
-                       "pass the stream that writes the slot to both",
+                       "tb_ring_next ordered the slot's reuse on stream %p "
+                       "(a per-thread stream: of the thread that called it): "
+                       "pass the stream that writes the slot to both, on "
+                       "one thread",
                        ring_stream(r, o.stream), r->stream);
     pthread_mutex_unlock(&r->c->call_lock);
     return rc;

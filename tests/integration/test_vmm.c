@@ -19,6 +19,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -368,6 +369,23 @@ static void ring_tensor(DLTensor *t, int64_t *shape, void *p) {
  * timeout 0 while a consumer holds it); each version reads its own data;
  * a tensor outside the slot, or a history as deep as the ring, is refused
  * and publishes nothing. */
+struct ring_pub {
+  tb_ring *r;
+  void *slot;
+  int rc;
+};
+static void *ring_publish_ptds(void *arg) {
+  struct ring_pub *a = arg;
+  struct tb_publish_options po;
+  int64_t shape;
+  DLTensor dt;
+  tb_publish_options_init(&po);
+  po.stream = TB_STREAM_PER_THREAD;
+  ring_tensor(&dt, &shape, a->slot);
+  a->rc = tb_ring_publish(a->r, &dt, &po, NULL);
+  return NULL;
+}
+
 static void vmm_ring(void **state) {
   tb_client *p = NULL, *c = NULL;
   DLManagedTensorVersioned *held = NULL, *t = NULL;
@@ -443,6 +461,17 @@ static void vmm_ring(void **state) {
   assert_int_equal(host[0], 0xb0000000u + (4u << 16));
   assert_int_equal(host[NWORDS - 1], 0xb0000000u + (4u << 16) + NWORDS - 1);
   assert_int_equal(tb_release(t, NULL), 0);
+  /* a per-thread stream is its thread's: the slot's reuse ordered on this
+   * thread's is not ordered on another thread's "per-thread stream" */
+  struct ring_pub rp = {r, slot[1], 0};
+  pthread_t th;
+  assert_int_equal(tb_ring_next(r, TBT_TIMEOUT_MS, TB_STREAM_PER_THREAD,
+                                &slot[1]),
+                   0);
+  rp.slot = slot[1];
+  assert_int_equal(pthread_create(&th, NULL, ring_publish_ptds, &rp), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_int_equal(rp.rc, TB_ESTREAM);
   assert_int_equal(tb_ring_destroy(r), 0);
   tb_client_disconnect(c);
   tb_client_disconnect(p);
