@@ -392,6 +392,7 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
   if (lease_check(self) < 0)
     return NULL;
   DLManagedTensorVersioned *mt = self->core->mt;
+  struct lease_core *held = NULL; /* a reference taken for the capsule */
   bool is_cuda = self->device.device_type == kDLCUDA;
   bool as_cpu = false; /* a kDLCUDAHost lease handed out as kDLCPU */
 
@@ -455,12 +456,20 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
      * consumer's work on it (the library does not wait twice for a
      * version whose work had finished). */
     if (s != TB_STREAM_NO_SYNC) {
+      /* Another thread may release the lease while this one waits without
+       * the GIL: a reference of our own keeps the core and its tensor, and
+       * becomes the capsule's. */
+      struct lease_core *core = self->core;
       int rc;
+      core_get(core);
       Py_BEGIN_ALLOW_THREADS
       rc = tbpy_lease_wait(mt, s);
       Py_END_ALLOW_THREADS
-      if (rc < 0)
+      if (rc < 0) {
+        core_put(core);
         return raise_tb(rc, NULL);
+      }
+      held = core;
     }
   }
 
@@ -469,8 +478,11 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
   PyObject *cap;
   if (versioned) {
     struct export_v *e = calloc(1, sizeof(*e) + extra);
-    if (e == NULL)
+    if (e == NULL) {
+      if (held != NULL)
+        core_put(held);
       return PyErr_NoMemory();
+    }
     e->t.version.major = TB_DLPACK_MAJOR_VERSION;
     e->t.version.minor = TB_DLPACK_MINOR_VERSION;
     e->t.manager_ctx = e;
@@ -483,15 +495,20 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
       compact_strides(src, e->strides);
       e->t.dl_tensor.strides = e->strides;
     }
-    e->core = self->core;
-    core_get(e->core);
+    e->core = held != NULL ? held : self->core;
+    if (held == NULL)
+      core_get(e->core);
+    held = NULL;
     cap = PyCapsule_New(&e->t, "dltensor_versioned", capsule_v_destructor);
     if (cap == NULL)
       export_v_deleter(&e->t);
   } else {
     struct export_l *e = calloc(1, sizeof(*e) + extra);
-    if (e == NULL)
+    if (e == NULL) {
+      if (held != NULL)
+        core_put(held);
       return PyErr_NoMemory();
+    }
     e->t.manager_ctx = e;
     e->t.deleter = export_l_deleter;
     e->t.dl_tensor = *src;
@@ -501,8 +518,10 @@ static PyObject *lease_dlpack(LeaseObject *self, PyObject *args, PyObject *kw) {
       compact_strides(src, e->strides);
       e->t.dl_tensor.strides = e->strides;
     }
-    e->core = self->core;
-    core_get(e->core);
+    e->core = held != NULL ? held : self->core;
+    if (held == NULL)
+      core_get(e->core);
+    held = NULL;
     cap = PyCapsule_New(&e->t, "dltensor", capsule_l_destructor);
     if (cap == NULL)
       export_l_deleter(&e->t);
@@ -521,11 +540,14 @@ static PyObject *lease_release(LeaseObject *self, PyObject *args, PyObject *kw) 
     return NULL;
   void *s = TB_STREAM_DEFAULT;
   if (self->device.device_type != kDLCUDA && self->device.device_type != kDLCUDAHost) {
-    if (stream != Py_None && !(PyLong_Check(stream) && PyLong_AsLong(stream) == -1)) {
+    if (stream != Py_None) {
+      long v = PyLong_Check(stream) ? PyLong_AsLong(stream) : 0;
       if (PyErr_Occurred())
         return NULL;
-      PyErr_SetString(PyExc_ValueError, "a host lease takes no stream");
-      return NULL;
+      if (!PyLong_Check(stream) || v != -1) {
+        PyErr_SetString(PyExc_ValueError, "a host lease takes no stream");
+        return NULL;
+      }
     }
   } else if (stream_from_py(stream, &s) < 0) {
     return NULL;
@@ -1254,7 +1276,10 @@ static int lease_take_for_release(LeaseObject *lease, uint64_t client,
     return -1;
   }
   *stream_out = TB_STREAM_DEFAULT;
-  if (lease->device.device_type != kDLCUDA) {
+  /* device memory and pinned host memory are read on streams (as for
+   * Lease.release) */
+  if (lease->device.device_type != kDLCUDA &&
+      lease->device.device_type != kDLCUDAHost) {
     if (stream != Py_None) {
       PyErr_SetString(PyExc_ValueError, "a host lease takes no release_stream");
       return -1;
@@ -1269,9 +1294,19 @@ static int lease_take_for_release(LeaseObject *lease, uint64_t client,
     free(core);
     return 0;
   }
+  /* A consumer library holds a capsule or view: the lease ends when that
+   * goes, after release_stream too (as Lease.release(stream=) does). */
+  int rc = 0;
+  void *s = *stream_out;
   Py_BEGIN_ALLOW_THREADS
+  if (s != TB_STREAM_DEFAULT)
+    rc = tb_lease_use(core->mt, s);
   core_put(core);
   Py_END_ALLOW_THREADS
+  if (rc < 0) {
+    raise_tb(rc, NULL);
+    return -1;
+  }
   return 0;
 }
 
@@ -1648,9 +1683,17 @@ static void buffer_dealloc(BufferObject *self) {
     if (self->next)
       self->next->prev = self->prev;
     /* Versions published from it stay readable: the daemon keeps the memfd
-     * until their leases end. */
-    if (co->c != NULL)
-      tb_buffer_destroy(self->b);
+     * until their leases end. Without the GIL: the client's call lock may
+     * be held by another thread's acquire or wait, for as long as it
+     * waits (busy keeps the client connected meanwhile). */
+    if (co->c != NULL) {
+      tb_buffer *b = self->b;
+      co->busy++;
+      Py_BEGIN_ALLOW_THREADS
+      tb_buffer_destroy(b);
+      Py_END_ALLOW_THREADS
+      co->busy--;
+    }
     client_maybe_disconnect(co);
     Py_DECREF(co);
   }
