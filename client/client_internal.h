@@ -118,6 +118,7 @@ struct tb__freed {
   /* consumers' done events the daemon did not keep (--max-done-events):
    * the version cannot be known free */
   uint32_t dropped;
+  int waited; /* tb_wait_free waited on its done events at least once */
 };
 
 /* ---- the public handle ---- */
@@ -286,10 +287,10 @@ void tb__notice_push(struct tb_client *c, const struct tb_notice *n);
 
 /* ---- publish.c: the version-free table ---- */
 void tb__freed_add(struct tb_client *c, const Tensorbroker__V1__VersionFree *vf);
-/* Take the remembered entry for (channel, version) into *out (caller frees
- * with tb__freed_clear). Returns 1 if found. */
-int tb__freed_take(struct tb_client *c, const char *channel, uint64_t version,
-                   struct tb__freed *out);
+/* The remembered entry for (channel, version), or NULL. It stays in the
+ * table (call_lock held while it is used). */
+struct tb__freed *tb__freed_find(struct tb_client *c, const char *channel,
+                                 uint64_t version);
 void tb__freed_clear(struct tb__freed *f);
 void tb__freed_free_all(struct tb_client *c);
 /* An EventsGone notice: drop these events (of a session whose process

@@ -45,21 +45,37 @@ static void freed_remove(struct tb_client *c, size_t i) {
          sizeof(struct tb__freed));
 }
 
-/* Keep f (its storage now the table's). When full, the oldest entry with
- * nothing to wait for goes (a later tb_wait_free on it asks the daemon,
- * which answers 0 without done events: the same); when every entry has
- * done events, the oldest goes and is remembered as forgotten, so that
- * tb_wait_free refuses it instead of taking it as free. */
+/* The index (from the oldest) of the oldest entry that pred accepts, or
+ * fr_len. */
+static size_t freed_oldest(const struct tb_client *c,
+                           int (*pred)(const struct tb__freed *)) {
+  size_t i;
+  for (i = 0; i < c->fr_len; i++)
+    if (pred(&c->freed[(c->fr_head + i) % TB__FREED_TABLE_MAX]))
+      break;
+  return i;
+}
+
+static int nothing_to_wait(const struct tb__freed *o) {
+  return o->n_done == 0 && o->dropped == 0;
+}
+
+static int waited_for(const struct tb__freed *o) { return o->waited; }
+
+/* Keep f (its storage now the table's). Entries stay after tb_wait_free,
+ * so that waiting again (on another stream, or the Python binding's and
+ * then the application's wait) waits again. When full, the oldest entry
+ * with nothing to wait for goes (a later tb_wait_free on it asks the
+ * daemon, which answers 0 without done events: the same); else the oldest
+ * one waited for already; else the oldest, remembered as forgotten, so
+ * that tb_wait_free refuses it instead of taking it as free. */
 static void freed_keep(struct tb_client *c, const struct tb__freed *f) {
   size_t slot, i;
 
   if (c->fr_len == TB__FREED_TABLE_MAX) {
-    for (i = 0; i < c->fr_len; i++) {
-      const struct tb__freed *o =
-          &c->freed[(c->fr_head + i) % TB__FREED_TABLE_MAX];
-      if (o->n_done == 0 && o->dropped == 0)
-        break;
-    }
+    i = freed_oldest(c, nothing_to_wait);
+    if (i == c->fr_len)
+      i = freed_oldest(c, waited_for);
     if (i == c->fr_len) {
       struct tb__freed *o = &c->freed[c->fr_head];
       free(c->forgot[c->fg_next].channel);
@@ -123,17 +139,14 @@ void tb__freed_add(struct tb_client *c,
   freed_keep(c, &f);
 }
 
-int tb__freed_take(struct tb_client *c, const char *channel, uint64_t version,
-                   struct tb__freed *out) {
+struct tb__freed *tb__freed_find(struct tb_client *c, const char *channel,
+                                 uint64_t version) {
   for (size_t i = 0; i < c->fr_len; i++) {
-    size_t s = (c->fr_head + i) % TB__FREED_TABLE_MAX;
-    if (c->freed[s].version != version || strcmp(c->freed[s].channel, channel))
-      continue;
-    *out = c->freed[s];
-    freed_remove(c, i);
-    return 1;
+    struct tb__freed *f = &c->freed[(c->fr_head + i) % TB__FREED_TABLE_MAX];
+    if (f->version == version && strcmp(f->channel, channel) == 0)
+      return f;
   }
-  return 0;
+  return NULL;
 }
 
 void tb__freed_events_gone(struct tb_client *c, const uint64_t *ids,
@@ -377,12 +390,11 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
   Tensorbroker__V1__WaitFree wf = TENSORBROKER__V1__WAIT_FREE__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
   tb__server_message *m = NULL;
-  struct tb__freed f;
+  struct tb__freed *f;
   int fds[TB__MAX_FDS], nfds = 0, rc;
 
   if (c == NULL)
     return TB_EINVAL;
-  memset(&f, 0, sizeof(f));
   tb__leases_retry(c->conn);
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
@@ -399,8 +411,8 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
    * made to wait on one would never run again. */
   while (tb__pump(c, 0) > 0) {
   }
-  if (!tb__freed_take(c, channel, version, &f) &&
-      freed_forgotten(c, channel, version)) {
+  f = tb__freed_find(c, channel, version);
+  if (f == NULL && freed_forgotten(c, channel, version)) {
     rc = tb__set_error(c, TB_ELIMIT,
                        "version %llu of '%s' was freed with consumers' done "
                        "events, which this client forgot to make room: more "
@@ -412,7 +424,7 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
                        TB__FREED_TABLE_MAX);
     goto out_unlock;
   }
-  if (f.channel == NULL) {
+  if (f == NULL) {
     wf.channel = (char *)channel;
     wf.version = version;
     wf.timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
@@ -426,7 +438,8 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
       close(fds[i]);
     /* The VersionFree notice, sent before this reply, is in the table now
      * and carries the same done events. */
-    if (!tb__freed_take(c, channel, version, &f) &&
+    f = tb__freed_find(c, channel, version);
+    if (f == NULL &&
         m->reply->body_case == TENSORBROKER__V1__REPLY__BODY_WAIT_FREE &&
         m->reply->wait_free != NULL) {
       Tensorbroker__V1__VersionFree vf = TENSORBROKER__V1__VERSION_FREE__INIT;
@@ -437,14 +450,17 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
       vf.done_events = m->reply->wait_free->done_events;
       vf.done_events_dropped = m->reply->wait_free->done_events_dropped;
       tb__freed_add(c, &vf);
-      (void)tb__freed_take(c, channel, version, &f);
+      f = tb__freed_find(c, channel, version);
     }
     tb__msg_free(c, m);
   }
-  if (f.dropped > 0) {
+  rc = 0;
+  if (f == NULL)
+    goto out_unlock; /* free long ago: nothing left to wait for */
+  if (f->dropped > 0) {
     /* Some consumers' done events were not kept: their reads cannot be
-     * waited for, so nothing here may say the buffer is free. Kept in the
-     * table, so that asking again says the same. */
+     * waited for, so nothing here may say the buffer is free. The entry
+     * stays, so that asking again says the same. */
     rc = tb__set_error(c, TB_ELIMIT,
                        "version %llu of '%s' was released by more consumers "
                        "than the daemon keeps done events for "
@@ -452,17 +468,16 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
                        "be waited for, so this buffer must not be rewritten; "
                        "publish from another one",
                        (unsigned long long)version, channel,
-                       (unsigned)f.dropped);
-    freed_keep(c, &f);
+                       (unsigned)f->dropped);
     goto out_unlock;
   }
   {
     size_t foreign = 0;
-    for (size_t i = 0; i < f.n_done; i++)
-      foreign += tb__shm_foreign(f.done[i].owner_shm_id);
+    for (size_t i = 0; i < f->n_done; i++)
+      foreign += tb__shm_foreign(f->done[i].owner_shm_id);
     if (foreign > 0) {
       /* CUDA interprocess events do not reach a process with another
-       * /dev/shm: a wait on one may never end. Kept, as above. */
+       * /dev/shm: a wait on one may never end. The entry stays, as above. */
       rc = tb__set_error(c, TB_ENOTSUP,
                          "version %llu of '%s' was released with GPU work "
                          "still queued by %zu consumer(s) that see another "
@@ -474,16 +489,17 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
                          "release with stream -1) (docs/cuda.md, \"Across "
                          "containers\")",
                          (unsigned long long)version, channel, foreign);
-      freed_keep(c, &f);
       goto out_unlock;
     }
   }
-  rc = 0;
   /* Plain host versions carry no done events and never touch CUDA;
-   * pinned ones do when a consumer's GPU read them. */
-  if (f.n_done > 0)
-    rc = tb__kinds_done_wait(c, &f, stream);
-  tb__freed_clear(&f);
+   * pinned ones do when a consumer's GPU read them. The entry stays: a
+   * second wait (another stream) waits again, on the events' latest
+   * records, which is later than needed but never too early. */
+  if (f->n_done > 0)
+    rc = tb__kinds_done_wait(c, f, stream);
+  if (rc == 0)
+    f->waited = 1;
 out_unlock:
   pthread_mutex_unlock(&c->call_lock);
   return rc;

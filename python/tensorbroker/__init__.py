@@ -45,6 +45,15 @@ del _name
 
 _DEFER = object()  # acquire(stream=...) not given
 
+def _keep_forever(obj):
+    """Keep obj alive for the life of the process, and past it: a published
+    CUDA tensor whose consumers' reads could not be ordered before its reuse
+    when its client let it go (Client._unpin). Its reference is leaked, so
+    that it is not destroyed while the interpreter shuts down either (its
+    library's deleter may be gone by then)."""
+    import ctypes
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
 
 def cuda_available():
     """True when libcuda.so.1 loads and has a device."""
@@ -153,15 +162,20 @@ class Client:
             raise TypeError("channels: a sequence of channel names, not one name")
         self._c = _native.Client(socket, name, stream_contract, timeout_ms, int(spin_us),
                                  bool(prefetch), None if channels is None else list(channels))
-        self._pins = {}          # (channel, version) -> CUDA tensor kept alive
+        self._pins = {}          # (channel, version) -> (CUDA tensor, stream)
         self._notices = deque()  # notices read while collecting pins
         self.last_publish_zero_copy = None
 
     # -- lifetime ------------------------------------------------------------
     def close(self):
         """End the session. Arrays from empty() stay valid; while any is alive
-        the connection stays open underneath and closes with the last one."""
-        self._pins.clear()
+        the connection stays open underneath and closes with the last one.
+        CUDA tensors published from a framework's own memory are let go
+        once their consumers' reads are ordered before the reuse (see
+        publish()); those of versions still read are kept until the process
+        exits."""
+        for channel, version in list(self._pins):
+            self._unpin(channel, version)
         self._c.close()
 
     def __enter__(self):
@@ -244,7 +258,10 @@ class Client:
         - CUDA memory is published without a copy. tensorbroker asks obj for
           its DLPack capsule on the stream it will record the ready event on
           (stream, or under stream=None the contract's stream), and keeps the
-          tensor alive until the version is free.
+          tensor alive until the version is free; then that stream waits
+          for the consumers' done events before the tensor is let go, so a
+          caching allocator's next allocation on it (publish on the stream
+          the tensor was made on) cannot overwrite what they still read.
         - Host memory from empty() goes without a copy. Any other host memory
           is COPIED into a new broker buffer first (one memcpy), so it may be
           reused as soon as publish() returns.
@@ -273,7 +290,7 @@ class Client:
         version, pin, zero_copy = self._c.publish(channel, src, s, metadata, history_depth)
         self.last_publish_zero_copy = zero_copy
         if pin is not None:
-            self._pins[(channel, version)] = pin
+            self._pins[(channel, version)] = (pin, dl_stream)
             self._collect_pins()
         return version
 
@@ -343,19 +360,35 @@ class Client:
             return self._notices.popleft()
         n = self._c.poll_notice(timeout)
         if n is not None and n["type"] == "version_free":
-            self._pins.pop((n["channel"], n["version"]), None)
+            self._unpin(n["channel"], n["version"])
         return n
 
     def _collect_pins(self):
-        # Drop CUDA tensors whose versions are free; keep the other notices
-        # for poll_notice().
+        # Let go of CUDA tensors whose versions are free; keep the other
+        # notices for poll_notice().
         while True:
             n = self._c.poll_notice(0)
             if n is None:
                 return
             if n["type"] == "version_free":
-                self._pins.pop((n["channel"], n["version"]), None)
+                self._unpin(n["channel"], n["version"])
             self._notices.append(n)
+
+    def _unpin(self, channel, version):
+        # A framework's caching allocator hands the memory of a tensor let
+        # go to the next allocation on its stream at once: that stream (the
+        # one it was published on) first waits for the consumers' done
+        # events (the application's own wait_free later waits again). A
+        # version that cannot be waited for (still read, or its readers out
+        # of reach) keeps its tensor until the process exits.
+        entry = self._pins.pop((channel, version), None)
+        if entry is None:
+            return
+        pin, stream = entry
+        try:
+            self._c.wait_free(channel, version, 0, stream)
+        except Error:
+            _keep_forever(pin)
 
     # -- introspection -------------------------------------------------------
     def channels(self):

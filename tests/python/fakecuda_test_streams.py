@@ -212,6 +212,32 @@ def test_two_frames_on_two_side_streams():
     run(case)
 
 
+def test_published_tensor_let_go_after_the_readers():
+    # the producer publishes a framework's tensor (kept alive by the
+    # binding) and lets go of it once the version is free: a caching
+    # allocator reuses that memory on the publish stream at once, so the
+    # stream must first wait for the consumer's done event; and the
+    # application's own wait_free afterwards still waits (on its stream)
+    def case(p):
+        side, mine = new_stream(), new_stream()
+        v = p.publish()
+        lease = p.cons.acquire(CH, exact=v)
+        x = ConsumerTensor(lease, side)
+        x.drop()  # the read queued on side: a done event
+        lease.release()
+        assert (CH, v) in p.prod._pins
+        cu.fakecuda_log_clear()
+        p.publish()  # v leaves the history: its VersionFree comes
+        p.publish()  # ... and is collected here at the latest
+        assert (CH, v) not in p.prod._pins
+        body = "wait %s on %s" % (sname(p.sp), p.done)
+        assert count(body) == 1, (body, log())
+        p.prod.wait_free(CH, v, timeout=5, stream=mine)
+        body = "wait %s on %s" % (sname(mine), p.done)
+        assert count(body) == 1, (body, log())
+    run(case)
+
+
 # A consumer process, as a PyTorch user writes it: the frame goes to the
 # framework on a side stream, the tensor is dropped at once (its reads
 # still queued: busy), and the process is killed before they finish.
