@@ -291,6 +291,25 @@ def test_consumer_killed_after_del():
     run(case)
 
 
+def test_release_riding_on_acquire_while_tensor_lives():
+    # acquire(release=lease, release_stream=side) while a consumer library
+    # still holds the lease's tensor: the lease ends when that tensor goes,
+    # and then after side too, as release(stream=side) would
+    def case(p):
+        side = new_stream()
+        v = p.publish()
+        lease = p.cons.acquire(CH, exact=v)
+        x = ConsumerTensor(lease, -1)  # the library said -1: no sync
+        v2 = p.publish()
+        nxt = p.cons.acquire(CH, exact=v2, release=lease, release_stream=side)
+        assert lease.released
+        cu.fakecuda_log_clear()
+        x.drop()
+        p.assert_done_on(sname(side))
+        nxt.release()
+    run(case)
+
+
 def test_with_block_after_acquire_stream():
     # acquire(stream=s), then the library's own stream via __dlpack__:
     # the end follows both (joined on the library's stream)

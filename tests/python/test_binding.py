@@ -582,3 +582,41 @@ def test_ring_never_rewrites_a_frame_in_use():
         peer.call(op="read", key="f3", path=held)
         assert np.array_equal(np.load(held), np.full(64, 103, np.uint16))
         peer.call(op="release", key="f3")
+
+
+def test_array_freed_while_another_thread_waits_in_acquire():
+    # A consumer thread of a client waits in acquire() (the client's call
+    # lock held for the whole wait); the main thread drops an array from
+    # empty() of the same client, whose buffer's destruction waits for that
+    # lock. It must wait without the GIL: the producer thread that publishes
+    # what the acquire waits for runs meanwhile. Holding the GIL, it would
+    # stop the interpreter until the acquire timed out (the test's 60 s).
+    import threading
+    import numpy as np
+    with daemon() as sock:
+        c = tb.Client(socket=sock, name="waiter")
+        prod = tb.Client(socket=sock, name="producer")
+        arr = c.empty((16,), "uint8")
+        got, go = {}, threading.Event()
+
+        def wait():
+            got["lease"] = c.acquire("gil/ch", timeout=60)
+
+        def publish():
+            go.wait()
+            prod.publish("gil/ch", np.zeros(4, np.uint8))
+
+        th, tp = threading.Thread(target=wait), threading.Thread(target=publish)
+        th.start()
+        tp.start()
+        while not any(w["channel"] == "gil/ch" for w in prod.waits()):
+            th.join(0.01)  # until the acquire is parked in the daemon
+        go.set()
+        del arr  # waits for the acquire, which waits for the publish
+        gc.collect()
+        th.join(60)
+        tp.join(60)
+        assert not th.is_alive() and got["lease"].version == 1
+        got["lease"].release()
+        c.close()
+        prod.close()
