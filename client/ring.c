@@ -104,6 +104,23 @@ int tb_ring_next(tb_ring *r, int timeout_ms, void *stream, void **data) {
 
   if (r == NULL || data == NULL)
     return TB_EINVAL;
+  /* The slot handed out and not published was ordered on the stream of
+   * that call: asked for again, it comes back for that stream alone (its
+   * readers' done events were waited for once, there). */
+  if (r->cur >= 0) {
+    if (r->cuda && (ring_stream(r, stream) != r->stream ||
+                    (r->stream == TB_STREAM_PER_THREAD &&
+                     !pthread_equal(r->thread, pthread_self())))) {
+      pthread_mutex_lock(&r->c->call_lock);
+      rc = tb__set_error(r->c, TB_ESTREAM, "ring: slot %d was handed out "
+                         "for stream %p and not published; ask for it on "
+                         "that stream", r->cur, r->stream);
+      pthread_mutex_unlock(&r->c->call_lock);
+      return rc;
+    }
+    *data = (char *)tb_buffer_data(r->b) + (size_t)r->cur * r->stride;
+    return 0;
+  }
   r->stream = ring_stream(r, stream);
   r->thread = pthread_self();
   v = r->versions[r->next];

@@ -407,7 +407,8 @@ TB_EXPORT int tb_ring_create_host(tb_client *c, const char *channel,
  * stream), which makes stream wait for the consumers' done events (a
  * pinned host ring with stream NULL: the host waits for them; TB_EBUSY
  * with timeout_ms 0 while it is read or kept, TB_ETIMEDOUT when the wait
- * runs out). */
+ * runs out). Called again before tb_ring_publish(), it gives the same slot,
+ * for a CUDA ring only on the same stream (TB_ESTREAM otherwise). */
 TB_EXPORT int tb_ring_next(tb_ring *r, int timeout_ms, void *stream,
                            void **data);
 /* Publish t, which must lie inside the slot tb_ring_next() gave (TB_EINVAL

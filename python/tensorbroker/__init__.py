@@ -567,6 +567,14 @@ class Ring:
         next time. For device memory, write the slot on that stream and
         publish with the same one (ValueError otherwise): the reuse is
         ordered on it alone."""
+        if self._cur is not None:
+            # handed out and not published: ordered on that call's stream
+            # alone (its readers were waited for once, there)
+            if self._cuda and self._stream_of(stream) != self._stream:
+                raise ValueError("ring.next(stream=%r): the slot handed out for "
+                                 "stream %r is not published; ask for it on that "
+                                 "stream" % (stream, self._stream))
+            return self.slots[self._cur]
         i = self._next
         if self._versions[i] != 0:
             self._client.wait_free(self.channel, self._versions[i], timeout=timeout,

@@ -445,6 +445,11 @@ static void vmm_ring(void **state) {
   tb_publish_options_init(&po);
   po.stream = side;
   assert_int_equal(tb_ring_publish(r, &dt, &po, &v), TB_ESTREAM);
+  /* asked for again before it is published: for the same stream only */
+  void *again = NULL;
+  assert_int_equal(tb_ring_next(r, 0, side, &again), TB_ESTREAM);
+  assert_int_equal(tb_ring_next(r, 0, TB_STREAM_LEGACY, &again), 0);
+  assert_ptr_equal(again, slot[0]);
   po.stream = TB_STREAM_LEGACY; /* what NULL stands for under spec */
   ring_fill(slot[0], 4);
   assert_int_equal(tb_ring_publish(r, &dt, &po, &v), 0);

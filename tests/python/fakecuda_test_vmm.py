@@ -164,6 +164,12 @@ def test_ring_of_vmm_buffers():
         # and publishing it on a side stream could overtake a reader
         a = ring.next(timeout=5)  # None: the spec contract's legacy stream
         side = __import__("fakecuda").new_stream()
+        try:  # asked for again on another stream before it is published
+            ring.next(timeout=5, stream=side)
+            raise AssertionError("next() on another stream gave the slot again")
+        except ValueError as e:
+            assert "not published" in str(e), e
+        assert ring.next(timeout=5, stream=1) is a
         try:
             ring.publish(stream=side)
             raise AssertionError("published on another stream than next()'s")
