@@ -129,6 +129,24 @@ static int id_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Append id to the growing list *ids (*n of *cap used); -1 out of memory
+ * (the list is left as it was). */
+static int ids_push(uint64_t **ids, size_t *n, size_t *cap, uint64_t id) {
+  if (*n == *cap) {
+    size_t ncap = *cap ? *cap * 2 : 64;
+    uint64_t *p = tbd_malloc(ncap * sizeof(*p));
+    if (p == NULL)
+      return -1;
+    if (*n > 0)
+      memcpy(p, *ids, *n * sizeof(*p));
+    tbd_free(*ids);
+    *ids = p;
+    *cap = ncap;
+  }
+  (*ids)[(*n)++] = id;
+  return 0;
+}
+
 static void events_gone(struct tbd_registry *r, struct tbd_session *s) {
   Tensorbroker__V1__Notice n = TENSORBROKER__V1__NOTICE__INIT;
   Tensorbroker__V1__EventsGone eg = TENSORBROKER__V1__EVENTS_GONE__INIT;
@@ -153,18 +171,8 @@ static void events_gone(struct tbd_registry *r, struct tbd_session *s) {
           continue;
         }
         stripped++;
-        if (nids == cap) {
-          size_t ncap = cap ? cap * 2 : 64;
-          uint64_t *p = tbd_malloc(ncap * sizeof(*p));
-          if (p == NULL)
-            continue; /* not named: only those told wait on it */
-          if (nids > 0)
-            memcpy(p, ids, nids * sizeof(*p));
-          tbd_free(ids);
-          ids = p;
-          cap = ncap;
-        }
-        ids[nids++] = v->done[i].id;
+        /* out of memory it is not named: only those told wait on it */
+        (void)ids_push(&ids, &nids, &cap, v->done[i].id);
       }
       v->ndone = keep;
     }
@@ -184,18 +192,8 @@ static void events_gone(struct tbd_registry *r, struct tbd_session *s) {
   /* Those it was sent may hold any of its events, unregistered ones too:
    * the registered ones and those just stripped, each once. */
   DL_FOREACH2(s->events, e, snext) {
-    if (nids == cap) {
-      size_t ncap = cap ? cap * 2 : 64;
-      uint64_t *p = tbd_malloc(ncap * sizeof(*p));
-      if (p == NULL)
-        break;
-      if (nids > 0)
-        memcpy(p, ids, nids * sizeof(*p));
-      tbd_free(ids);
-      ids = p;
-      cap = ncap;
-    }
-    ids[nids++] = e->info.id;
+    if (ids_push(&ids, &nids, &cap, e->info.id) < 0)
+      break;
   }
   if (nids > 1)
     qsort(ids, nids, sizeof(*ids), id_cmp);

@@ -594,6 +594,27 @@ static int shm_consumer(const char *sock) {
   return 0;
 }
 
+/* Run this test binary as "MODE SOCKET" under `unshare --pid --fork
+ * --mount-proc`; its wait status. */
+static int run_self_in_namespace(const char *mode) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  pid_t pid;
+  int st = -1;
+
+  assert_true(n > 0);
+  self[n] = '\0';
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    execlp("unshare", "unshare", "--pid", "--fork", "--mount-proc", self,
+           mode, daemon_.sock, (char *)NULL);
+    _exit(127);
+  }
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  return st;
+}
+
 /* May this process make PID namespaces (root, or a user namespace)? */
 static int can_unshare_pid(void) {
   pid_t pid = fork();
@@ -617,14 +638,11 @@ static void fill_words(tb_cu_deviceptr p, uint32_t base) {
  * only: the fake driver has no events that could fail to cross
  * (docs/cuda.md, "VMM buffers", says what is unmeasured). */
 static void vmm_pid_namespace(void **state) {
-  char self[4096];
   tb_client *p = NULL;
   tb_buffer *b = NULL;
   tb_cu_deviceptr ipc = 0;
   int64_t shape;
   DLTensor dt;
-  ssize_t n;
-  pid_t pid;
   int st;
 
   (void)state;
@@ -642,17 +660,7 @@ static void vmm_pid_namespace(void **state) {
   ring_tensor(&dt, &shape, (void *)(uintptr_t)ipc);
   assert_int_equal(tb_channel_publish(p, "vmm/ns-ipc", &dt, NULL, NULL), 0);
 
-  n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  assert_true(n > 0);
-  self[n] = '\0';
-  pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    execlp("unshare", "unshare", "--pid", "--fork", "--mount-proc", self,
-           "ns-consumer", daemon_.sock, (char *)NULL);
-    _exit(127);
-  }
-  assert_int_equal(waitpid(pid, &st, 0), pid);
+  st = run_self_in_namespace("ns-consumer");
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
     fail_msg("the consumer in its own PID namespace failed: status %#x "
              "(exit codes in ns_consumer)", st);
@@ -669,14 +677,12 @@ static void vmm_pid_namespace(void **state) {
  * tb_wait_free for a version that consumer released with its read still
  * queued is TB_ENOTSUP (it cannot be known free), not a wait. */
 static void vmm_other_shm(void **state) {
-  char self[4096], why[512];
+  char why[512];
   tb_client *p = NULL;
   tb_buffer *b[2] = {NULL, NULL};
   int64_t shape;
   DLTensor dt;
   uint64_t done_v = 0;
-  ssize_t n;
-  pid_t pid;
   int st;
 
   (void)state;
@@ -703,17 +709,7 @@ static void vmm_other_shm(void **state) {
   assert_int_equal(tb_channel_publish(p, "vmm/shm-done", &dt, &po, &done_v),
                    0);
 
-  n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  assert_true(n > 0);
-  self[n] = '\0';
-  pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    execlp("unshare", "unshare", "--pid", "--fork", "--mount-proc", self,
-           "shm-consumer", daemon_.sock, (char *)NULL);
-    _exit(127);
-  }
-  assert_int_equal(waitpid(pid, &st, 0), pid);
+  st = run_self_in_namespace("shm-consumer");
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
     fail_msg("the consumer with its own /dev/shm failed: status %#x (exit "
              "codes in shm_consumer)", st);
