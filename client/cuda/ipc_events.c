@@ -72,6 +72,18 @@ static int own_event_find(const uint8_t *handle, tb_cu_event *ev) {
   return o != NULL;
 }
 
+struct tb__cuda_ev *tb__ci_done_event_locked(struct tb__conn *k, int device) {
+  struct tb__cuda_ev *e;
+
+  if (K_CUDA(k) == NULL)
+    return NULL;
+  LL_FOREACH(K_CUDA(k)->done, e) {
+    if (e->device == device)
+      return e;
+  }
+  return NULL;
+}
+
 /* The connection's CUDA state, created on first use. Caller holds k->lock. */
 struct tb__cuda_conn *tb__ci_conn_cuda_locked(struct tb__conn *k) {
   if (K_CUDA(k) == NULL)
@@ -310,12 +322,7 @@ int tb__ci_done_event_begin(struct tb_client *c, int device,
   pthread_mutex_lock(&k->lock);
   if (K_CUDA(k) == NULL)
     k->kind[TB_MEMORY_CUDA_IPC] = calloc(1, sizeof(struct tb__cuda_conn));
-  if (K_CUDA(k) != NULL) {
-    LL_FOREACH(K_CUDA(k)->done, e) {
-      if (e->device == device)
-        found = 1;
-    }
-  }
+  found = tb__ci_done_event_locked(k, device) != NULL;
   pthread_mutex_unlock(&k->lock);
   if (K_CUDA(k) == NULL)
     return TB_ENOMEM;

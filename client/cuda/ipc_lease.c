@@ -246,17 +246,12 @@ int tb__ci_done_record_locked(struct tb__conn *k, struct tb__cuda_ev *e,
 /* Record the done event of device on s, under the connection lock. */
 int tb__ci_record_done(struct tb__conn *k, int device,
                        const struct tb__cuda_stream *s, uint64_t *id) {
-  struct tb__cuda_ev *e, *found = NULL;
+  struct tb__cuda_ev *found;
   int rc = 0;
 
   *id = 0;
   pthread_mutex_lock(&k->lock);
-  if (K_CUDA(k) != NULL) {
-    LL_FOREACH(K_CUDA(k)->done, e) {
-      if (e->device == device)
-        found = e;
-    }
-  }
+  found = tb__ci_done_event_locked(k, device);
   if (found != NULL) {
     int complete = 0;
     rc = tb__ci_done_record_locked(k, found, s, &complete, NULL, 0);
@@ -298,7 +293,7 @@ int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
                               void *stream, uint64_t *done_event_id,
                               int *implicit) {
   struct tb__cuda_stream target;
-  struct tb__cuda_ev *e, *found = NULL;
+  struct tb__cuda_ev *found;
   struct tb__cuda_devctx dc;
   char why[256] = "";
   int rc, err, complete = 0, entered = 0;
@@ -317,12 +312,9 @@ int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
    * streams the lease remembers still get their done event: the lease
    * ends either way, and without it the producer would rewrite the memory
    * under their reads. */
-  if (a->n_streams == 0 || K_CUDA(k) == NULL)
+  if (a->n_streams == 0)
     return err;
-  LL_FOREACH(K_CUDA(k)->done, e) {
-    if (e->device == a->done_device)
-      found = e;
-  }
+  found = tb__ci_done_event_locked(k, a->done_device);
   if (found == NULL)
     return err;
   rc = lease_target_locked(k, a, &target, why, sizeof(why));

@@ -301,6 +301,10 @@ void tb__ci_own_event_destroy(tb_cu_event ev);
 /* The connection's CUDA state, created on first use. Caller holds k->lock. */
 struct tb__cuda_conn *tb__ci_conn_cuda_locked(struct tb__conn *k);
 
+/* The connection's done event of device, or NULL (none registered yet, or
+ * no CUDA state). Caller holds k->lock. */
+struct tb__cuda_ev *tb__ci_done_event_locked(struct tb__conn *k, int device);
+
 int tb__ci_register_event(struct tb_client *c, const uint8_t *handle,
     int device, const uint8_t *uuid, uint64_t *id);
 

@@ -30,6 +30,21 @@
 
 static struct tbt_daemon daemon_;
 
+/* Both producers: version 1 from a (all val), said; on "next", version 2
+ * from b (all val + 1), so that version 1 leaves the history. */
+static uint64_t publish_two(struct tbt_chan *ch, struct tbg_gpu *g,
+                            tb_client *c, tb_cu_stream s, const char *chan,
+                            tb_cu_deviceptr a, tb_cu_deviceptr b,
+                            unsigned val, uint64_t *v2) {
+  tbg_fill(g, a, val, N, s);
+  uint64_t v1 = tbg_publish(c, g, chan, a, N, s, 1);
+  tbg_child_say(ch, "published %llu", (unsigned long long)v1);
+  tbg_child_hear(ch, "next", NULL, 0);
+  tbg_fill(g, b, val + 1, N, s);
+  *v2 = tbg_publish(c, g, chan, b, N, s, 1);
+  return v1;
+}
+
 static int producer(struct tbt_chan *ch, void *arg) {
   struct tbg_gpu g;
   (void)arg;
@@ -37,12 +52,8 @@ static int producer(struct tbt_chan *ch, void *arg) {
   tb_client *c = tbg_connect(&daemon_, "producer", TB_CONTRACT_SPEC);
   tb_cu_stream s = tbg_stream(&g, 1);
   tb_cu_deviceptr a = tbg_alloc(&g, N * 4ull), b = tbg_alloc(&g, N * 4ull);
-  tbg_fill(&g, a, 21, N, s);
-  uint64_t v1 = tbg_publish(c, &g, "gpu/ckill", a, N, s, 1);
-  tbg_child_say(ch, "published %llu", (unsigned long long)v1);
-  tbg_child_hear(ch, "next", NULL, 0);
-  tbg_fill(&g, b, 22, N, s);
-  uint64_t v2 = tbg_publish(c, &g, "gpu/ckill", b, N, s, 1);
+  uint64_t v2;
+  uint64_t v1 = publish_two(ch, &g, c, s, "gpu/ckill", a, b, 21, &v2);
   TBG_RC(c, tb_wait_free(c, "gpu/ckill", v1, 0, s), TB_EBUSY);
   tbg_child_say(ch, "published %llu", (unsigned long long)v2);
   tbg_child_hear(ch, "killed", NULL, 0);
@@ -99,12 +110,8 @@ static int gone_producer(struct tbt_chan *ch, void *arg) {
   tb_client *c = tbg_connect(&daemon_, "producer", TB_CONTRACT_SPEC);
   tb_cu_stream s = tbg_stream(&g, 1);
   tb_cu_deviceptr a = tbg_alloc(&g, N * 4ull), b = tbg_alloc(&g, N * 4ull);
-  tbg_fill(&g, a, 31, N, s);
-  uint64_t v1 = tbg_publish(c, &g, "gpu/ckill2", a, N, s, 1);
-  tbg_child_say(ch, "published %llu", (unsigned long long)v1);
-  tbg_child_hear(ch, "next", NULL, 0);
-  tbg_fill(&g, b, 32, N, s);
-  (void)tbg_publish(c, &g, "gpu/ckill2", b, N, s, 1); /* v1 is freed */
+  uint64_t v2; /* v1 is freed by it */
+  uint64_t v1 = publish_two(ch, &g, c, s, "gpu/ckill2", a, b, 31, &v2);
   tbg_child_say(ch, "published");
   tbg_child_hear(ch, "killed", NULL, 0);
   /* until the daemon has ended the dead consumer's session */
