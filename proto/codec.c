@@ -287,6 +287,9 @@ static void event_body(struct wr *w, const void *m) {
   wr_u64(w, 5, e->complete != 0);
   wr_u64(w, 6, e->owner_died != 0);
   wr_u64(w, 7, e->owner_shm_id);
+  wr_u64(w, 8, e->owner_pidns_id);
+  wr_u64(w, 9, e->signal_value);
+  wr_u64(w, 10, e->signal_slot);
 }
 
 /* 0 when the message has a form left to protobuf-c. */
@@ -312,6 +315,7 @@ static size_t acquire_reply_put(const Tensorbroker__V1__AcquireReply *ar,
   wr_len(&w, 6, ar->metadata.data, ar->metadata.len);
   if (ar->channel != NULL)
     wr_len(&w, 7, ar->channel, strlen(ar->channel));
+  wr_u64(&w, 8, ar->done_slot);
   for (size_t i = 0; i < ar->base.n_unknown_fields; i++) {
     const ProtobufCMessageUnknownField *u = &ar->base.unknown_fields[i];
     wr_varint(&w, ((uint64_t)u->tag << 3) | (uint64_t)u->wire_type);
@@ -419,13 +423,13 @@ static size_t put_varint_field(uint8_t *p, uint32_t field, uint64_t v) {
  * hand in protobuf-c's order and form (fields by number, zero values and
  * empty strings left out, negative int32/int64 as ten-byte varints): its
  * table-driven pack took ~1.3k instructions for an Acquire. Returns the
- * length written to out (up to 2 * 11 + 8 * 11 bytes plus the channel),
+ * length written to out (up to 2 * 11 + 9 * 11 bytes plus the channel),
  * or 0 for a body left to protobuf-c. */
 static size_t put_acquire(const Tensorbroker__V1__Acquire *q, uint8_t *out,
                           size_t cap) {
   size_t n = 0, len = q->channel != NULL ? strlen(q->channel) : 0;
 
-  if (q->base.n_unknown_fields != 0 || len > cap || cap - len < 96)
+  if (q->base.n_unknown_fields != 0 || len > cap || cap - len < 112)
     return 0;
   if (len > 0) {
     n += put_len_field(out, 1, len);
@@ -439,6 +443,7 @@ static size_t put_acquire(const Tensorbroker__V1__Acquire *q, uint8_t *out,
   n += put_varint_field(out + n, 6, q->release_lease_id);
   n += put_varint_field(out + n, 7, q->release_done_event_id);
   n += put_varint_field(out + n, 8, q->release_implicit_stream != 0);
+  n += put_varint_field(out + n, 9, q->release_done_signal);
   return n;
 }
 
@@ -451,6 +456,7 @@ static size_t put_release(const Tensorbroker__V1__Release *q, uint8_t *out) {
   n += put_varint_field(out + n, 2, q->done_event_id);
   n += put_varint_field(out + n, 3, q->want_reply != 0);
   n += put_varint_field(out + n, 4, q->implicit_stream != 0);
+  n += put_varint_field(out + n, 5, q->done_signal);
   return n;
 }
 

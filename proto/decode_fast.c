@@ -330,6 +330,7 @@ static int dec_buffer(struct tb__arena *a, struct rd *in,
     VARINT_FIELD(7, m->writable, AS_BOOL);
     VARINT_FIELD(8, m->fd_attached, AS_BOOL);
     VARINT_FIELD(9, m->producer_pid, AS_U32);
+    VARINT_FIELD(10, m->signal_offset, AS_U64);
   BODY_END;
 }
 
@@ -346,6 +347,9 @@ static int dec_event(struct tb__arena *a, struct rd *in,
     VARINT_FIELD(5, m->complete, AS_BOOL);
     VARINT_FIELD(6, m->owner_died, AS_BOOL);
     VARINT_FIELD(7, m->owner_shm_id, AS_U64);
+    VARINT_FIELD(8, m->owner_pidns_id, AS_U64);
+    VARINT_FIELD(9, m->signal_value, AS_U64);
+    VARINT_FIELD(10, m->signal_slot, AS_U32);
   BODY_END;
 }
 
@@ -362,6 +366,7 @@ static int dec_acquire(struct tb__arena *a, struct rd *in,
     LEN_FIELD(5, kept_event(a, &r, &m->ready_event));
     LEN_FIELD(6, rd_bytes(a, &r, &m->metadata));
     LEN_FIELD(7, rd_string(a, &r, &m->channel));
+    VARINT_FIELD(8, m->done_slot, AS_U32);
   BODY_END;
 }
 
@@ -461,6 +466,7 @@ static int dec_acquire_req(struct tb__arena *a, struct rd *in,
     VARINT_FIELD(6, m->release_lease_id, AS_U64);
     VARINT_FIELD(7, m->release_done_event_id, AS_U64);
     VARINT_FIELD(8, m->release_implicit_stream, AS_BOOL);
+    VARINT_FIELD(9, m->release_done_signal, AS_U64);
   BODY_END;
 }
 
@@ -474,6 +480,7 @@ static int dec_release_req(struct tb__arena *a, struct rd *in,
     VARINT_FIELD(2, m->done_event_id, AS_U64);
     VARINT_FIELD(3, m->want_reply, AS_BOOL);
     VARINT_FIELD(4, m->implicit_stream, AS_BOOL);
+    VARINT_FIELD(5, m->done_signal, AS_U64);
   BODY_END;
 }
 

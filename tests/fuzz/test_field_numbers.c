@@ -301,8 +301,8 @@ static void test_decoder_field_numbers(void **state) {
   /* Device, Layout, BufferInfo, EventInfo, AcquireReply, Reply,
    * NewVersion, Notice, ServerMessage, Acquire, Release, Request */
   assert_int_equal(funcs, 12);
-  /* 3 + 8 + 9 + 7 + 7 + 4 + 4 + 1 + 2 + 8 + 4 + 3 */
-  assert_int_equal(n, 60);
+  /* 3 + 8 + 10 + 10 + 8 + 4 + 4 + 1 + 2 + 9 + 5 + 3 */
+  assert_int_equal(n, 67);
   uses_checked += n;
   regfree(&fn);
   regfree(&ty);
@@ -416,8 +416,8 @@ static void test_encoder_field_numbers(void **state) {
     }
   }
   assert_int_equal(nlit, (int)(sizeof(literal_tags) / sizeof(literal_tags[0])));
-  /* Device 3, EventInfo 7, AcquireReply 5, Acquire 7, Release 4 */
-  assert_int_equal(n, 26);
+  /* Device 3, EventInfo 10, AcquireReply 6, Acquire 8, Release 5 */
+  assert_int_equal(n, 32);
   uses_checked += n + nlit;
   regfree(&fn);
   regfree(&decl);
@@ -659,10 +659,10 @@ static void test_fields_one_by_one(void **state) {
       count++;
     }
   }
-  /* AcquireReply 7 + Layout 8 + Device 3 * 3 + BufferInfo 9 * 2 +
-   * EventInfo 7 * 2 + NewVersion 4 + Acquire 8 + Release 4 + Reply 3 +
+  /* AcquireReply 8 + Layout 8 + Device 3 * 3 + BufferInfo 10 * 2 +
+   * EventInfo 10 * 2 + NewVersion 4 + Acquire 9 + Release 5 + Reply 3 +
    * Request 1 */
-  assert_int_equal(count, 7 + 8 + 9 + 18 + 14 + 4 + 8 + 4 + 3 + 1);
+  assert_int_equal(count, 8 + 8 + 9 + 20 + 20 + 4 + 9 + 5 + 3 + 1);
 }
 
 int main(void) {
