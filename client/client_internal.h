@@ -107,6 +107,9 @@ struct tb__done_event {
   uint8_t uuid[TB__UUID_SIZE];
   uint32_t owner_pid;
   uint64_t owner_shm_id; /* EventInfo.owner_shm_id */
+  uint64_t owner_pidns_id; /* EventInfo.owner_pidns_id */
+  uint64_t signal_value; /* EventInfo.signal_value: 0 none */
+  uint32_t signal_slot;  /* EventInfo.signal_slot */
 };
 
 struct tb__freed {
@@ -271,15 +274,22 @@ void tb__msg_free(struct tb_client *c, tb__server_message *m);
  * error. Used by tb_client_poll_notice. */
 int tb__pump(struct tb_client *c, int timeout_ms);
 
-/* The device number of the /dev/shm this process sees (0: none), found
- * once: CUDA interprocess events reach only processes that share it
- * (Hello.shm_id, EventInfo.owner_shm_id). */
+/* The device number of the /dev/shm this process sees (0: none), and the
+ * inode of its PID namespace (0: unknown), found once: CUDA interprocess
+ * events reach only processes that share both (Hello.shm_id and pidns_id,
+ * EventInfo.owner_shm_id and owner_pidns_id; docs/cuda.md, "Across
+ * containers"). */
 uint64_t tb__shm_id(void);
-/* Whether an event registered by a session with this Hello.shm_id is out
- * of this process's reach (both known, and different). */
-static inline int tb__shm_foreign(uint64_t owner_shm_id) {
-  return owner_shm_id != 0 && tb__shm_id() != 0 &&
-         owner_shm_id != tb__shm_id();
+uint64_t tb__pidns_id(void);
+/* Whether an event registered by a session with this Hello.shm_id and
+ * pidns_id is out of this process's reach (either known on both sides,
+ * and different). */
+static inline int tb__events_foreign(uint64_t owner_shm_id,
+                                     uint64_t owner_pidns_id) {
+  return (owner_shm_id != 0 && tb__shm_id() != 0 &&
+          owner_shm_id != tb__shm_id()) ||
+         (owner_pidns_id != 0 && tb__pidns_id() != 0 &&
+          owner_pidns_id != tb__pidns_id());
 }
 
 /* Queue a notice (oldest dropped beyond TB__NOTICE_QUEUE_MAX). */

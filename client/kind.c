@@ -90,12 +90,13 @@ void tb__kind_prefetch(struct tb_client *c,
 
 int tb__kinds_done_wait(struct tb_client *c, const struct tb__freed *f,
                         void *stream) {
-  const struct tb__kind_ops *ops = tb__kind(TB_MEMORY_CUDA_IPC);
+  const struct tb__kind_ops *ops = tb__kind(TB_MEMORY_CUDA_VMM);
   struct tb_buffer *b;
 
   /* A version of one of c's host buffers waits as the buffer's kind says
    * (pinned memory: the host blocks); device memory, and a buffer c no
-   * longer has, as the CUDA kinds do (stream waits). */
+   * longer has, as the CUDA kinds do (stream waits; the VMM kind's knows
+   * its buffers' done signals too). */
   if (f->buffer_id != 0) {
     DL_FOREACH(c->buffers, b) {
       if (b->id == f->buffer_id) {

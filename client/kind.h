@@ -18,10 +18,10 @@
 #include "client_internal.h"
 
 /* Bytes a lease keeps for its kind (the CUDA kind's streams and events:
- * 456 bytes on x86-64, as much as the lease held for CUDA before, so that
- * a lease's size, and which leases the connection's spare can hold, stay
- * what they were); each kind checks that its state fits. */
-#define TB__KIND_LEASE_STATE 464
+ * 472 bytes on x86-64, a little more than the lease held for CUDA before
+ * (456), so that a lease stays about the size it was, and which leases the
+ * connection's spare can hold); each kind checks that its state fits. */
+#define TB__KIND_LEASE_STATE 480
 
 /* What a kind's acquire hands the lease code. */
 struct tb__kind_acq {
@@ -40,8 +40,18 @@ struct tb__kind_publish {
   uint64_t byte_offset; /* of the tensor's first byte in the buffer */
   uint64_t ready_event_id;
   int ready_complete;
+  uint64_t ready_signal; /* written after the work (docs/cuda.md,
+                          * "Signals"); 0: none */
   Tensorbroker__V1__Device dev;
   uint8_t uuid[TB__UUID_SIZE]; /* dev.uuid's storage */
+};
+
+/* What the end of a lease leaves for its Release. */
+struct tb__lease_done {
+  uint64_t event_id; /* the done event recorded; 0: nothing to wait for */
+  uint64_t signal;   /* the done signal written in this session's done slot
+                      * (docs/cuda.md, "Signals"); 0: none */
+  int implicit;      /* the contract chose a stream */
 };
 
 struct tb__kind_ops {
@@ -93,11 +103,12 @@ struct tb__kind_ops {
   /* tb_lease_use: remember stream as one that reads the lease. k->lock
    * held. */
   int (*use_locked)(struct tb__conn *k, void *state, void *stream);
-  /* A lease ends: record its done event after the reads on its streams
-   * (and stream); *done_event_id 0: nothing to wait for. TB__LEASE_LATER:
-   * not now (a capture), ask again with stream NULL. k->lock held. */
+  /* A lease ends: record its done event (and signal) after the reads on
+   * its streams (and stream); done->event_id 0: nothing to wait for.
+   * TB__LEASE_LATER: not now (a capture), ask again with stream NULL.
+   * k->lock held. */
   int (*done_record_locked)(struct tb__conn *k, void *state, void *stream,
-                            uint64_t *done_event_id, int *implicit);
+                            struct tb__lease_done *done);
   /* A copy's lease (tb__kind_acq.copied) ends: free the copy after the
    * reads on stream and the lease's streams. Takes k->lock. */
   int (*copy_free)(struct tb__conn *k, void *state, void *stream);
@@ -197,8 +208,7 @@ int tb__pinned_lease_wait(struct tb__conn *k, void *state, const DLTensor *t,
 int tb__pinned_lease_use_locked(struct tb__conn *k, void *state,
                                 void *stream);
 int tb__pinned_lease_end_locked(struct tb__conn *k, void *state,
-                                void *stream, uint64_t *done_event_id,
-                                int *implicit);
+                                void *stream, struct tb__lease_done *done);
 /* kind.h's done_wait for a version of a pinned buffer: stream NULL (the
  * host rewrites it) blocks until every done event completes; a stream
  * waits for them on the GPU instead. */

@@ -87,12 +87,14 @@ void tb_acquire_options_init(struct tb_acquire_options *opts) {
 /* Send the one-way Release of a lease with a done event. Caller holds
  * k->lock. */
 static int send_release_locked(struct tb__conn *k, uint64_t lease_id,
-                               uint64_t done, int implicit) {
+                               uint64_t done, uint64_t signal,
+                               int implicit) {
   Tensorbroker__V1__Release rel = TENSORBROKER__V1__RELEASE__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
 
   rel.lease_id = lease_id;
   rel.done_event_id = done;
+  rel.done_signal = signal;
   rel.want_reply = 0;
   rel.implicit_stream = implicit != 0;
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
@@ -120,23 +122,24 @@ static int lease_drop_locked(struct tb__conn *k, struct tb__lease *l) {
 static int lease_send_end_locked(struct tb__conn *k, struct tb__lease *l,
                                  void *stream,
                                  Tensorbroker__V1__Acquire *aq) {
-  uint64_t done = 0;
+  struct tb__lease_done done = {0, 0, 0};
   int implicit = l->implicit, rc = 0, src;
 
   if (l->ops->done_record_locked != NULL) {
-    int imp = 0;
-    rc = l->ops->done_record_locked(k, l->state, stream, &done, &imp);
+    rc = l->ops->done_record_locked(k, l->state, stream, &done);
     if (rc == TB__LEASE_LATER)
       return rc;
-    implicit |= imp;
+    implicit |= done.implicit;
   }
   if (aq != NULL && rc == 0) {
     aq->release_lease_id = l->lease_id;
-    aq->release_done_event_id = done;
+    aq->release_done_event_id = done.event_id;
+    aq->release_done_signal = done.signal;
     aq->release_implicit_stream = implicit != 0;
     return 0;
   }
-  src = send_release_locked(k, l->lease_id, done, implicit);
+  src = send_release_locked(k, l->lease_id, done.event_id, done.signal,
+                            implicit);
   return rc < 0 ? rc : src;
 }
 
@@ -151,7 +154,7 @@ static void later_retry_locked(struct tb__conn *k, int give_up) {
       if (lease_send_end_locked(k, l, NULL, NULL) == TB__LEASE_LATER) {
         if (!give_up)
           continue;
-        (void)send_release_locked(k, l->lease_id, 0, l->implicit);
+        (void)send_release_locked(k, l->lease_id, 0, 0, l->implicit);
       }
     }
     DL_DELETE(k->later, l);
@@ -180,7 +183,7 @@ void tb__leases_end_all_locked(struct tb__conn *k) {
    * recorded after the work queued on its streams so far. */
   DL_FOREACH_SAFE(k->leases, l, tmp) {
     if (lease_send_end_locked(k, l, NULL, NULL) == TB__LEASE_LATER)
-      (void)send_release_locked(k, l->lease_id, 0, l->implicit);
+      (void)send_release_locked(k, l->lease_id, 0, 0, l->implicit);
     DL_DELETE(k->leases, l);
     l->listed = 0;
   }
@@ -504,6 +507,7 @@ int tb_acquire(tb_client *c, const char *channel,
       pthread_mutex_lock(&c->conn->lock);
       (void)send_release_locked(c->conn, aq.release_lease_id,
                                 aq.release_done_event_id,
+                                aq.release_done_signal,
                                 aq.release_implicit_stream);
       pthread_mutex_unlock(&c->conn->lock);
     }
@@ -567,7 +571,7 @@ int tb_acquire(tb_client *c, const char *channel,
       /* the copy was enqueued with its done event: end the lease with it */
       (void)ops->copy_free(c->conn, state, o.stream);
       pthread_mutex_lock(&c->conn->lock);
-      (void)send_release_locked(c->conn, ar->lease_id, ka.done_event_id,
+      (void)send_release_locked(c->conn, ar->lease_id, ka.done_event_id, 0,
                                 ka.implicit);
       tb__map_put_locked(c->conn, map);
       pthread_mutex_unlock(&c->conn->lock);
@@ -579,7 +583,7 @@ int tb_acquire(tb_client *c, const char *channel,
     /* Copied: the producer's memory is no longer read once the done event
      * (recorded after the copy) completes, so the lease ends now. */
     pthread_mutex_lock(&c->conn->lock);
-    rc = send_release_locked(c->conn, ar->lease_id, ka.done_event_id,
+    rc = send_release_locked(c->conn, ar->lease_id, ka.done_event_id, 0,
                              ka.implicit);
     tb__map_put_locked(c->conn, map);
     pthread_mutex_unlock(&c->conn->lock);

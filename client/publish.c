@@ -133,6 +133,9 @@ void tb__freed_add(struct tb_client *c,
         memcpy(d->uuid, e->device->uuid.data, TB__UUID_SIZE);
       d->owner_pid = e->owner_pid;
       d->owner_shm_id = e->owner_shm_id;
+      d->owner_pidns_id = e->owner_pidns_id;
+      d->signal_value = e->signal_value;
+      d->signal_slot = e->signal_slot;
       f.n_done++;
     }
   }
@@ -204,6 +207,7 @@ static int send_publish(struct tb_client *c, const char *channel,
   pb.layout = &lay;
   pb.ready_event_id = kp->ready_event_id;
   pb.ready_complete = kp->ready_event_id != 0 && kp->ready_complete;
+  pb.ready_signal = kp->ready_event_id != 0 ? kp->ready_signal : 0;
   pb.metadata.data = (uint8_t *)o->metadata;
   pb.metadata.len = o->metadata_len;
   pb.history_depth = o->history_depth;
@@ -473,21 +477,29 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
   }
   {
     size_t foreign = 0;
+    /* CUDA interprocess events do not reach a process in another PID
+     * namespace or with another /dev/shm: a wait on one may never end. A
+     * consumer there that was given a done slot wrote a done signal
+     * instead (docs/cuda.md, "Signals"); one without cannot be waited
+     * for. The entry stays, as above. */
     for (size_t i = 0; i < f->n_done; i++)
-      foreign += tb__shm_foreign(f->done[i].owner_shm_id);
+      foreign += tb__events_foreign(f->done[i].owner_shm_id,
+                                    f->done[i].owner_pidns_id) &&
+                 f->done[i].signal_value == 0;
     if (foreign > 0) {
-      /* CUDA interprocess events do not reach a process with another
-       * /dev/shm: a wait on one may never end. The entry stays, as above. */
       rc = tb__set_error(c, TB_ENOTSUP,
                          "version %llu of '%s' was released with GPU work "
-                         "still queued by %zu consumer(s) that see another "
-                         "/dev/shm (another container's IPC namespace): CUDA "
+                         "still queued by %zu consumer(s) in another PID "
+                         "namespace or with another /dev/shm (another "
+                         "container) and without a done signal: CUDA "
                          "interprocess events do not reach across, so their "
                          "reads cannot be waited for and this buffer must "
-                         "not be rewritten; such a consumer must finish its "
-                         "reads before it releases (synchronise, then "
-                         "release with stream -1) (docs/cuda.md, \"Across "
-                         "containers\")",
+                         "not be rewritten (a buffer of "
+                         "tb_buffer_create_cuda carries signals where the "
+                         "device supports 64-bit stream memory operations; "
+                         "else such a consumer must finish its reads before "
+                         "it releases: synchronise, then release with stream "
+                         "-1) (docs/cuda.md, \"Across containers\")",
                          (unsigned long long)version, channel, foreign);
       goto out_unlock;
     }

@@ -471,6 +471,22 @@ uint64_t tb__shm_id(void) {
   return shm_id;
 }
 
+static uint64_t pidns_id;
+
+static void pidns_id_find(void) {
+  struct stat st;
+
+  if (stat("/proc/self/ns/pid", &st) == 0)
+    pidns_id = (uint64_t)st.st_ino;
+}
+
+uint64_t tb__pidns_id(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+  pthread_once(&once, pidns_id_find);
+  return pidns_id;
+}
+
 int tb__hello_send(struct tb_client *c, const char *name, int contract,
                    const char *const *channels, size_t n_channels,
                    uint32_t memory_kinds, uint64_t *id) {
@@ -485,6 +501,7 @@ int tb__hello_send(struct tb_client *c, const char *name, int contract,
   h.prefetch = c->prefetch != 0;
   h.says_goodbye = 1; /* tb_client_disconnect says it */
   h.shm_id = tb__shm_id();
+  h.pidns_id = tb__pidns_id();
   if (c->prefetch) {
     h.channels = (char **)channels;
     h.n_channels = n_channels;

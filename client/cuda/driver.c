@@ -132,6 +132,10 @@ static const struct tb_cuda_sym tb_cuda_syms[] = {
     /* pinned host memory (issue 25, step 2: kind_pinned.c) */
     SYM(cuMemHostRegister, "cuMemHostRegister", "cuMemHostRegister_v2"),
     SYM1(cuMemHostUnregister),
+    /* signals (issue 25: signal.c) */
+    SYM(cuStreamWriteValue64, "cuStreamWriteValue64",
+        "cuStreamWriteValue64_v2"),
+    SYM(cuStreamWaitValue64, "cuStreamWaitValue64", "cuStreamWaitValue64_v2"),
 };
 
 static pthread_once_t tb_cuda_once = PTHREAD_ONCE_INIT;

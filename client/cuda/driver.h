@@ -104,6 +104,10 @@ typedef struct {
 #define TB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
 #define TB_CU_MEM_ALLOC_GRANULARITY_MINIMUM 0x0
 #define TB_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
+/* Signals: 64-bit stream memory operations (client/cuda/signal.c). */
+#define TB_CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS 122
+#define TB_CU_STREAM_WAIT_VALUE_GEQ 0x0
+#define TB_CU_STREAM_WRITE_VALUE_DEFAULT 0x0
 
 /* The driver API version libtensorbroker is written against (CUDA 12.0). */
 #define TB_CUDA_API_VERSION 12000
@@ -217,6 +221,11 @@ struct tb_cuda {
   /* ---- pinned host memory (issue 25, step 2: kind_pinned.c) ---- */
   tb_cu_result (*cuMemHostRegister)(void *p, size_t size, unsigned flags);
   tb_cu_result (*cuMemHostUnregister)(void *p);
+  /* ---- signals (issue 25: client/cuda/signal.c) ---- */
+  tb_cu_result (*cuStreamWriteValue64)(tb_cu_stream s, tb_cu_deviceptr p,
+                                       uint64_t value, unsigned flags);
+  tb_cu_result (*cuStreamWaitValue64)(tb_cu_stream s, tb_cu_deviceptr p,
+                                      uint64_t value, unsigned flags);
 };
 
 /* Load and initialise the driver once per process (thread-safe). On success

@@ -6,6 +6,7 @@
  * producer's wait for them (tb_wait_free).
  * (kind_ipc.h) */
 #include "kind_ipc.h"
+#include "signal.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -268,8 +269,8 @@ int tb__ci_wait_event(struct tb__conn *k, uint64_t event_id,
   return rc;
 }
 
-int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
-                       void *stream) {
+int tb__cuda_wait_done_signals(struct tb_client *c, const struct tb__freed *f,
+                               void *stream, tb__signal_word_fn *word_of) {
   struct tb__cuda_client *cc = NULL;
   struct tb__cuda_stream s;
   char why[256] = "";
@@ -285,12 +286,30 @@ int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
   if (s.no_sync)
     return 0; /* -1: the caller orders the reuse itself */
   for (size_t i = 0; i < f->n_done; i++) {
-    rc = tb__ci_wait_event(c->conn, f->done[i].event_id, f->done[i].handle,
-                    f->done[i].uuid, 0, &s, why, sizeof(why));
+    const struct tb__done_event *d = &f->done[i];
+    if (word_of != NULL &&
+        tb__events_foreign(d->owner_shm_id, d->owner_pidns_id)) {
+      /* its event does not reach here: its done signal (tb_wait_free let
+       * only those with one through) in the buffer's signal area */
+      tb_cu_deviceptr word;
+      rc = word_of(c, f->buffer_id, d->signal_slot, &word, why, sizeof(why));
+      if (rc == 1)
+        continue; /* the buffer is gone: nothing left to rewrite */
+      if (rc == 0)
+        rc = tb__signal_wait(&s, word, d->signal_value, why, sizeof(why));
+    } else {
+      rc = tb__ci_wait_event(c->conn, d->event_id, d->handle, d->uuid, 0, &s,
+                             why, sizeof(why));
+    }
     if (rc < 0)
       return tb__set_error(c, rc, "%s", why);
   }
   return 0;
+}
+
+int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
+                       void *stream) {
+  return tb__cuda_wait_done_signals(c, f, stream, NULL);
 }
 
 void tb__ci_error_keep(const struct tb_client *c, struct kept_error *ke) {
@@ -458,36 +477,40 @@ void tb__cuda_connect_end(struct tb_client *c, int hello_ok) {
   tb__ci_error_restore(c, &ke);
 }
 
-/* Make s wait for the version's ready event (none, or a no-sync s: 0). */
 /* The ready event of a producer that died (EventInfo.owner_died), not
  * complete at publish: a stream made to wait on it would never run again
- * if the work it marks died with the process, so the event is asked
- * instead. 1: it finished (nothing to wait for, now or later); else
- * TB_ECLOSED, set on c. The device's context is current. */
+ * if the work it marks died with the process. Whether that work finished
+ * is read from the buffer's ready signal, written after it by the
+ * producer's stream: 1 when it did (nothing to wait for, now or later),
+ * else TB_ECLOSED, set on c. An event cannot answer: one opened after its
+ * process died queries as complete whatever its work did (measured on an
+ * H200, docs/gpu-validation.md), so without a signal the version is
+ * TB_ECLOSED too. The device's context is current. */
 static int ready_of_dead_producer(struct tb_client *c,
-                                  const Tensorbroker__V1__EventInfo *ready,
-                                  const uint8_t *uuid) {
-  struct tb__conn *k = c->conn;
-  tb_cu_event ev;
+                                  const struct tb__cuda_map *m,
+                                  const Tensorbroker__V1__EventInfo *ready) {
+  uint64_t now = 0;
   char why[256] = "";
-  int rc, done = 0;
+  int rc;
 
-  pthread_mutex_lock(&k->lock);
-  rc = tb__ci_open_event_locked(k, ready->event_id,
-                                ready->cuda_ipc_event_handle.data, uuid, &ev,
-                                why, sizeof(why));
-  if (rc == 0)
-    done = tb__cuda_event_done(ev, NULL);
-  pthread_mutex_unlock(&k->lock);
+  if (ready->signal_value == 0 || m->signal == 0)
+    return tb__set_error(c, TB_ECLOSED,
+                         "the producer of this version died with its GPU "
+                         "work on it still queued at publish, and its buffer "
+                         "has no ready signal to say whether that work "
+                         "finished: its data may be incomplete");
+  rc = tb__signal_read(m->signal, &now, why, sizeof(why));
   if (rc < 0)
     return tb__set_error(c, TB_ECLOSED,
                          "the producer of this version died, and whether its "
-                         "GPU work on it finished cannot be known: %s", why);
-  if (!done)
+                         "GPU work on it finished cannot be read: %s", why);
+  if (now < ready->signal_value)
     return tb__set_error(c, TB_ECLOSED,
                          "the producer of this version died before its GPU "
-                         "work on it finished: its data may be incomplete, "
-                         "and a stream waiting for it would never run again");
+                         "work on it finished (its ready signal is %llu, "
+                         "not %llu): its data is incomplete",
+                         (unsigned long long)now,
+                         (unsigned long long)ready->signal_value);
   return 1;
 }
 
@@ -505,20 +528,31 @@ int tb__ci_wait_ready(struct tb_client *c, const struct tb__cuda_map *m,
   if (ready->device != NULL && ready->device->uuid.len == TB__UUID_SIZE)
     uuid = ready->device->uuid.data;
   if (ready->owner_died && !ready->complete)
-    return ready_of_dead_producer(c, ready, uuid);
-  if (tb__shm_foreign(ready->owner_shm_id)) {
-    /* CUDA interprocess events do not reach a process with another
-     * /dev/shm: never opened, never waited on (a wait might never end) */
+    return ready_of_dead_producer(c, m, ready);
+  if (tb__events_foreign(ready->owner_shm_id, ready->owner_pidns_id)) {
+    /* CUDA interprocess events do not reach a process in another PID
+     * namespace or with another /dev/shm: never opened, never waited on
+     * (a wait might never end). The ready signal stands for it. */
     if (ready->complete)
       return 1;
-    return tb__set_error(c, TB_ENOTSUP,
-                         "this version was published with its GPU work still "
-                         "in flight by a producer that sees another /dev/shm "
-                         "(another container's IPC namespace): CUDA "
-                         "interprocess events do not reach across, so its "
-                         "readiness cannot be waited for; the producer must "
-                         "publish finished work (synchronise its stream "
-                         "first) (docs/cuda.md, \"Across containers\")");
+    if (ready->signal_value == 0 || m->signal == 0)
+      return tb__set_error(c, TB_ENOTSUP,
+                           "this version was published with its GPU work "
+                           "still in flight by a producer in another PID "
+                           "namespace or with another /dev/shm (another "
+                           "container), from a buffer without a ready "
+                           "signal: CUDA interprocess events do not reach "
+                           "across, so its readiness cannot be waited for; "
+                           "the producer must publish from a "
+                           "tb_buffer_create_cuda buffer on a device with "
+                           "64-bit stream memory operations, or publish "
+                           "finished work (docs/cuda.md, \"Across "
+                           "containers\")");
+    rc = tb__signal_wait(s, m->signal, ready->signal_value, why,
+                         sizeof(why));
+    if (rc < 0)
+      return tb__set_error(c, rc, "%s", why);
+    return 0;
   }
   if (s->no_sync)
     return 0;

@@ -14,6 +14,7 @@
 #include <utlist.h>
 
 #include "cuda.h"
+#include "signal.h"
 
 /* Remember s (resolved) as a stream that reads the lease a, unless it is
  * no-sync or remembered already; room: how many a may hold. */
@@ -120,6 +121,77 @@ static int join_ev_get_locked(struct tb__cuda_conn *cc, tb_cu_context ctx,
   je->ctx = ctx;
   LL_PREPEND(cc->join_evs, je);
   *out = je->ev;
+  return 0;
+}
+
+int tb__ci_join_get_locked(struct tb__cuda_conn *cc, int device,
+                           struct tb__cuda_stream *out, char *why,
+                           size_t whylen) {
+  struct tb__cuda_join *j;
+  int rc = join_get_locked(cc, device, &j, why, whylen);
+
+  if (rc == 0)
+    *out = (struct tb__cuda_stream){j->stream, 0, 0, j->ctx};
+  return rc;
+}
+
+int tb__ci_join_ev_get_locked(struct tb__cuda_conn *cc, tb_cu_context ctx,
+                              tb_cu_event *out, char *why, size_t whylen) {
+  return join_ev_get_locked(cc, ctx, out, why, whylen);
+}
+
+/* ---- signals' writers (signal.h) ---- */
+
+/* Whether t (its ctx known) is the stream of sg's last write. */
+static int last_on(const struct tb__signal *sg, const struct tb__cuda_stream *t) {
+  return sg->last.stream == t->stream && sg->last.ctx == t->ctx &&
+         (t->stream != TB_CU_STREAM_PER_THREAD ||
+          pthread_equal(sg->thread, pthread_self()));
+}
+
+int tb__signal_write_locked(struct tb__conn *k, struct tb__signal *sg,
+                            tb_cu_deviceptr word, int device,
+                            const struct tb__cuda_stream *t, uint64_t *value,
+                            char *why, size_t whylen) {
+  struct tb__cuda_stream w = *t;
+  int rc, dev;
+
+  if (w.ctx == NULL) {
+    rc = tb__cuda_stream_ident(&w, &w.ctx, &dev, why, whylen);
+    if (rc < 0)
+      return rc;
+  }
+  if (sg->value != 0 && !last_on(sg, &w)) {
+    /* Another stream: its value must not land before the previous one,
+     * still queued perhaps on the stream that wrote it. The join stream
+     * waits for t's work and for the previous value, then writes. */
+    struct tb__cuda_conn *cc = tb__ci_conn_cuda_locked(k);
+    struct tb__cuda_stream js;
+    tb_cu_event ev;
+
+    if (cc == NULL)
+      return TB_ENOMEM;
+    rc = tb__ci_join_get_locked(cc, device, &js, why, whylen);
+    if (rc == 0 && (w.stream != js.stream || w.ctx != js.ctx)) {
+      rc = tb__ci_join_ev_get_locked(cc, w.ctx, &ev, why, whylen);
+      if (rc == 0)
+        rc = tb__cuda_record(ev, &w, 0, NULL, NULL, why, whylen);
+      if (rc == 0)
+        rc = tb__cuda_wait(&js, ev, why, whylen);
+    }
+    if (rc == 0)
+      rc = tb__signal_wait(&js, word, sg->value, why, whylen);
+    if (rc < 0)
+      return rc;
+    w = js;
+  }
+  rc = tb__signal_write(&w, word, sg->value + 1, why, whylen);
+  if (rc < 0)
+    return rc;
+  sg->value++;
+  sg->last = w;
+  sg->thread = pthread_self();
+  *value = sg->value;
   return 0;
 }
 
@@ -289,17 +361,30 @@ static int no_context_here(void) {
          cur == NULL;
 }
 
+/* The done signal after a lease's reads on target (where its done event
+ * was just recorded, not complete), when its mapping has a done slot: a
+ * producer that cannot open the done event waits for this instead. */
+static int done_signal_locked(struct tb__conn *k, struct tb__cuda_acq *a,
+                              const struct tb__cuda_stream *target,
+                              uint64_t *value, char *why, size_t whylen) {
+  struct tb__cuda_map *m = a->map;
+
+  if (m == NULL || m->signal == 0 || m->done_slot == 0)
+    return 0;
+  return tb__signal_write_locked(k, &m->done, m->signal + 8ull * m->done_slot,
+                                 m->device, target, value, why, whylen);
+}
+
 int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
-                              void *stream, uint64_t *done_event_id,
-                              int *implicit) {
+                              void *stream, struct tb__lease_done *done) {
   struct tb__cuda_stream target;
   struct tb__cuda_ev *found;
   struct tb__cuda_devctx dc;
   char why[256] = "";
   int rc, err, complete = 0, entered = 0;
+  int *implicit = &done->implicit;
 
-  *done_event_id = 0;
-  *implicit = 0;
+  memset(done, 0, sizeof(*done));
   /* The default streams of a lease acquired for a device (a->enter) are
    * that device's, and so are those named on a thread with no context
    * current (a worker's, a deleter's), where they would name nothing. */
@@ -329,8 +414,13 @@ int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
                                  sizeof(why));
   if (rc < 0)
     return rc;
-  if (!complete)
-    *done_event_id = found->event_id;
+  if (!complete) {
+    done->event_id = found->event_id;
+    /* a signal that cannot be written leaves the event alone: a producer
+     * that needed the signal is told its reads cannot be waited for */
+    (void)done_signal_locked(k, a, &target, &done->signal, why,
+                             sizeof(why));
+  }
   if (err < 0)
     return err;
   return 0;
@@ -402,6 +492,33 @@ int tb__cuda_copy_wait(struct tb__conn *k, struct tb__cuda_acq *a, int device,
   if (rc == 0)
     rc = tb__cuda_wait(&s, (tb_cu_event)a->copy_event, NULL, 0);
   tb__cuda_device_leave(&dc);
+  return rc;
+}
+
+int tb__cuda_lease_wait_signal(struct tb__conn *k, struct tb__cuda_acq *a,
+                               uint64_t value, void *stream) {
+  const struct tb_cuda *cu;
+  struct tb__cuda_stream s;
+  struct tb__cuda_devctx dc;
+  int rc;
+
+  if (tb__cuda_load(&cu) != 0)
+    return TB_ENOCUDA;
+  rc = tb__cuda_stream_resolve(k->contract, stream, &s, NULL, 0);
+  if (rc < 0 || s.no_sync)
+    return rc;
+  if (a->enter) {
+    rc = tb__cuda_device_enter(a->done_device, &dc, NULL, 0);
+    if (rc < 0)
+      return rc;
+  }
+  pthread_mutex_lock(&k->lock);
+  rc = tb__ci_lease_stream_add(a, &s, TB__LEASE_STREAMS, NULL, 0);
+  pthread_mutex_unlock(&k->lock);
+  if (rc == 0)
+    rc = tb__signal_wait(&s, a->map->signal, value, NULL, 0);
+  if (a->enter)
+    tb__cuda_device_leave(&dc);
   return rc;
 }
 

@@ -213,12 +213,15 @@ int tb__ci_publish(struct tb_client *c, const DLTensor *t, uintptr_t start,
     return rc;
   return tb__ci_publish_ready(c, stream, reg->device, reg->uuid,
                               reg->buffer_id,
-                              (uint64_t)(start - (uintptr_t)a.base), out);
+                              (uint64_t)(start - (uintptr_t)a.base), NULL, 0,
+                              out);
 }
 
 int tb__ci_publish_ready(struct tb_client *c, void *stream, int device,
                          const uint8_t *uuid, uint64_t buffer_id,
-                         uint64_t byte_offset, struct tb__kind_publish *out) {
+                         uint64_t byte_offset, struct tb__signal *ready,
+                         tb_cu_deviceptr ready_word,
+                         struct tb__kind_publish *out) {
   struct tb__cuda_client *cc = NULL;
   struct tb__cuda_stream s;
   struct tb__cuda_ev *e = NULL;
@@ -226,6 +229,7 @@ int tb__ci_publish_ready(struct tb_client *c, void *stream, int device,
   int rc;
 
   out->ready_complete = 0;
+  out->ready_signal = 0;
   rc = tb__ci_cuda_client(c, &cc);
   if (rc < 0)
     return rc;
@@ -246,6 +250,21 @@ int tb__ci_publish_ready(struct tb_client *c, void *stream, int device,
       return tb__set_error(c, rc, "%s", why);
     if (!skipped)
       e->recorded = 1;
+    /* After the work a consumer in another PID namespace or container
+     * cannot wait for with the event, and that says after the producer
+     * died whether the work finished (docs/cuda.md, "Signals"). Not into
+     * a capture: a graph would write it at every launch. */
+    if (ready != NULL && !out->ready_complete &&
+        tb__cuda_capturing(&s, "writing the ready signal", NULL, 0) == 0) {
+      struct tb__conn *k = c->conn;
+      pthread_mutex_lock(&k->lock);
+      rc = tb__signal_write_locked(k, ready, ready_word, device, &s,
+                                   &out->ready_signal, why, sizeof(why));
+      pthread_mutex_unlock(&k->lock);
+      if (rc < 0)
+        return tb__set_error(c, rc, "cannot write the ready signal: %s",
+                             why);
+    }
   }
   memcpy(out->uuid, uuid, TB__UUID_SIZE);
   out->dev.type = kDLCUDA;

@@ -156,7 +156,7 @@ static void prefetch(struct tb_client *c,
   /* a finished version's event is never opened by its acquire either, nor
    * one that does not reach this process (another /dev/shm) */
   if (rc == 0 && ready != NULL && ready->event_id != 0 && !ready->complete &&
-      !tb__shm_foreign(ready->owner_shm_id) &&
+      !tb__events_foreign(ready->owner_shm_id, ready->owner_pidns_id) &&
       ready->cuda_ipc_event_handle.len == TB__CUDA_IPC_HANDLE_SIZE) {
     const uint8_t *uuid = bi->device->uuid.data;
     if (ready->device != NULL && ready->device->uuid.len == TB__UUID_SIZE)
@@ -302,6 +302,7 @@ int tb__cuda_acquire(struct tb_client *c, struct tb__cuda_map *m,
   if (rc < 0)
     return tb__set_error(c, rc, "%s", why);
   a.implicit = s.implicit;
+  a.map = m;
   if (device < 0) {
     rc = acquire_default(c, m, ready, &s, &a);
     if (rc == 0)
@@ -486,6 +487,16 @@ int tb__ci_kind_acquire(struct tb_client *c, struct tb__map *map,
     if (rc < 0)
       return tb__set_error(c, TB_EPROTO, "daemon sent a bad layout");
   }
+  /* this session's done slot in a VMM buffer's signal area (the same for
+   * every lease of the buffer) */
+  if (ar->done_slot != 0 && m->signal != 0) {
+    if ((uint64_t)ar->done_slot >= m->signal_bytes / 8)
+      return tb__set_error(c, TB_EPROTO, "daemon sent done slot %u past the "
+                           "buffer's signal area", (unsigned)ar->done_slot);
+    if (m->done_slot != ar->done_slot)
+      memset(&m->done, 0, sizeof(m->done));
+    m->done_slot = ar->done_slot;
+  }
   rc = tb__cuda_acquire(c, m, re, o->stream, o->device, o->flags, lo, hi,
                         &l->acq);
   if (rc < 0)
@@ -501,6 +512,8 @@ int tb__ci_kind_acquire(struct tb_client *c, struct tb__map *map,
       memcpy(l->ready_uuid, re->device->uuid.data, TB__UUID_SIZE);
     else
       memcpy(l->ready_uuid, m->uuid, TB__UUID_SIZE);
+    if (tb__events_foreign(re->owner_shm_id, re->owner_pidns_id))
+      l->ready_signal = re->signal_value; /* the acquire checked it is set */
   }
   /* a peer mapping keeps the memory device's ordinal (where the data
    * lives, as this process numbers it); a copy is on the consumer's */
@@ -519,6 +532,8 @@ int tb__ci_kind_ready_wait(struct tb__conn *k, void *state, const DLTensor *t,
 
   if (l->acq.copy != 0) /* the copy is what the stream must wait for */
     return tb__cuda_copy_wait(k, &l->acq, t->device.device_id, stream);
+  if (l->ready_signal != 0) /* the event does not reach here */
+    return tb__cuda_lease_wait_signal(k, &l->acq, l->ready_signal, stream);
   return tb__cuda_lease_wait(k, &l->acq, l->ready_event_id, l->ready_handle,
                              l->ready_uuid, l->ready_complete, stream);
 }
@@ -529,10 +544,9 @@ int tb__ci_kind_use_locked(struct tb__conn *k, void *state, void *stream) {
 }
 
 int tb__ci_kind_done_record_locked(struct tb__conn *k, void *state,
-                                  void *stream, uint64_t *done_event_id,
-                                  int *implicit) {
+                                  void *stream, struct tb__lease_done *done) {
   return tb__cuda_lease_end_locked(k, &((struct tb__cuda_lease *)state)->acq,
-                                   stream, done_event_id, implicit);
+                                   stream, done);
 }
 
 int tb__ci_kind_copy_free(struct tb__conn *k, void *state, void *stream) {

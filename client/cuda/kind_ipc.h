@@ -11,6 +11,7 @@
 #include "kind.h"
 
 #include "cuda.h"
+#include "signal.h"
 
 struct tb__cuda_acq;
 struct tb__cuda_client;
@@ -37,6 +38,14 @@ struct tb__cuda_map {
    * struct (kind_vmm.c) says here how it reaches a device, or why not. */
   int (*view_open)(struct tb__cuda_map *m, int dev, tb_cu_deviceptr *p,
                    int *local, char *why, size_t whylen);
+  /* A VMM buffer's signal area as mapped here (BufferInfo.signal_offset;
+   * docs/cuda.md, "Signals"): word 0, the producer's ready counter, and
+   * its size in bytes; 0: none. done_slot: this session's done slot
+   * there (AcquireReply.done_slot; 0: none), written through done. */
+  tb_cu_deviceptr signal;
+  uint64_t signal_bytes;
+  uint32_t done_slot;
+  struct tb__signal done;
 };
 
 
@@ -46,9 +55,22 @@ struct tb__cuda_map {
 int tb__cuda_lease_wait(struct tb__conn *k, struct tb__cuda_acq *a,
                         uint64_t event_id, const uint8_t *handle,
                         const uint8_t *uuid, int complete, void *stream);
+/* tb_lease_wait of a lease whose ready event does not reach this process:
+ * the same with the buffer's ready signal, value. */
+int tb__cuda_lease_wait_signal(struct tb__conn *k, struct tb__cuda_acq *a,
+                               uint64_t value, void *stream);
 /* Producer: make stream wait on the consumers' done events. */
 int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
                        void *stream);
+/* The same, where the events of consumers in another PID namespace or
+ * with another /dev/shm are stood for by their done signals: word_of
+ * finds done slot slot's word in buffer buffer_id of c (0; 1: c has no
+ * such buffer any more, nothing left to rewrite; or an error). */
+typedef int tb__signal_word_fn(struct tb_client *c, uint64_t buffer_id,
+                               uint32_t slot, tb_cu_deviceptr *word,
+                               char *why, size_t whylen);
+int tb__cuda_wait_done_signals(struct tb_client *c, const struct tb__freed *f,
+                               void *stream, tb__signal_word_fn *word_of);
 
 /* Consumer: map a CUDA_IPC buffer (new cache entry, not yet inserted). */
 int tb__cuda_map_open(struct tb_client *c,
@@ -82,6 +104,8 @@ struct tb__cuda_acq {
   uint64_t done_event_id; /* done event recorded after the copy, 0: none */
   int ready_gone; /* the ready event's producer died after its work on the
                    * version finished: nothing to wait for */
+  struct tb__cuda_map *map; /* the mapping (the lease holds a reference):
+                             * its done slot, if any, gets the done signal */
 };
 
 /* Consumer, while an Acquire's request is in flight: when the driver is
@@ -130,8 +154,7 @@ int tb__cuda_acquire(struct tb_client *c, struct tb__cuda_map *m,
  * are those of a->done_device when a device was given at acquire or no
  * context is current. Caller holds k->lock. */
 int tb__cuda_lease_end_locked(struct tb__conn *k, struct tb__cuda_acq *a,
-                              void *stream, uint64_t *done_event_id,
-                              int *implicit);
+                              void *stream, struct tb__lease_done *done);
 /* Consumer: remember stream (resolved under k's contract; -1 adds
  * nothing) as one that reads the lease. TB_ELIMIT beyond
  * TB__LEASE_STREAMS. Caller holds k->lock. */
@@ -162,6 +185,9 @@ struct tb__cuda_lease {
   int ready_complete; /* finished at publish: only a capture waits */
   uint8_t ready_handle[TB__CUDA_IPC_HANDLE_SIZE];
   uint8_t ready_uuid[TB__UUID_SIZE];
+  /* the event does not reach this process: tb_lease_wait waits for the
+   * ready signal instead (0: none) */
+  uint64_t ready_signal;
 };
 
 /* ---- shared by the files of the kind: kind_ipc.c (the table, mappings,
@@ -300,6 +326,14 @@ void tb__ci_own_event_destroy(tb_cu_event ev);
 
 /* The connection's CUDA state, created on first use. Caller holds k->lock. */
 struct tb__cuda_conn *tb__ci_conn_cuda_locked(struct tb__conn *k);
+/* The join stream of device (created on first use), and the plain event
+ * that joins streams of ctx to it (signal.c orders its writes with them).
+ * Caller holds k->lock. */
+int tb__ci_join_get_locked(struct tb__cuda_conn *cc, int device,
+                           struct tb__cuda_stream *out, char *why,
+                           size_t whylen);
+int tb__ci_join_ev_get_locked(struct tb__cuda_conn *cc, tb_cu_context ctx,
+                              tb_cu_event *out, char *why, size_t whylen);
 
 /* The connection's done event of device, or NULL (none registered yet, or
  * no CUDA state). Caller holds k->lock. */
@@ -344,10 +378,11 @@ int tb__ci_done_event_ensure(struct tb_client *c, int device);
 
 /* Make s wait for the version's ready event (none, or a no-sync s: 0).
  * One whose producer died (EventInfo.owner_died) and that was not complete
- * at publish is asked, whatever s, whether it finished: 1 if it did
- * (nothing to wait for, now or later), else TB_ECLOSED. One registered by
- * a process with another /dev/shm (EventInfo.owner_shm_id) is never
- * opened: complete, 1; else TB_ENOTSUP. */
+ * at publish is judged by the buffer's ready signal, whatever s: 1 if its
+ * work finished (nothing to wait for, now or later), else TB_ECLOSED
+ * (also without a signal). One registered by a process in another PID
+ * namespace or with another /dev/shm is never opened: complete, 1; else s
+ * waits for the ready signal, or TB_ENOTSUP without one. */
 int tb__ci_wait_ready(struct tb_client *c, const struct tb__cuda_map *m,
     const Tensorbroker__V1__EventInfo *ready,
     const struct tb__cuda_stream *s);
@@ -385,10 +420,15 @@ int tb__ci_cuda_client(struct tb_client *c, struct tb__cuda_client **out);
  * interprocess events (kind_vmm.c): their table rows name these ---- */
 
 /* Record the ready event of (device, the stream s resolves to) for a
- * version of buffer_id at byte_offset, and fill out (publish's tail). */
+ * version of buffer_id at byte_offset, and fill out (publish's tail).
+ * With ready (a VMM buffer's signal area: its word 0 and writer state),
+ * work still in flight also gets the ready signal written after it
+ * (out->ready_signal), unless the stream captures. */
 int tb__ci_publish_ready(struct tb_client *c, void *stream, int device,
                          const uint8_t *uuid, uint64_t buffer_id,
-                         uint64_t byte_offset, struct tb__kind_publish *out);
+                         uint64_t byte_offset, struct tb__signal *ready,
+                         tb_cu_deviceptr ready_word,
+                         struct tb__kind_publish *out);
 /* kind.h's acquire, ready_wait, use_locked, done_record_locked, copy_free
  * over a struct tb__cuda_map and a struct tb__cuda_lease. */
 int tb__ci_kind_acquire(struct tb_client *c, struct tb__map *map,
@@ -399,8 +439,7 @@ int tb__ci_kind_ready_wait(struct tb__conn *k, void *state, const DLTensor *t,
                            void *stream);
 int tb__ci_kind_use_locked(struct tb__conn *k, void *state, void *stream);
 int tb__ci_kind_done_record_locked(struct tb__conn *k, void *state,
-                                   void *stream, uint64_t *done_event_id,
-                                   int *implicit);
+                                  void *stream, struct tb__lease_done *done);
 int tb__ci_kind_copy_free(struct tb__conn *k, void *state, void *stream);
 
 #endif /* TB_CUDA_KIND_IPC_H */

@@ -24,11 +24,16 @@
 #include "cuda.h"
 #include "vmm.h"
 
-/* A producer's buffer. */
+/* A producer's buffer. Where the device can write and wait on 64-bit words
+ * from streams, its last bytes (from signal_offset, at least
+ * TB__SIGNAL_AREA) are its signal area, outside the tensor bytes b.size
+ * (signal.h; docs/cuda.md, "Signals"). */
 struct vmm_buffer {
   struct tb_buffer b; /* b.ops = &tb__kind_cuda_vmm */
   struct tb__vmm_mem mem;
   uint8_t uuid[TB__UUID_SIZE];
+  uint64_t signal_offset; /* 0: no signal area */
+  struct tb__signal ready; /* word 0's writer */
 };
 
 /* The kind's state of a client: its buffers (call_lock held). */
@@ -60,6 +65,7 @@ static int vmm_register(struct tb_client *c, struct vmm_buffer *vb, int fd,
   br.size = vb->mem.size;
   br.device = &dev;
   br.consumers_may_write = (flags & TB_BUFFER_CONSUMERS_MAY_WRITE) != 0;
+  br.signal_offset = vb->signal_offset;
   return tb__buffer_register(c, &br, fd, &vb->b.id);
 }
 
@@ -102,8 +108,25 @@ static int vmm_create_locked(struct tb_client *c, size_t size, int device,
   if (rc < 0)
     return tb__set_error(c, rc, "%s", why);
   rc = tb__cuda_device_uuid(device, vb->uuid, why, sizeof(why));
+  /* the signal area after the tensor bytes, rounded to a page; the
+   * allocation's rounding up to the granularity may make it larger */
+  int signals = rc == 0 && tb__signal_supported(device);
+  size_t want = size;
+  if (signals && size <= SIZE_MAX - 2 * TB__SIGNAL_AREA)
+    want = (size + TB__SIGNAL_AREA - 1) / TB__SIGNAL_AREA * TB__SIGNAL_AREA +
+           TB__SIGNAL_AREA;
+  else
+    signals = 0;
   if (rc == 0)
-    rc = tb__vmm_create(device, size, &vb->mem, why, sizeof(why));
+    rc = tb__vmm_create(device, want, &vb->mem, why, sizeof(why));
+  if (rc == 0 && signals) {
+    vb->signal_offset = want - TB__SIGNAL_AREA;
+    /* words start at 0 */
+    rc = tb__vmm_zero(&vb->mem, vb->signal_offset,
+                      vb->mem.size - vb->signal_offset, why, sizeof(why));
+    if (rc < 0)
+      tb__vmm_free(&vb->mem);
+  }
   vb->mem.ctx = dc.ctx;
   if (rc < 0) {
     tb__cuda_device_leave(&dc);
@@ -158,7 +181,7 @@ int tb_buffer_create_cuda(tb_client *c, size_t size, int device,
   vb->b.ops = &tb__kind_cuda_vmm;
   vb->b.kind = TB_MEMORY_CUDA_VMM;
   vb->b.data = (void *)(uintptr_t)vb->mem.va;
-  vb->b.size = vb->mem.size;
+  vb->b.size = vb->signal_offset != 0 ? vb->signal_offset : vb->mem.size;
   DL_APPEND(vc->buffers, &vb->b);
   *out = &vb->b;
 out_unlock:
@@ -209,8 +232,43 @@ static int vmm_publish(struct tb_client *c, const DLTensor *t,
                        vb->b.size, "buffer");
   if (rc < 0)
     return rc;
-  return tb__ci_publish_ready(c, stream, vb->mem.device, vb->uuid, vb->b.id,
-                              (uint64_t)(start - (uintptr_t)vb->b.data), out);
+  return tb__ci_publish_ready(
+      c, stream, vb->mem.device, vb->uuid, vb->b.id,
+      (uint64_t)(start - (uintptr_t)vb->b.data),
+      vb->signal_offset != 0 ? &vb->ready : NULL,
+      vb->mem.va + vb->signal_offset, out);
+}
+
+/* tb__signal_word_fn: the word of done slot slot of c's buffer. */
+static int signal_word(struct tb_client *c, uint64_t buffer_id, uint32_t slot,
+                       tb_cu_deviceptr *word, char *why, size_t whylen) {
+  struct tb_buffer *b;
+
+  if (C_VMM(c) == NULL)
+    return 1;
+  DL_FOREACH(C_VMM(c)->buffers, b) {
+    struct vmm_buffer *vb = (struct vmm_buffer *)b;
+    if (b->id != buffer_id)
+      continue;
+    if (vb->signal_offset == 0 || slot == 0 ||
+        (uint64_t)slot >= (vb->mem.size - vb->signal_offset) / 8) {
+      snprintf(why, whylen, "the daemon named done slot %u of buffer %llu, "
+               "which has no such slot", (unsigned)slot,
+               (unsigned long long)buffer_id);
+      return TB_EPROTO;
+    }
+    *word = vb->mem.va + vb->signal_offset + 8ull * slot;
+    return 0;
+  }
+  return 1;
+}
+
+/* kind.h, done_wait: the consumers' done events, and the done signals of
+ * those the events do not reach (docs/cuda.md, "Signals"). Also asked for
+ * versions of buffers that are not VMM ones (kind.c): they have none. */
+static int vmm_done_wait(struct tb_client *c, const struct tb__freed *f,
+                         void *stream) {
+  return tb__cuda_wait_done_signals(c, f, stream, signal_word);
 }
 
 /* ---- consumer ---- */
@@ -241,6 +299,13 @@ static int vmm_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
       bi->size > SIZE_MAX)
     return tb__set_error(c, TB_EPROTO, "cuda-vmm buffer without its "
                          "descriptor or device uuid");
+  if (bi->signal_offset != 0 &&
+      (bi->signal_offset % 8 != 0 || bi->signal_offset >= bi->size ||
+       bi->size - bi->signal_offset < 16))
+    return tb__set_error(c, TB_EPROTO, "cuda-vmm buffer with a bad signal "
+                         "area (from byte %llu of %llu)",
+                         (unsigned long long)bi->signal_offset,
+                         (unsigned long long)bi->size);
   rc = tb__cuda_find_uuid(bi->device->uuid.data, &ordinal, why, sizeof(why));
   if (rc < 0)
     return tb__set_error(c, rc, "cannot map a cuda-vmm buffer: %s", why);
@@ -253,8 +318,12 @@ static int vmm_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
     return TB_ENOMEM;
   rc = tb__cuda_device_enter(ordinal, &dc, why, sizeof(why));
   if (rc == 0) {
-    rc = tb__vmm_import(fds[0], (size_t)bi->size, ordinal, bi->writable != 0,
-                        &vm->mem, why, sizeof(why));
+    /* Read-write where the buffer has a signal area: this session's done
+     * slot is written there by its streams. (Read-only is a courtesy, not
+     * a wall, and access is set per mapping, not per byte.) */
+    rc = tb__vmm_import(fds[0], (size_t)bi->size, ordinal,
+                        bi->writable != 0 || bi->signal_offset != 0, &vm->mem,
+                        why, sizeof(why));
     vm->mem.ctx = dc.ctx;
     vm->view.ctx = dc.ctx;
     tb__cuda_device_leave(&dc);
@@ -275,6 +344,10 @@ static int vmm_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
   vm->view.p = vm->mem.va;
   vm->view.local = 1; /* not an IPC mapping: unmap frees it */
   vm->cm.views = &vm->view;
+  if (bi->signal_offset != 0) {
+    vm->cm.signal = vm->mem.va + bi->signal_offset;
+    vm->cm.signal_bytes = bi->size - bi->signal_offset;
+  }
   *out = &vm->cm.m;
   return 0;
 }
@@ -313,6 +386,7 @@ const struct tb__kind_ops tb__kind_cuda_vmm = {
     .owns = vmm_owns,
     .buffer_destroy = vmm_buffer_destroy,
     .publish = vmm_publish,
+    .done_wait = vmm_done_wait,
     .map = vmm_map,
     .unmap = vmm_unmap,
     .acquire = tb__ci_kind_acquire,

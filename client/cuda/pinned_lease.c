@@ -81,15 +81,13 @@ int tb__pinned_lease_use_locked(struct tb__conn *k, void *state,
 }
 
 int tb__pinned_lease_end_locked(struct tb__conn *k, void *state,
-                                void *stream, uint64_t *done_event_id,
-                                int *implicit) {
+                                void *stream, struct tb__lease_done *done) {
   struct pinned_lease *l = state;
 
   struct tb__cuda_devctx dc;
   int dev, rc;
 
-  *done_event_id = 0;
-  *implicit = 0;
+  memset(done, 0, sizeof(*done));
   if (!l->cuda)
     return 0;
   if (stream == NULL && l->acq.n_streams == 0) {
@@ -104,14 +102,12 @@ int tb__pinned_lease_end_locked(struct tb__conn *k, void *state,
      * context, where the mapping was registered, rather than fail. */
     if (tb__cuda_current_device(&dev, NULL, NULL, 0) < 0 &&
         tb__cuda_device_enter(l->acq.done_device, &dc, NULL, 0) == 0) {
-      rc = tb__cuda_lease_end_locked(k, &l->acq, NULL, done_event_id,
-                                     implicit);
+      rc = tb__cuda_lease_end_locked(k, &l->acq, NULL, done);
       tb__cuda_device_leave(&dc);
       return rc;
     }
   }
-  return tb__cuda_lease_end_locked(k, &l->acq, stream, done_event_id,
-                                   implicit);
+  return tb__cuda_lease_end_locked(k, &l->acq, stream, done);
 }
 
 /* Block until the done event completes, in relaxed capture mode so that

@@ -5,6 +5,7 @@
  * access once per buffer. */
 #include "vmm.h"
 
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -110,6 +111,24 @@ int tb__vmm_create(int device, size_t bytes, struct tb__vmm_mem *out,
   if (rc < 0)
     (void)cu->cuMemRelease(out->handle);
   return rc;
+}
+
+int tb__vmm_zero(const struct tb__vmm_mem *m, size_t offset, size_t n,
+                 char *why, size_t whylen) {
+  const struct tb_cuda *cu;
+  tb_cu_result r;
+  void *zeros;
+  int rc;
+
+  rc = tb__cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  zeros = calloc(1, n);
+  if (zeros == NULL)
+    return TB_ENOMEM;
+  r = cu->cuMemcpyHtoD(m->va + offset, zeros, n);
+  free(zeros);
+  return r == 0 ? 0 : tb__cu_fail(why, whylen, "cuMemcpyHtoD", r);
 }
 
 int tb__vmm_export(const struct tb__vmm_mem *m, int *fd, char *why,

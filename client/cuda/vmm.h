@@ -29,6 +29,11 @@ int tb__vmm_supported(int device, char *why, size_t whylen);
 int tb__vmm_create(int device, size_t bytes, struct tb__vmm_mem *out,
                    char *why, size_t whylen);
 
+/* Producer: zero bytes [offset, offset + n) of m (its context current),
+ * before anyone else sees it. */
+int tb__vmm_zero(const struct tb__vmm_mem *m, size_t offset, size_t n,
+                 char *why, size_t whylen);
+
 /* Producer: the allocation's POSIX descriptor (the caller closes it). */
 int tb__vmm_export(const struct tb__vmm_mem *m, int *fd, char *why,
                    size_t whylen);

@@ -1507,6 +1507,9 @@ typedef struct CUmemAccessDesc_st {
 #define FK_MEM_ACCESS_FLAGS_PROT_READ 1
 #define FK_MEM_ACCESS_FLAGS_PROT_READWRITE 3
 #define FK_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+#define FK_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS 122
+#define FK_STREAM_WAIT_VALUE_GEQ 0x0
+#define FK_STREAM_WRITE_VALUE_DEFAULT 0x0
 #define FK_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
 #define FK_VMM_GRANULARITY ((size_t)2 << 20) /* the H200's, measured */
 #ifdef FAKECUDA_DECLS_CHECK
@@ -1517,6 +1520,10 @@ FK_SAME(FK_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_DEVICE);
 FK_SAME(FK_MEM_ACCESS_FLAGS_PROT_READ, CU_MEM_ACCESS_FLAGS_PROT_READ);
 FK_SAME(FK_MEM_ACCESS_FLAGS_PROT_READWRITE,
         CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+FK_SAME(FK_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+        CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS);
+FK_SAME(FK_STREAM_WAIT_VALUE_GEQ, CU_STREAM_WAIT_VALUE_GEQ);
+FK_SAME(FK_STREAM_WRITE_VALUE_DEFAULT, CU_STREAM_WRITE_VALUE_DEFAULT);
 FK_SAME(FK_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
         CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
 FK_SAME(FK_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
@@ -1549,6 +1556,128 @@ static unsigned long long fk_vmm_ids;
 static int fk_vmm_off(void) {
   const char *v = getenv("FAKECUDA_NO_VMM");
   return v != NULL && strcmp(v, "1") == 0;
+}
+
+/* ---- stream memory operations (64-bit) ----
+ * cuStreamWriteValue64 stores at once, or in busy mode (work in flight)
+ * when the stream is next synchronised (cuStreamSynchronize of it, or
+ * cuCtxSynchronize): a producer killed in between never wrote it, as on a
+ * GPU. cuStreamWaitValue64 cannot block: it logs whether the value was
+ * there when the wait was queued ("(unmet)" when not). Log lines:
+ *   write-value S M+0xOFF V [(deferred)|(capturing)]
+ *   wait-value S M+0xOFF >= V [(unmet)|(capturing)]
+ * FAKECUDA_NO_MEMOPS=1 (read at each call): the attribute
+ * CAN_USE_64_BIT_STREAM_MEM_OPS is 0 and both calls fail with
+ * CUDA_ERROR_NOT_SUPPORTED. */
+static int fk_memops_off(void) {
+  const char *v = getenv("FAKECUDA_NO_MEMOPS");
+  return v != NULL && strcmp(v, "1") == 0;
+}
+
+struct fk_write {
+  struct fk_write *next;
+  CUdeviceptr p;
+  cuuint64_t value;
+  char on[32]; /* the stream's label */
+};
+static struct fk_write *fk_writes;
+
+/* The deferred writes of stream on (NULL: every stream), done now. */
+static void fk_writes_flush(const char *on) {
+  struct fk_write **pw = &fk_writes;
+  while (*pw != NULL) {
+    struct fk_write *w = *pw;
+    if (on != NULL && strcmp(w->on, on) != 0) {
+      pw = &w->next;
+      continue;
+    }
+    *pw = w->next;
+    void *d = fk_mem_range(w->p, 8);
+    if (d != NULL)
+      memcpy(d, &w->value, 8);
+    free(w);
+  }
+}
+
+/* "mP.N+0xOFF" for device pointer p, or "invalid". */
+static void fk_mem_at(CUdeviceptr p, char *buf, size_t len) {
+  struct fk_mem *m = fk_mem_holding(p);
+  if (m == NULL)
+    snprintf(buf, len, "invalid");
+  else
+    snprintf(buf, len, "m%ld.%llu+0x%llx", m->pid, m->alloc_id,
+             (unsigned long long)(p - m->base));
+}
+
+FK_EXPORT CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr,
+                                           cuuint64_t value,
+                                           unsigned int flags) {
+  struct CUstream_st *st;
+  const char *how = "";
+  char at[64];
+  void *d;
+  CUresult r;
+
+  pthread_mutex_lock(&fk_lock);
+  r = fk_memops_off() ? FK_ERROR_NOT_SUPPORTED
+                      : fk_stream_work(stream, &st, "cuStreamWriteValue64");
+  d = fk_mem_range(addr, 8);
+  if (r == FK_SUCCESS &&
+      (d == NULL || addr % 8 != 0 || flags != FK_STREAM_WRITE_VALUE_DEFAULT))
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS && st != NULL && st->capture == FK_CAPTURE_STATUS_ACTIVE) {
+    how = " (capturing)"; /* a node of the graph: written when it runs */
+  } else if (r == FK_SUCCESS && atomic_load(&fk_busy_on)) {
+    struct fk_write *w = calloc(1, sizeof(*w));
+    if (w == NULL) {
+      r = FK_ERROR_OUT_OF_MEMORY;
+    } else {
+      w->p = addr;
+      w->value = value;
+      snprintf(w->on, sizeof(w->on), "%s", fk_stream_label(stream));
+      w->next = fk_writes;
+      fk_writes = w;
+      how = " (deferred)";
+    }
+  } else if (r == FK_SUCCESS) {
+    memcpy(d, &value, 8);
+  }
+  fk_mem_at(addr, at, sizeof(at));
+  fk_log(r, "write-value %s %s %llu%s", fk_stream_label(stream), at,
+         (unsigned long long)value, how);
+  pthread_mutex_unlock(&fk_lock);
+  return r;
+}
+
+FK_EXPORT CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr,
+                                          cuuint64_t value,
+                                          unsigned int flags) {
+  struct CUstream_st *st;
+  const char *how = "";
+  cuuint64_t now = 0;
+  char at[64];
+  void *d;
+  CUresult r;
+
+  pthread_mutex_lock(&fk_lock);
+  r = fk_memops_off() ? FK_ERROR_NOT_SUPPORTED
+                      : fk_stream_work(stream, &st, "cuStreamWaitValue64");
+  d = fk_mem_range(addr, 8);
+  if (r == FK_SUCCESS &&
+      (d == NULL || addr % 8 != 0 || flags != FK_STREAM_WAIT_VALUE_GEQ))
+    r = FK_ERROR_INVALID_VALUE;
+  if (r == FK_SUCCESS) {
+    memcpy(&now, d, 8);
+    if (st != NULL && st->capture == FK_CAPTURE_STATUS_ACTIVE)
+      how = " (capturing)";
+    else if ((int64_t)(now - value) < 0)
+      how = " (unmet)";
+  }
+  fk_mem_at(addr, at, sizeof(at));
+  fk_log(r, "wait-value %s %s >= %llu%s", fk_stream_label(stream), at,
+         (unsigned long long)value, how);
+  pthread_mutex_unlock(&fk_lock);
+  return r;
 }
 
 static struct fk_vmm *fk_vmm_get(CUmemGenericAllocationHandle h) {
@@ -1919,6 +2048,8 @@ FK_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   return r;
 }
 static int fk_vmm_attribute(CUdevice_attribute attrib) {
+  if (attrib == FK_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)
+    return !fk_memops_off();
   if (attrib != FK_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED &&
       attrib != FK_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
     return 0;
@@ -2051,7 +2182,10 @@ FK_EXPORT CUresult cuEventQuery(CUevent hEvent) {
 
 /* Busy mode: the host has waited for the latest record of every event
  * recorded on the stream labelled on (NULL: on any stream). */
+static void fk_writes_flush(const char *on);
+
 static void fk_events_synced(const char *on) {
+  fk_writes_flush(on);
   for (struct CUevent_st *e = fk_events; e != NULL; e = e->next) {
     if (!e->destroyed && e->capture_id == 0 && e->recorded_on[0] != '\0' &&
         (on == NULL || strcmp(e->recorded_on, on) == 0))
@@ -2594,6 +2728,8 @@ static const struct {
     /* pinned host memory (issue 25, step 2) */
     FK_PROC("cuMemHostRegister", cuMemHostRegister_v2),
     FK_PROC("cuMemHostUnregister", cuMemHostUnregister),
+    FK_PROC("cuStreamWriteValue64", cuStreamWriteValue64_v2),
+    FK_PROC("cuStreamWaitValue64", cuStreamWaitValue64_v2),
     FK_PROC("cuIpcGetMemHandle", cuIpcGetMemHandle),
     FK_PROC("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2),
     FK_PROC("cuIpcCloseMemHandle", cuIpcCloseMemHandle),

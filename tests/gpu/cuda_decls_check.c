@@ -102,6 +102,7 @@ EQ(TB_CUDA_API_VERSION, 12000);
 #define S_pv(R, A, B) R (*)(A *, B)
 #define S_vv(R, A, B) R (*)(A, B)
 #define S_vvv(R, A, B, C) R (*)(A, B, C)
+#define S_vvvv(R, A, B, C, D) R (*)(A, B, C, D)
 #define S_pvv(R, A, B, C) R (*)(A *, B, C)
 #define S_errname(R, A) R (*)(A, const char **)
 #define S_ptrattr(R, A, D) R (*)(void *, A, D)
@@ -238,6 +239,17 @@ CHECK(cuMemHostRegister, cuMemHostRegister, S_vvv,
       CU(void *, size_t, unsigned int), TB(void *, size_t, unsigned));
 CHECK(cuMemHostUnregister, cuMemHostUnregister, S_i, CU(void *),
       TB(void *));
+/* signals (issue 25: signal.c) */
+CHECK(cuStreamWriteValue64, cuStreamWriteValue64_v2, S_vvvv,
+      CU(CUstream, CUdeviceptr, cuuint64_t, unsigned int),
+      TB(tb_cu_stream, tb_cu_deviceptr, uint64_t, unsigned));
+CHECK(cuStreamWaitValue64, cuStreamWaitValue64_v2, S_vvvv,
+      CU(CUstream, CUdeviceptr, cuuint64_t, unsigned int),
+      TB(tb_cu_stream, tb_cu_deviceptr, uint64_t, unsigned));
+EQ(TB_CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+   CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS);
+EQ(TB_CU_STREAM_WAIT_VALUE_GEQ, CU_STREAM_WAIT_VALUE_GEQ);
+EQ(TB_CU_STREAM_WRITE_VALUE_DEFAULT, CU_STREAM_WRITE_VALUE_DEFAULT);
 EQ(TB_CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_PORTABLE);
 EQ(TB_CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_DEVICEMAP);
 EQ(TB_CU_MEMHOSTREGISTER_READ_ONLY, CU_MEMHOSTREGISTER_READ_ONLY);
