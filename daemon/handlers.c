@@ -141,6 +141,7 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   s->prefetch = h->prefetch;
   s->says_goodbye = h->says_goodbye;
   s->shm_id = h->shm_id;
+  s->pidns_id = h->pidns_id;
   s->hello = true; /* counted by tbd__session_admit */
   tbd_log_with(tbd_session_log_level(s),
                &(struct tbd_log_fields){(long long)s->id, (long long)s->pid,
@@ -291,6 +292,7 @@ static int on_event_register(struct tbd_registry *r, struct tbd_session *s,
          TB__CUDA_IPC_HANDLE_SIZE);
   e->info.dev_type = kDLCUDA;
   e->info.shm_id = s->shm_id;
+  e->info.pidns_id = s->pidns_id;
   if (copy_device(m->device, &e->info.dev_type, &e->info.dev_id,
                   e->info.uuid, &e->info.uuid_len) < 0) {
     tbd_free(e);

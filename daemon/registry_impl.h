@@ -31,6 +31,14 @@ struct tbd_evinfo {
   bool owner_died; /* a version's ready event: its producer hung up
                     * without its Goodbye (EventInfo.owner_died) */
   uint64_t shm_id; /* its session's Hello.shm_id (EventInfo.owner_shm_id) */
+  uint64_t pidns_id; /* its session's Hello.pidns_id
+                      * (EventInfo.owner_pidns_id) */
+  /* The signal that stands for it where it cannot be opened (another
+   * /dev/shm or PID namespace): a ready event's Publish.ready_signal
+   * (slot 0, the buffer's ready word), a done event's largest
+   * Release.done_signal in the releasing session's done slot. 0: none. */
+  uint64_t signal_value;
+  uint32_t signal_slot;
   uint64_t session; /* the session that registered it (it may be gone, or
                      * have unregistered it: versions keep copies) */
 };
@@ -238,6 +246,7 @@ struct tbd_session {
   bool prefetch;              /* Hello.prefetch: buffers in NewVersion */
   bool says_goodbye;          /* Hello.says_goodbye */
   uint64_t shm_id;            /* Hello.shm_id */
+  uint64_t pidns_id;          /* Hello.pidns_id */
   bool said_goodbye;          /* its Goodbye came: closing on purpose */
   bool hung_up;               /* the peer ended the connection */
   bool operator_slot;         /* admitted past the limits (quota.c) */

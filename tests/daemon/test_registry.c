@@ -1620,6 +1620,9 @@ static void test_done_event_bytes(void **state) {
   ei.complete = true;
   ei.owner_died = true;
   ei.owner_shm_id = UINT64_MAX;
+  ei.owner_pidns_id = UINT64_MAX;
+  ei.signal_value = UINT64_MAX;
+  ei.signal_slot = UINT32_MAX;
   vf.n_done_events = 1;
   vf.done_events = list;
   assert_int_equal(tensorbroker__v1__version_free__get_packed_size(&vf) - base,
