@@ -204,6 +204,10 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
     return proto_error(r, s, id, why);
   if (rc < 0)
     return tbd__reply_status(r, s, id, rc, "%s", why);
+  if (m->signal_offset != 0 && !k->signals)
+    return tbd__reply_status(r, s, id, TB_EINVAL,
+                             "signal_offset is for CUDA_VMM_FD buffers "
+                             "(this one is %s)", k->name);
   {
     char lwhy[256];
     uint32_t keep = k->fds_held != NULL ? k->fds_held(m) : 0;
@@ -215,6 +219,7 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   b->kind = m->kind;
   b->size = m->size;
+  b->signal_offset = m->signal_offset; /* the kind checked it */
   b->writable = m->consumers_may_write;
   b->fd = -1;
   b->rofd = -1;

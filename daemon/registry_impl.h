@@ -52,6 +52,13 @@ struct tbd_buffer {
   int kind;                  /* TENSORBROKER__V1__MEMORY_KIND__*: its row
                                 in kinds.h decides what differs by kind */
   uint64_t size;
+  /* BufferRegister.signal_offset: the signal area is [signal_offset, size),
+   * word 0 the producer's ready counter, word N the done counter of the
+   * consumer session given done slot N (tbd_sent.slot); 0: none */
+  uint64_t signal_offset;
+  /* its producer's Hello.shm_id and pidns_id, kept since the session may
+   * be gone when a consumer acquires: who is told to use signals */
+  uint64_t owner_shm_id, owner_pidns_id;
   int fd;                    /* the daemon's own descriptor (kinds that
                                 carry one: HOST_MEMFD), or -1 */
   int rofd;                  /* consumers-may-write HOST_MEMFD: a read-only

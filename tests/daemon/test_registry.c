@@ -293,6 +293,11 @@ struct acq {
   bool ready_complete;
   bool ready_owner_died;
   int kind, dev_type;    /* the BufferInfo's */
+  uint64_t signal_offset; /* the BufferInfo's */
+  uint32_t done_slot;
+  uint64_t ready_signal; /* the ready event's signal_value */
+  uint32_t ready_slot;   /* and signal_slot */
+  uint64_t ready_shm, ready_pidns; /* its owner_shm_id, owner_pidns_id */
 };
 
 /* Returns the status, or PARKED; for a parked request, *req_id says
@@ -326,6 +331,14 @@ static int acquire_ex(struct tbd_registry *r, struct tbd_session *s,
     out->ready_owner_died = ar->ready_event && ar->ready_event->owner_died;
     out->kind = ar->buffer->kind;
     out->dev_type = ar->buffer->device ? ar->buffer->device->type : -1;
+    out->signal_offset = ar->buffer->signal_offset;
+    out->done_slot = ar->done_slot;
+    if (ar->ready_event != NULL) {
+      out->ready_signal = ar->ready_event->signal_value;
+      out->ready_slot = ar->ready_event->signal_slot;
+      out->ready_shm = ar->ready_event->owner_shm_id;
+      out->ready_pidns = ar->ready_event->owner_pidns_id;
+    }
     assert_int_equal(ar->buffer->fd_attached, c->fd >= 0);
     assert_string_equal(ar->channel, ch);
     assert_int_equal(ar->layout->shape[0], 16);
@@ -1488,6 +1501,10 @@ static void test_kind_table(void **state) {
       assert_non_null(k->attach_fd);
       assert_non_null(k->fds_held);
     }
+    /* a signal area is waited on after its producer is gone: the memory
+     * must outlive it, held by the daemon's descriptor */
+    if (k->signals)
+      assert_true(k->carries_fd && k->survives_producer);
   }
   assert_null(tbd_kind_find(99));
   assert_string_equal(tbd_kind_name(99), "memory");
@@ -1839,6 +1856,83 @@ static void test_vmm_buffers(void **state) {
   assert_int_equal(acquire_ex(r, x, "v", NEXT, 1, 0, NULL, NULL), TB_ECLOSED);
   assert_tb_ok(release(r, x, a.lease));
   assert_int_equal(tbd_registry_fds_held(r), held0 + 1);
+  tbt_registry_free(r);
+}
+
+/* A VMM buffer of size bytes with its signal area from off (a fresh
+ * memfd for the fake driver's descriptor). */
+static int reg_vmm_signals(struct tbd_registry *r, struct tbd_session *s,
+                           uint64_t size, uint64_t off, uint64_t *id) {
+  struct tbt_fake_cuda f;
+  int fds[1];
+
+  tbt_fake_cuda_init(&f, 3);
+  f.reg.signal_offset = off;
+  fds[0] = memfd(size, false);
+  return reg_vmm(r, s, &f, size, fds, 1, id);
+}
+
+/* BufferRegister.signal_offset: only a CUDA_VMM_FD buffer may have a
+ * signal area, 8-aligned, after at least 8 bytes of tensor, and with 16
+ * bytes (the ready word and one done slot) before the end; each refusal
+ * says why and registers nothing, keeps no descriptor. An accepted one
+ * reaches consumers in the BufferInfo. */
+static void test_signal_offset_register(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint32_t held0 = tbd_registry_fds_held(r);
+  struct pub gpu = {.dev_type = kDLCUDA};
+  uint64_t id = 0;
+  struct acq a;
+
+  (void)state;
+  {
+    /* another kind: refused whatever the offset */
+    req_t q = TENSORBROKER__V1__REQUEST__INIT;
+    Tensorbroker__V1__BufferRegister b =
+        TENSORBROKER__V1__BUFFER_REGISTER__INIT;
+    struct tbt_fake_cuda f;
+    int fds[1] = {memfd(4096, true)};
+
+    q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
+    q.buffer_register = &b;
+    b.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
+    b.size = 4096;
+    b.signal_offset = 4064;
+    assert_tb_err(tbt_req_send(r, p, &q, fds, 1, NULL), TB_EINVAL);
+    assert_non_null(strstr(tbt_last_message, "signal_offset is for "
+                                             "CUDA_VMM_FD buffers"));
+    tbt_fake_cuda_init(&f, 4);
+    f.reg.signal_offset = 4064;
+    q.buffer_register = &f.reg;
+    q.request_id = 0;
+    assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+    assert_non_null(strstr(tbt_last_message, "signal_offset is for "
+                                             "CUDA_VMM_FD buffers"));
+  }
+  assert_tb_err(reg_vmm_signals(r, p, 4096, 4, &id), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "no room for a tensor"));
+  assert_tb_err(reg_vmm_signals(r, p, 4096, 4068, &id), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "4068 is not a multiple of 8"));
+  assert_tb_err(reg_vmm_signals(r, p, 4096, 4088, &id), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "less than 16 bytes"));
+  assert_tb_err(reg_vmm_signals(r, p, 4096, 4096, &id), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "less than 16 bytes"));
+  assert_tb_err(reg_vmm_signals(r, p, 4096, 8192, &id), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "less than 16 bytes"));
+  assert_int_equal(id, 0);
+  assert_int_equal(counts(r).buffers, 0);
+  assert_int_equal(tbd_registry_fds_held(r), held0);
+
+  /* the smallest area (16 bytes) after the smallest tensor area (8) */
+  assert_tb_ok(reg_vmm_signals(r, p, 24, 8, &id));
+  assert_tb_ok(reg_vmm_signals(r, p, 4096, 4080, &id));
+  assert_int_equal(counts(r).buffers, 2);
+  assert_tb_ok(publish_ex(r, p, "s", id, &gpu, NULL));
+  a = acquire(r, c, "s", LATEST, 0);
+  assert_int_equal(a.signal_offset, 4080);
+  assert_int_equal(a.done_slot, 0); /* the same domain: no slot */
+  assert_tb_ok(release(r, c, a.lease));
   tbt_registry_free(r);
 }
 
@@ -2606,6 +2700,7 @@ int main(void) {
       T(test_kind_table),
       T(test_buffer_register_kinds),
       T(test_vmm_buffers),
+      T(test_signal_offset_register),
       T(test_dead_sessions_events_gone),
       T(test_done_event_bytes),
       T(test_wait_free),
