@@ -345,6 +345,19 @@ static int on_event_unregister(struct tbd_registry *r, struct tbd_session *s,
   return tbd__reply_status(r, s, id, 0, NULL);
 }
 
+/* Where the tensor of layout l, which passed tb__layout_check, ends in its
+ * buffer: the end of the byte range it touches. */
+static uint64_t layout_end(const Tensorbroker__V1__Layout *l) {
+  uint64_t elem_bits = 0, lo = 0, hi = 0;
+
+  (void)tb__dtype_check(l->dtype_code, l->dtype_bits, l->dtype_lanes,
+                        &elem_bits);
+  (void)tb__layout_extent((int32_t)l->n_shape, l->shape,
+                          l->n_strides ? l->strides : NULL, elem_bits,
+                          l->flags, l->byte_offset, &lo, &hi, NULL, 0);
+  return hi;
+}
+
 static int on_publish(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t id, const Tensorbroker__V1__Publish *m) {
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
@@ -378,6 +391,17 @@ static int on_publish(struct tbd_registry *r, struct tbd_session *s,
   rc = tb__layout_check(m->layout, b->size, r->lim.max_ndim, why, sizeof(why));
   if (rc < 0)
     return tbd__reply_status(r, s, id, rc, "%s", why);
+  /* The signal area is written by streams while consumers read the
+   * tensor: a tensor in it would be torn by them, and would tear them. */
+  if (b->signal_offset != 0) {
+    uint64_t end = layout_end(m->layout);
+    if (end > b->signal_offset)
+      return tbd__reply_status(r, s, id, TB_EINVAL,
+                               "the tensor ends at byte %llu: it overlaps "
+                               "the buffer's signal area from byte %llu",
+                               (unsigned long long)end,
+                               (unsigned long long)b->signal_offset);
+  }
   want_dev = tbd_kind_find(b->kind)->dev_type; /* registered: known */
   if (m->layout->device == NULL || m->layout->device->type != want_dev)
     return tbd__reply_status(r, s, id, TB_EDEVICE,
@@ -399,9 +423,21 @@ static int on_publish(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, rc, "ready event %llu is not "
                              "registered by this session",
                              (unsigned long long)m->ready_event_id);
+  /* The ready signal stands for the ready event where the event cannot be
+   * opened: a consumer that can open it waits on the event, so the two
+   * must come together. */
+  if (m->ready_signal != 0 && ready == NULL)
+    return tbd__reply_status(r, s, id, TB_EINVAL,
+                             "a ready signal comes with the ready event it "
+                             "stands for");
+  if (m->ready_signal != 0 && b->signal_offset == 0)
+    return tbd__reply_status(r, s, id, TB_EINVAL,
+                             "ready signal for buffer %llu, which has no "
+                             "signal area",
+                             (unsigned long long)m->buffer_id);
   rc = tbd__publish(r, s, m->channel, b, m->layout, ready, m->ready_complete,
-                    m->metadata.data, m->metadata.len, m->history_depth,
-                    &version, why, sizeof(why));
+                    m->ready_signal, m->metadata.data, m->metadata.len,
+                    m->history_depth, &version, why, sizeof(why));
   if (rc < 0)
     return tbd__reply_status(r, s, id, rc, "%s", why);
   rep.request_id = id;

@@ -421,14 +421,17 @@ int tbd__event_add(struct tbd_registry *r, struct tbd_session *s,
                    struct tbd_event *e);
 void tbd__event_remove(struct tbd_registry *r, struct tbd_event *e);
 
-/* Publish a validated version; on success writes its number. Nothing
- * changes on failure (TB_ENOMEM, TB_ELIMIT, TB_EBUSY). */
+/* Publish a validated version; on success writes its number. ready_signal
+ * (0: none) is the value of the buffer's ready word that stands for ready,
+ * sent on as its EventInfo.signal_value. Nothing changes on failure
+ * (TB_ENOMEM, TB_ELIMIT, TB_EBUSY). */
 int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
                  const char *channel, struct tbd_buffer *b,
                  const Tensorbroker__V1__Layout *layout,
                  const struct tbd_event *ready, bool ready_complete,
-                 const uint8_t *meta, size_t meta_len, uint32_t depth,
-                 uint64_t *version, char *why, size_t whylen);
+                 uint64_t ready_signal, const uint8_t *meta,
+                 size_t meta_len, uint32_t depth, uint64_t *version,
+                 char *why, size_t whylen);
 /* The channel named name when it is the one of s's last acquire (no
  * lookup, and its name is known to be valid), else NULL. */
 struct tbd_channel *tbd__channel_recent(struct tbd_registry *r,

@@ -139,6 +139,25 @@ static struct tbd_session *session(struct tbd_registry *r, pid_t pid) {
   return s;
 }
 
+/* A session whose Hello says which /dev/shm (shm_id) and PID namespace
+ * (pidns_id) it sees; 0: unknown. */
+static struct tbd_session *session_ns(struct tbd_registry *r, pid_t pid,
+                                      uint64_t shm_id, uint64_t pidns_id) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
+  struct tbd_session *s;
+
+  assert_tb_ok(tbd_session_open(r, pid, 1000, 1000, NULL, &s));
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+  q.hello = &h;
+  h.protocol_version = 1;
+  h.client_name = "ns";
+  h.shm_id = shm_id;
+  h.pidns_id = pidns_id;
+  assert_tb_ok(tbt_req_send(r, s, &q, NULL, 0, NULL));
+  return s;
+}
+
 /* A memfd of size bytes with exactly these seals. */
 static int memfd_seals(size_t size, int seals) {
   int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -234,6 +253,8 @@ struct pub {
   int dev_type;
   uint64_t event;
   bool complete;
+  uint64_t byte_offset;  /* the layout's */
+  uint64_t ready_signal;
 };
 
 static int publish_ex(struct tbd_registry *r, struct tbd_session *s,
@@ -262,6 +283,8 @@ static int publish_ex(struct tbd_registry *r, struct tbd_session *s,
   p.metadata.len = o ? o->meta_len : 3;
   p.ready_event_id = o ? o->event : 0;
   p.ready_complete = o ? o->complete : false;
+  p.ready_signal = o ? o->ready_signal : 0;
+  l.byte_offset = o ? o->byte_offset : 0;
   l.device = &d;
   d.type = o && o->dev_type ? o->dev_type : kDLCPU;
   l.dtype_code = kDLFloat;
@@ -1936,6 +1959,66 @@ static void test_signal_offset_register(void **state) {
   tbt_registry_free(r);
 }
 
+/* On a buffer with a signal area a tensor ends before it (the layout is
+ * 16 floats, 64 bytes: at byte_offset 3968 it ends where the area
+ * begins). Publish.ready_signal comes with a ready event on such a buffer,
+ * and reaches each AcquireReply in its ready EventInfo (slot 0: the ready
+ * word), with the producer's shm_id and pidns_id; refused otherwise. Each
+ * refusal publishes nothing. */
+static void test_signal_publish(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session_ns(r, 10, 21, 31),
+                     *c = session_ns(r, 11, 22, 31);
+  uint64_t id, plain, ev = event(r, p);
+  struct pub o = {.dev_type = kDLCUDA, .depth = 4};
+  struct tbd_channel *ch;
+  struct tbt_fake_cuda f;
+  int fds[1];
+  struct acq a;
+
+  (void)state;
+  assert_tb_ok(reg_vmm_signals(r, p, 4096, 4032, &id));
+  o.byte_offset = 3976;
+  assert_tb_err(publish_ex(r, p, "s", id, &o, NULL), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "the tensor ends at byte 4040: "
+                                           "it overlaps the buffer's signal "
+                                           "area from byte 4032"));
+  assert_null(tbd__channel_find(r, "s"));
+  o.byte_offset = 3968;
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL)); /* 1 */
+
+  /* a ready signal without its event; on a buffer without an area */
+  o.ready_signal = 5;
+  assert_tb_err(publish_ex(r, p, "s", id, &o, NULL), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "comes with the ready event"));
+  tbt_fake_cuda_init(&f, 5);
+  fds[0] = memfd(4096, false);
+  assert_tb_ok(reg_vmm(r, p, &f, 4096, fds, 1, &plain));
+  o.event = ev;
+  assert_tb_err(publish_ex(r, p, "s", plain, &o, NULL), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "has no signal area"));
+  ch = tbd__channel_find(r, "s");
+  assert_int_equal(ch->latest, 1);
+
+  /* it reaches the consumer with the event */
+  o.ready_signal = 7;
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL)); /* 2 */
+  o.ready_signal = 0;
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL)); /* 3 */
+  a = acquire(r, c, "s", EXACT, 2);
+  assert_int_equal(a.ready_event, ev);
+  assert_int_equal(a.ready_signal, 7);
+  assert_int_equal(a.ready_slot, 0);
+  assert_int_equal(a.ready_shm, 21);
+  assert_int_equal(a.ready_pidns, 31);
+  assert_tb_ok(release(r, c, a.lease));
+  a = acquire(r, c, "s", EXACT, 3);
+  assert_int_equal(a.ready_event, ev);
+  assert_int_equal(a.ready_signal, 0); /* this one was published without */
+  assert_tb_ok(release(r, c, a.lease));
+  tbt_registry_free(r);
+}
+
 static void test_wait_free(void **state) {
   struct tbd_registry *r = reg_new(NULL);
   struct tbd_session *p = session(r, 10), *c = session(r, 11);
@@ -2701,6 +2784,7 @@ int main(void) {
       T(test_buffer_register_kinds),
       T(test_vmm_buffers),
       T(test_signal_offset_register),
+      T(test_signal_publish),
       T(test_dead_sessions_events_gone),
       T(test_done_event_bytes),
       T(test_wait_free),
