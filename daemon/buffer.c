@@ -81,6 +81,7 @@ int tbd__buffer_add(struct tbd_registry *r, struct tbd_session *s,
   b->owner_pid = (uint32_t)s->pid;
   b->owner_shm_id = s->shm_id;
   b->owner_pidns_id = s->pidns_id;
+  b->next_slot = 1;
   DL_APPEND2(s->buffers, b, sprev, snext);
   s->nbuffers++;
   return 0;

@@ -56,6 +56,11 @@ struct tbd_buffer {
    * word 0 the producer's ready counter, word N the done counter of the
    * consumer session given done slot N (tbd_sent.slot); 0: none */
   uint64_t signal_offset;
+  uint64_t next_slot;        /* the next done slot to give (from 1): a
+                                slot is never given twice, so that its
+                                counter only grows, even when a dead
+                                session's queued write lands late */
+  bool slots_warned;         /* running out of slots was logged */
   /* its producer's Hello.shm_id and pidns_id, kept since the session may
    * be gone when a consumer acquires: who is told to use signals */
   uint64_t owner_shm_id, owner_pidns_id;
@@ -195,6 +200,9 @@ struct tbd_sent {
   bool fd_current;
   bool write;                /* the descriptor last attached was the
                                 read-write one (write granted) */
+  uint32_t slot;             /* its done slot in the buffer's signal area
+                                (AcquireReply.done_slot), 0: none; kept
+                                as long as the record */
   UT_hash_handle hh;
 };
 

@@ -2019,6 +2019,70 @@ static void test_signal_publish(void **state) {
   tbt_registry_free(r);
 }
 
+/* Done slots: a session that acquires from a buffer with a signal area
+ * and sees another /dev/shm or another PID namespace than the buffer's
+ * producer (both known) gets one, the same on every acquire of that
+ * buffer (also after a Forget), distinct for distinct sessions; a session
+ * of the producer's domain, one that says nothing, and any session on a
+ * buffer without an area get none. A 16-byte area has one slot: the second
+ * foreign session gets none, and neither does a later one. */
+static void test_signal_done_slots(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session_ns(r, 10, 21, 31),
+                     *same = session_ns(r, 11, 21, 31),
+                     *old = session(r, 12),
+                     *shm = session_ns(r, 13, 22, 31),
+                     *pidns = session_ns(r, 14, 21, 32),
+                     *half = session_ns(r, 15, 0, 33); /* no /dev/shm */
+  struct pub o = {.dev_type = kDLCUDA};
+  uint64_t id, tiny, plain;
+  struct tbt_fake_cuda f;
+  int fds[1];
+  struct acq a;
+
+  (void)state;
+  assert_tb_ok(reg_vmm_signals(r, p, 4096, 4064, &id)); /* 3 slots */
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL));
+  a = acquire(r, same, "s", LATEST, 0);
+  assert_int_equal(a.done_slot, 0);
+  a = acquire(r, old, "s", LATEST, 0);
+  assert_int_equal(a.done_slot, 0);
+  a = acquire(r, shm, "s", LATEST, 0);
+  assert_int_equal(a.done_slot, 1);
+  a = acquire(r, pidns, "s", LATEST, 0);
+  assert_int_equal(a.done_slot, 2);
+  a = acquire(r, shm, "s", LATEST, 0); /* the same slot again */
+  assert_int_equal(a.done_slot, 1);
+  assert_false(a.fd_attached);
+  assert_int_equal(simple(r, shm, FORGET, NULL, id), 0);
+  a = acquire(r, shm, "s", LATEST, 0);
+  assert_true(a.fd_attached);
+  assert_int_equal(a.done_slot, 1);
+  a = acquire(r, half, "s", LATEST, 0);
+  assert_int_equal(a.done_slot, 3);
+
+  /* one slot: the first foreign session takes it */
+  assert_tb_ok(reg_vmm_signals(r, p, 80, 64, &tiny)); /* 64 bytes of tensor */
+  assert_tb_ok(publish_ex(r, p, "t", tiny, &o, NULL));
+  a = acquire(r, pidns, "t", LATEST, 0);
+  assert_int_equal(a.done_slot, 1);
+  a = acquire(r, shm, "t", LATEST, 0);
+  assert_int_equal(a.done_slot, 0);
+  a = acquire(r, half, "t", LATEST, 0);
+  assert_int_equal(a.done_slot, 0);
+  a = acquire(r, pidns, "t", LATEST, 0);
+  assert_int_equal(a.done_slot, 1);
+
+  /* no signal area: no slot */
+  tbt_fake_cuda_init(&f, 6);
+  fds[0] = memfd(4096, false);
+  assert_tb_ok(reg_vmm(r, p, &f, 4096, fds, 1, &plain));
+  assert_tb_ok(publish_ex(r, p, "u", plain, &o, NULL));
+  a = acquire(r, shm, "u", LATEST, 0);
+  assert_int_equal(a.done_slot, 0);
+  tbt_registry_free(r);
+}
+
 static void test_wait_free(void **state) {
   struct tbd_registry *r = reg_new(NULL);
   struct tbd_session *p = session(r, 10), *c = session(r, 11);
@@ -2785,6 +2849,7 @@ int main(void) {
       T(test_vmm_buffers),
       T(test_signal_offset_register),
       T(test_signal_publish),
+      T(test_signal_done_slots),
       T(test_dead_sessions_events_gone),
       T(test_done_event_bytes),
       T(test_wait_free),
