@@ -448,13 +448,15 @@ static int on_publish(struct tbd_registry *r, struct tbd_session *s,
   return 0;
 }
 
-/* End lease_id of session s with an optional done event, as a Release
- * does. On an error nothing changed and *what says why (for the reply). */
+/* End lease_id of session s with an optional done event and done signal,
+ * as a Release does. On an error nothing changed and *what says why (for
+ * the reply). */
 static int release_lease(struct tbd_registry *r, struct tbd_session *s,
                          uint64_t lease_id, uint64_t done_event_id,
-                         const char **what) {
+                         uint64_t done_signal, const char **what) {
   struct tbd_lease *l;
   struct tbd_event *done;
+  struct tbd_sent *sent = NULL;
   int rc;
 
   HASH_FIND(hh, r->leases, &lease_id, sizeof(lease_id), l);
@@ -471,7 +473,22 @@ static int release_lease(struct tbd_registry *r, struct tbd_session *s,
     *what = "its done event is not registered by this session";
     return rc;
   }
-  rc = tbd__lease_release(r, l, done);
+  /* The done signal stands for the done event where the producer cannot
+   * open it, in this session's slot of the buffer: a producer that can
+   * open the event waits on it, so the two come together. */
+  if (done_signal != 0 && done == NULL) {
+    *what = "a done signal comes with the done event it stands for";
+    return TB_EINVAL;
+  }
+  if (done_signal != 0)
+    HASH_FIND(hh, s->sent, &l->v->buf->id, sizeof(l->v->buf->id), sent);
+  if (done_signal != 0 && (sent == NULL || sent->slot == 0)) {
+    *what = "a done signal, but this session has no done slot in the "
+            "lease's buffer (its AcquireReply.done_slot was 0)";
+    return TB_EINVAL;
+  }
+  rc = tbd__lease_release(r, l, done, sent != NULL ? sent->slot : 0,
+                          done_signal);
   if (rc < 0)
     *what = "out of memory";
   else
@@ -502,7 +519,7 @@ static int on_acquire(struct tbd_registry *r, struct tbd_session *s,
   if (m->release_lease_id != 0) {
     /* the consumer's previous lease rides with this acquire */
     rc = release_lease(r, s, m->release_lease_id, m->release_done_event_id,
-                       &what);
+                       m->release_done_signal, &what);
     if (rc < 0)
       return tbd__reply_status(r, s, id, TB_EINVAL,
                                "cannot release lease %llu with this acquire: "
@@ -525,7 +542,8 @@ static int on_release(struct tbd_registry *r, struct tbd_session *s,
 
   if (m->implicit_stream)
     s->implicit_stream_calls++;
-  rc = release_lease(r, s, m->lease_id, m->done_event_id, &what);
+  rc = release_lease(r, s, m->lease_id, m->done_event_id, m->done_signal,
+                     &what);
   if (rc < 0)
     return tbd__reply_status(r, s, rid, rc, "lease %llu: %s",
                              (unsigned long long)m->lease_id, what);

@@ -324,15 +324,17 @@ int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
 }
 
 int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
-                       const struct tbd_event *done) {
+                       const struct tbd_event *done, uint32_t slot,
+                       uint64_t signal) {
   struct tbd_version *v = l->v;
   struct tbd_session *s = l->s;
 
   if (done != NULL) {
-    bool seen = false;
-    for (size_t i = 0; i < v->ndone; i++)
-      seen = seen || v->done[i].id == done->info.id;
-    if (!seen && v->ndone >= r->lim.max_done_events) {
+    struct tbd_evinfo *seen = NULL;
+    for (size_t i = 0; i < v->ndone && seen == NULL; i++)
+      if (v->done[i].id == done->info.id)
+        seen = &v->done[i];
+    if (seen == NULL && v->ndone >= r->lim.max_done_events) {
       /* Past --max-done-events the event is not kept, so that no
        * VersionFree outgrows a message; the producer is told how many
        * went (VersionFree.done_events_dropped) and must not rewrite the
@@ -343,7 +345,7 @@ int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
                  "producer told",
                  (unsigned long long)v->number, v->ch->name,
                  r->lim.max_done_events);
-    } else if (!seen) {
+    } else if (seen == NULL) {
       struct tbd_evinfo *d = tbd_malloc((v->ndone + 1) * sizeof(*d));
       if (d == NULL)
         return TB_ENOMEM;
@@ -352,7 +354,15 @@ int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
       d[v->ndone] = done->info;
       tbd_free(v->done);
       v->done = d;
-      v->ndone++;
+      seen = &v->done[v->ndone++];
+    }
+    /* The producer waits until the slot's word reaches the largest value
+     * the session's releases of this version named: a session writes its
+     * slot with values that only grow, so one wait covers them all. */
+    if (seen != NULL && signal != 0) {
+      seen->signal_slot = slot;
+      if (signal > seen->signal_value)
+        seen->signal_value = signal;
     }
   }
   HASH_DEL(r->leases, l);

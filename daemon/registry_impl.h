@@ -456,9 +456,13 @@ int tbd__acquire_judge(struct tbd_registry *r, struct tbd_session *s,
 int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
                  uint64_t request_id, const char *channel, int mode,
                  uint64_t version, int64_t timeout_ms);
-/* End a lease; done may be NULL. TB_ENOMEM leaves the lease. */
+/* End a lease; done may be NULL. With done, signal (0: none) is the done
+ * signal its stream writes to done slot slot of the lease's buffer: the
+ * version's entry for done keeps the slot and the largest signal of its
+ * releases. TB_ENOMEM leaves the lease. */
 int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
-                       const struct tbd_event *done);
+                       const struct tbd_event *done, uint32_t slot,
+                       uint64_t signal);
 int tbd__subscribe(struct tbd_registry *r, struct tbd_session *s,
                    const char *name);
 int tbd__unsubscribe(struct tbd_registry *r, struct tbd_session *s,

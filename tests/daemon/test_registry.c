@@ -2083,6 +2083,122 @@ static void test_signal_done_slots(void **state) {
   tbt_registry_free(r);
 }
 
+/* A Release of lease with done event done and done signal signal. */
+static int release_signal(struct tbd_registry *r, struct tbd_session *s,
+                          uint64_t lease, uint64_t done, uint64_t signal) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Release rl = TENSORBROKER__V1__RELEASE__INIT;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
+  q.release = &rl;
+  rl.lease_id = lease;
+  rl.done_event_id = done;
+  rl.done_signal = signal;
+  rl.want_reply = true;
+  return tbt_req_send(r, s, &q, NULL, 0, NULL);
+}
+
+/* An Acquire of LATEST on ch that releases lease with done event done and
+ * done signal signal; the new lease's id goes to *out. */
+static int acquire_releasing(struct tbd_registry *r, struct tbd_session *s,
+                             const char *ch, uint64_t lease, uint64_t done,
+                             uint64_t signal, uint64_t *out) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Acquire a = TENSORBROKER__V1__ACQUIRE__INIT;
+  struct tbt_cap *c;
+  int st;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
+  q.acquire = &a;
+  a.channel = (char *)ch;
+  a.mode = LATEST;
+  a.release_lease_id = lease;
+  a.release_done_event_id = done;
+  a.release_done_signal = signal;
+  st = tbt_req_send(r, s, &q, NULL, 0, &c);
+  if (st == 0)
+    *out = c->m->reply->acquire->lease_id;
+  if (c != NULL)
+    tbt_cap_free(c);
+  return st;
+}
+
+/* Release.done_signal (and Acquire.release_done_signal) needs the done
+ * event it stands for and the session's done slot in the lease's buffer:
+ * without either it is refused and nothing changes (the lease is still
+ * held, the version not freed). Accepted, the version's entry for the
+ * event carries the slot and the largest signal of the session's releases
+ * to the producer's VersionFree, with the consumer's shm_id and pidns_id;
+ * a same-domain consumer's event carries none. */
+static void test_signal_done_release(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session_ns(r, 10, 21, 31),
+                     *c = session_ns(r, 11, 22, 32),
+                     *d = session_ns(r, 12, 21, 31);
+  struct pub o = {.dev_type = kDLCUDA};
+  uint64_t id, ec = event(r, c), ed = event(r, d), l4 = 0;
+  const Tensorbroker__V1__EventInfo *e;
+  struct acq a1, a2, a3;
+  struct tbt_cap *m;
+
+  (void)state;
+  assert_tb_ok(reg_vmm_signals(r, p, 4096, 4064, &id));
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL));
+  a1 = acquire(r, c, "s", LATEST, 0);
+  a2 = acquire(r, c, "s", LATEST, 0);
+  a3 = acquire(r, d, "s", LATEST, 0);
+  assert_int_equal(a1.done_slot, 1);
+  assert_int_equal(a3.done_slot, 0);
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL)); /* 1 leaves, leased */
+
+  /* refused, changing nothing */
+  assert_tb_err(release_signal(r, c, a1.lease, 0, 5), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "a done signal comes with the "
+                                           "done event it stands for"));
+  assert_tb_err(release_signal(r, d, a3.lease, ed, 5), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "no done slot"));
+  assert_tb_err(acquire_releasing(r, c, "s", a1.lease, 0, 5, &l4),
+                TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "cannot release lease"));
+  assert_int_equal(counts(r).leases, 3);
+  assert_int_equal(counts(r).versions, 2);
+  assert_null(tbt_cap_take_notice(p, N_FREE));
+
+  /* 9, then 4 with the acquire of version 2: the producer waits for 9 */
+  assert_tb_ok(release_signal(r, c, a1.lease, ec, 9));
+  assert_tb_ok(acquire_releasing(r, c, "s", a2.lease, ec, 4, &l4));
+  assert_null(tbt_cap_take_notice(p, N_FREE));
+  assert_tb_ok(release_signal(r, d, a3.lease, ed, 0));
+  m = tbt_cap_take_notice(p, N_FREE);
+  assert_non_null(m);
+  assert_int_equal(m->m->notice->version_free->version, 1);
+  assert_int_equal(m->m->notice->version_free->n_done_events, 2);
+  e = m->m->notice->version_free->done_events[0];
+  assert_int_equal(e->event_id, ec);
+  assert_int_equal(e->signal_slot, 1);
+  assert_int_equal(e->signal_value, 9);
+  assert_int_equal(e->owner_shm_id, 22);
+  assert_int_equal(e->owner_pidns_id, 32);
+  e = m->m->notice->version_free->done_events[1];
+  assert_int_equal(e->event_id, ed);
+  assert_int_equal(e->signal_slot, 0);
+  assert_int_equal(e->signal_value, 0);
+  assert_int_equal(e->owner_pidns_id, 31);
+  tbt_cap_free(m);
+  /* version 2: its own entry, from the release of l4 alone */
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL)); /* 2 leaves, by l4 */
+  assert_tb_ok(release_signal(r, c, l4, ec, 6));
+  m = tbt_cap_take_notice(p, N_FREE);
+  assert_non_null(m);
+  assert_int_equal(m->m->notice->version_free->version, 2);
+  assert_int_equal(m->m->notice->version_free->n_done_events, 1);
+  e = m->m->notice->version_free->done_events[0];
+  assert_int_equal(e->signal_slot, 1);
+  assert_int_equal(e->signal_value, 6);
+  tbt_cap_free(m);
+  tbt_registry_free(r);
+}
+
 static void test_wait_free(void **state) {
   struct tbd_registry *r = reg_new(NULL);
   struct tbd_session *p = session(r, 10), *c = session(r, 11);
@@ -2850,6 +2966,7 @@ int main(void) {
       T(test_signal_offset_register),
       T(test_signal_publish),
       T(test_signal_done_slots),
+      T(test_signal_done_release),
       T(test_dead_sessions_events_gone),
       T(test_done_event_bytes),
       T(test_wait_free),
