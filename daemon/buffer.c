@@ -79,6 +79,9 @@ int tbd__buffer_add(struct tbd_registry *r, struct tbd_session *s,
   b->u->n[TBD_RES_BUFFERS]++;
   b->owner = s;
   b->owner_pid = (uint32_t)s->pid;
+  b->owner_shm_id = s->shm_id;
+  b->owner_pidns_id = s->pidns_id;
+  b->next_slot = 1;
   DL_APPEND2(s->buffers, b, sprev, snext);
   s->nbuffers++;
   return 0;
@@ -161,6 +164,7 @@ int tbd__buffer_info_pack(struct tbd_buffer *b, bool write) {
   bi.cuda_ipc_handle.len = b->handle_len;
   bi.writable = b->writable && !ro;
   bi.producer_pid = b->owner_pid;
+  bi.signal_offset = b->signal_offset;
   *info_len = tensorbroker__v1__buffer_info__get_packed_size(&bi);
   *info = tbd_malloc(*info_len);
   if (*info == NULL)

@@ -314,8 +314,9 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
                  const char *channel, struct tbd_buffer *b,
                  const Tensorbroker__V1__Layout *layout,
                  const struct tbd_event *ready, bool ready_complete,
-                 const uint8_t *meta, size_t meta_len, uint32_t depth,
-                 uint64_t *version, char *why, size_t whylen) {
+                 uint64_t ready_signal, const uint8_t *meta,
+                 size_t meta_len, uint32_t depth, uint64_t *version,
+                 char *why, size_t whylen) {
   struct tbd_channel *ch = tbd__channel_find(r, channel), *newch = NULL;
   struct tbd_version *v;
   struct tbd_subgroup *g;
@@ -399,6 +400,8 @@ int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
     v->has_ready = true;
     v->ready = ready->info;
     v->ready.complete = ready_complete;
+    v->ready.signal_value = ready_signal; /* the ready word: slot 0 */
+    v->ready.signal_slot = 0;
   }
   DL_APPEND(ch->versions, v);
   tbd_vindex_append(&ch->index, v);

@@ -53,7 +53,7 @@ struct tbd_limits {
  * (an EventInfo with every field at its longest, and the field's tag and
  * length), and what such a message needs besides its events. --max-message
  * must hold --max-done-events of them (checked at start). */
-#define TBD_DONE_EVENT_BYTES 143
+#define TBD_DONE_EVENT_BYTES 171
 #define TBD_VERSION_FREE_BASE 512
 
 /* A message queued for a session costs its bytes, this much more for the

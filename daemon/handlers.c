@@ -141,6 +141,7 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   s->prefetch = h->prefetch;
   s->says_goodbye = h->says_goodbye;
   s->shm_id = h->shm_id;
+  s->pidns_id = h->pidns_id;
   s->hello = true; /* counted by tbd__session_admit */
   tbd_log_with(tbd_session_log_level(s),
                &(struct tbd_log_fields){(long long)s->id, (long long)s->pid,
@@ -203,6 +204,10 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
     return proto_error(r, s, id, why);
   if (rc < 0)
     return tbd__reply_status(r, s, id, rc, "%s", why);
+  if (m->signal_offset != 0 && !k->signals)
+    return tbd__reply_status(r, s, id, TB_EINVAL,
+                             "signal_offset is for CUDA_VMM_FD buffers "
+                             "(this one is %s)", k->name);
   {
     char lwhy[256];
     uint32_t keep = k->fds_held != NULL ? k->fds_held(m) : 0;
@@ -214,6 +219,7 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   b->kind = m->kind;
   b->size = m->size;
+  b->signal_offset = m->signal_offset; /* the kind checked it */
   b->writable = m->consumers_may_write;
   b->fd = -1;
   b->rofd = -1;
@@ -291,6 +297,7 @@ static int on_event_register(struct tbd_registry *r, struct tbd_session *s,
          TB__CUDA_IPC_HANDLE_SIZE);
   e->info.dev_type = kDLCUDA;
   e->info.shm_id = s->shm_id;
+  e->info.pidns_id = s->pidns_id;
   if (copy_device(m->device, &e->info.dev_type, &e->info.dev_id,
                   e->info.uuid, &e->info.uuid_len) < 0) {
     tbd_free(e);
@@ -338,6 +345,19 @@ static int on_event_unregister(struct tbd_registry *r, struct tbd_session *s,
   return tbd__reply_status(r, s, id, 0, NULL);
 }
 
+/* Where the tensor of layout l, which passed tb__layout_check, ends in its
+ * buffer: the end of the byte range it touches. */
+static uint64_t layout_end(const Tensorbroker__V1__Layout *l) {
+  uint64_t elem_bits = 0, lo = 0, hi = 0;
+
+  (void)tb__dtype_check(l->dtype_code, l->dtype_bits, l->dtype_lanes,
+                        &elem_bits);
+  (void)tb__layout_extent((int32_t)l->n_shape, l->shape,
+                          l->n_strides ? l->strides : NULL, elem_bits,
+                          l->flags, l->byte_offset, &lo, &hi, NULL, 0);
+  return hi;
+}
+
 static int on_publish(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t id, const Tensorbroker__V1__Publish *m) {
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
@@ -371,6 +391,17 @@ static int on_publish(struct tbd_registry *r, struct tbd_session *s,
   rc = tb__layout_check(m->layout, b->size, r->lim.max_ndim, why, sizeof(why));
   if (rc < 0)
     return tbd__reply_status(r, s, id, rc, "%s", why);
+  /* The signal area is written by streams while consumers read the
+   * tensor: a tensor in it would be torn by them, and would tear them. */
+  if (b->signal_offset != 0) {
+    uint64_t end = layout_end(m->layout);
+    if (end > b->signal_offset)
+      return tbd__reply_status(r, s, id, TB_EINVAL,
+                               "the tensor ends at byte %llu: it overlaps "
+                               "the buffer's signal area from byte %llu",
+                               (unsigned long long)end,
+                               (unsigned long long)b->signal_offset);
+  }
   want_dev = tbd_kind_find(b->kind)->dev_type; /* registered: known */
   if (m->layout->device == NULL || m->layout->device->type != want_dev)
     return tbd__reply_status(r, s, id, TB_EDEVICE,
@@ -392,9 +423,21 @@ static int on_publish(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, rc, "ready event %llu is not "
                              "registered by this session",
                              (unsigned long long)m->ready_event_id);
+  /* The ready signal stands for the ready event where the event cannot be
+   * opened: a consumer that can open it waits on the event, so the two
+   * must come together. */
+  if (m->ready_signal != 0 && ready == NULL)
+    return tbd__reply_status(r, s, id, TB_EINVAL,
+                             "a ready signal comes with the ready event it "
+                             "stands for");
+  if (m->ready_signal != 0 && b->signal_offset == 0)
+    return tbd__reply_status(r, s, id, TB_EINVAL,
+                             "ready signal for buffer %llu, which has no "
+                             "signal area",
+                             (unsigned long long)m->buffer_id);
   rc = tbd__publish(r, s, m->channel, b, m->layout, ready, m->ready_complete,
-                    m->metadata.data, m->metadata.len, m->history_depth,
-                    &version, why, sizeof(why));
+                    m->ready_signal, m->metadata.data, m->metadata.len,
+                    m->history_depth, &version, why, sizeof(why));
   if (rc < 0)
     return tbd__reply_status(r, s, id, rc, "%s", why);
   rep.request_id = id;
@@ -405,13 +448,15 @@ static int on_publish(struct tbd_registry *r, struct tbd_session *s,
   return 0;
 }
 
-/* End lease_id of session s with an optional done event, as a Release
- * does. On an error nothing changed and *what says why (for the reply). */
+/* End lease_id of session s with an optional done event and done signal,
+ * as a Release does. On an error nothing changed and *what says why (for
+ * the reply). */
 static int release_lease(struct tbd_registry *r, struct tbd_session *s,
                          uint64_t lease_id, uint64_t done_event_id,
-                         const char **what) {
+                         uint64_t done_signal, const char **what) {
   struct tbd_lease *l;
   struct tbd_event *done;
+  struct tbd_sent *sent = NULL;
   int rc;
 
   HASH_FIND(hh, r->leases, &lease_id, sizeof(lease_id), l);
@@ -428,7 +473,22 @@ static int release_lease(struct tbd_registry *r, struct tbd_session *s,
     *what = "its done event is not registered by this session";
     return rc;
   }
-  rc = tbd__lease_release(r, l, done);
+  /* The done signal stands for the done event where the producer cannot
+   * open it, in this session's slot of the buffer: a producer that can
+   * open the event waits on it, so the two come together. */
+  if (done_signal != 0 && done == NULL) {
+    *what = "a done signal comes with the done event it stands for";
+    return TB_EINVAL;
+  }
+  if (done_signal != 0)
+    HASH_FIND(hh, s->sent, &l->v->buf->id, sizeof(l->v->buf->id), sent);
+  if (done_signal != 0 && (sent == NULL || sent->slot == 0)) {
+    *what = "a done signal, but this session has no done slot in the "
+            "lease's buffer (its AcquireReply.done_slot was 0)";
+    return TB_EINVAL;
+  }
+  rc = tbd__lease_release(r, l, done, sent != NULL ? sent->slot : 0,
+                          done_signal);
   if (rc < 0)
     *what = "out of memory";
   else
@@ -459,7 +519,7 @@ static int on_acquire(struct tbd_registry *r, struct tbd_session *s,
   if (m->release_lease_id != 0) {
     /* the consumer's previous lease rides with this acquire */
     rc = release_lease(r, s, m->release_lease_id, m->release_done_event_id,
-                       &what);
+                       m->release_done_signal, &what);
     if (rc < 0)
       return tbd__reply_status(r, s, id, TB_EINVAL,
                                "cannot release lease %llu with this acquire: "
@@ -482,7 +542,8 @@ static int on_release(struct tbd_registry *r, struct tbd_session *s,
 
   if (m->implicit_stream)
     s->implicit_stream_calls++;
-  rc = release_lease(r, s, m->lease_id, m->done_event_id, &what);
+  rc = release_lease(r, s, m->lease_id, m->done_event_id, m->done_signal,
+                     &what);
   if (rc < 0)
     return tbd__reply_status(r, s, rid, rc, "lease %llu: %s",
                              (unsigned long long)m->lease_id, what);

@@ -4,7 +4,8 @@
  * descriptor keeps the allocation alive: the daemon holds its own, so a
  * version stays readable after its producer ends, and attaches one to a
  * consumer's first AcquireReply of the buffer, which the consumer imports
- * (cuMemImportFromShareableHandle). Its row is in kinds.c. */
+ * (cuMemImportFromShareableHandle). Its last bytes may be a signal area
+ * (BufferRegister.signal_offset), checked here. Its row is in kinds.c. */
 #include "registry_impl.h"
 
 #include <stdio.h>
@@ -58,6 +59,36 @@ static int vmm_device_check(const Tensorbroker__V1__BufferRegister *m,
   return 0;
 }
 
+/* The signal area, when there is one: 8-aligned (the words are written and
+ * waited for as 64-bit values, cuStreamWriteValue64), after at least one
+ * word of tensor bytes, and room for the ready word and one done slot
+ * before the end. */
+static int vmm_signal_check(const Tensorbroker__V1__BufferRegister *m,
+                            char *why, size_t len) {
+  uint64_t off = m->signal_offset;
+
+  if (off == 0)
+    return 0;
+  if (off < 8) {
+    snprintf(why, len, "signal_offset %llu leaves no room for a tensor "
+             "before the signal area (at least 8)", (unsigned long long)off);
+    return TB_EINVAL;
+  }
+  if (off % 8 != 0) {
+    snprintf(why, len, "signal_offset %llu is not a multiple of 8",
+             (unsigned long long)off);
+    return TB_EINVAL;
+  }
+  if (off >= m->size || m->size - off < 16) {
+    snprintf(why, len, "signal_offset %llu of a %llu-byte buffer leaves "
+             "less than 16 bytes for the signal area (the ready word and "
+             "one done slot)",
+             (unsigned long long)off, (unsigned long long)m->size);
+    return TB_EINVAL;
+  }
+  return 0;
+}
+
 int tbd_kind_vmm_validate(const Tensorbroker__V1__BufferRegister *m,
                           const int *fds, int nfds, char *why, size_t len) {
   const char *bad;
@@ -71,6 +102,9 @@ int tbd_kind_vmm_validate(const Tensorbroker__V1__BufferRegister *m,
     return nfds > 1 ? TB_EPROTO : TB_EINVAL;
   }
   rc = vmm_device_check(m, why, len);
+  if (rc < 0)
+    return rc;
+  rc = vmm_signal_check(m, why, len);
   if (rc < 0)
     return rc;
   if (fstat(fds[0], &st) < 0) {

@@ -18,6 +18,7 @@ static const struct tbd_kind kinds[] = {
         .carries_fd = true,
         .survives_producer = true,
         .prefetch_with_notice = false,
+        .signals = false,
         .validate_register = tbd_kind_memfd_validate,
         .fds_held = tbd_kind_memfd_fds_held,
         .adopt = tbd_kind_memfd_adopt,
@@ -36,13 +37,15 @@ static const struct tbd_kind kinds[] = {
         .carries_fd = false,
         .survives_producer = false,
         .prefetch_with_notice = true,
+        .signals = false,
         .validate_register = tbd_kind_cuda_ipc_validate,
     },
     /* An exported VMM allocation lives while any descriptor of it does,
      * the daemon's included (measured): versions are granted after the
      * producer ends. The descriptor goes to a consumer with its first
      * AcquireReply of the buffer; a NewVersion carries no descriptor, so
-     * consumers import at that acquire, not ahead. */
+     * consumers import at that acquire, not ahead. The signal area lives
+     * in the allocation itself, so it outlives the producer with it. */
     {
         .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD,
         .name = "CUDA VMM fd",
@@ -50,6 +53,7 @@ static const struct tbd_kind kinds[] = {
         .carries_fd = true,
         .survives_producer = true,
         .prefetch_with_notice = false,
+        .signals = true,
         .validate_register = tbd_kind_vmm_validate,
         .fds_held = tbd_kind_vmm_fds_held,
         .adopt = tbd_kind_vmm_adopt,
@@ -66,6 +70,7 @@ static const struct tbd_kind kinds[] = {
         .carries_fd = true,
         .survives_producer = true,
         .prefetch_with_notice = false,
+        .signals = false,
         .validate_register = tbd_kind_memfd_validate,
         .fds_held = tbd_kind_memfd_fds_held,
         .adopt = tbd_kind_memfd_adopt,

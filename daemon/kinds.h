@@ -35,6 +35,13 @@ struct tbd_kind {
    * event to a session that asked for prefetch and maps this kind, so
    * that it may open both before it acquires. */
   bool prefetch_with_notice;
+  /* Its buffers may end in a signal area (BufferRegister.signal_offset):
+   * words its producer's and consumers' streams write and wait for where
+   * interprocess events do not reach. The area must outlive the producer
+   * (a consumer still waits on it), so such a kind carries a descriptor
+   * and survives its producer; validate_register checks the offset. A
+   * registration of another kind with one is refused. */
+  bool signals;
   /* Check a BufferRegister of this kind with the nfds descriptors it
    * carried, before anything is counted: 0, or a negative TB_E* code with
    * why ("HOST_MEMFD needs a memfd attached"); TB_EPROTO is a protocol
@@ -81,8 +88,8 @@ int tbd_kind_cuda_ipc_validate(const Tensorbroker__V1__BufferRegister *m,
                                size_t len);
 
 /* kind_vmm.c: CUDA_VMM_FD, an exported VMM allocation's descriptor the
- * daemon keeps. The largest size a registration may declare (1 TiB: more
- * than any one device's memory). */
+ * daemon keeps, which may end in a signal area. The largest size a
+ * registration may declare (1 TiB: more than any one device's memory). */
 #define TBD_VMM_SIZE_MAX (1ull << 40)
 int tbd_kind_vmm_validate(const Tensorbroker__V1__BufferRegister *m,
                           const int *fds, int nfds, char *why, size_t len);

@@ -69,11 +69,47 @@ static void lease_free(struct tbd_registry *r, struct tbd_lease *l) {
   r->nspare++;
 }
 
+/* Whether s is in another domain than b's producer, where the producer's
+ * interprocess events cannot be opened and s's cannot be opened by the
+ * producer: another /dev/shm or another PID namespace (CUDA IPC events
+ * reach neither, measured: docs/cuda.md). 0 is unknown: an older client
+ * says nothing, and is taken to share the producer's. */
+static bool domain_foreign(const struct tbd_session *s,
+                           const struct tbd_buffer *b) {
+  return (s->shm_id != 0 && b->owner_shm_id != 0 &&
+          s->shm_id != b->owner_shm_id) ||
+         (s->pidns_id != 0 && b->owner_pidns_id != 0 &&
+          s->pidns_id != b->owner_pidns_id);
+}
+
+/* The next done slot of b's signal area, or 0 once they ran out (said
+ * once per buffer): words 1.. after the ready word. Slots are never given
+ * again, not even a closed session's: a write its stream queued may land
+ * after it is gone, and a counter must only grow. */
+static uint32_t done_slot_take(struct tbd_buffer *b) {
+  uint64_t cap = (b->size - b->signal_offset) / 8 - 1;
+
+  if (b->next_slot <= cap && b->next_slot <= UINT32_MAX)
+    return (uint32_t)b->next_slot++;
+  if (!b->slots_warned) {
+    b->slots_warned = true;
+    tbd_warn("buffer %llu (pid %u): all %llu done slots of its signal area "
+             "are given; consumers in another /dev/shm or PID namespace "
+             "get none from now on, and their reads of it cannot be waited "
+             "for",
+             (unsigned long long)b->id, (unsigned)b->owner_pid,
+             (unsigned long long)cap);
+  }
+  return 0;
+}
+
 /* Create a lease on v for s and emit the AcquireReply; write: s may
  * write v's buffer (it is writable and the rules grant write), else it
  * gets the read-only descriptor and BufferInfo.writable false. A session
  * that holds a descriptor of the buffer already keeps what it was sent
- * until it forgets the buffer. Nothing changes on failure (TB_ENOMEM). */
+ * until it forgets the buffer. A session in another domain than the
+ * producer (domain_foreign) is given a done slot in a buffer with a signal
+ * area, once. Nothing changes on failure (TB_ENOMEM). */
 static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
                        uint64_t request_id, struct tbd_version *v,
                        bool write) {
@@ -150,6 +186,8 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   sent->write = write;
   if (k->carries_fd)
     sent->fd_current = true;
+  if (sent->slot == 0 && b->signal_offset != 0 && domain_foreign(s, b))
+    sent->slot = done_slot_take(b);
 
   rep.request_id = request_id;
   rep.body_case = TENSORBROKER__V1__REPLY__BODY_ACQUIRE;
@@ -173,6 +211,7 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   ar.metadata.data = v->meta;
   ar.metadata.len = v->meta_len;
   ar.channel = v->ch->name;
+  ar.done_slot = sent->slot;
   if (v->has_ready) {
     tbd__evinfo_to_pb(&v->ready, &ei, &edev);
     ar.ready_event = &ei;
@@ -285,15 +324,17 @@ int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
 }
 
 int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
-                       const struct tbd_event *done) {
+                       const struct tbd_event *done, uint32_t slot,
+                       uint64_t signal) {
   struct tbd_version *v = l->v;
   struct tbd_session *s = l->s;
 
   if (done != NULL) {
-    bool seen = false;
-    for (size_t i = 0; i < v->ndone; i++)
-      seen = seen || v->done[i].id == done->info.id;
-    if (!seen && v->ndone >= r->lim.max_done_events) {
+    struct tbd_evinfo *seen = NULL;
+    for (size_t i = 0; i < v->ndone && seen == NULL; i++)
+      if (v->done[i].id == done->info.id)
+        seen = &v->done[i];
+    if (seen == NULL && v->ndone >= r->lim.max_done_events) {
       /* Past --max-done-events the event is not kept, so that no
        * VersionFree outgrows a message; the producer is told how many
        * went (VersionFree.done_events_dropped) and must not rewrite the
@@ -304,7 +345,7 @@ int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
                  "producer told",
                  (unsigned long long)v->number, v->ch->name,
                  r->lim.max_done_events);
-    } else if (!seen) {
+    } else if (seen == NULL) {
       struct tbd_evinfo *d = tbd_malloc((v->ndone + 1) * sizeof(*d));
       if (d == NULL)
         return TB_ENOMEM;
@@ -313,7 +354,15 @@ int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
       d[v->ndone] = done->info;
       tbd_free(v->done);
       v->done = d;
-      v->ndone++;
+      seen = &v->done[v->ndone++];
+    }
+    /* The producer waits until the slot's word reaches the largest value
+     * the session's releases of this version named: a session writes its
+     * slot with values that only grow, so one wait covers them all. */
+    if (seen != NULL && signal != 0) {
+      seen->signal_slot = slot;
+      if (signal > seen->signal_value)
+        seen->signal_value = signal;
     }
   }
   HASH_DEL(r->leases, l);

@@ -178,5 +178,8 @@ void tbd__evinfo_to_pb(const struct tbd_evinfo *e,
   pb->complete = e->complete;
   pb->owner_died = e->owner_died;
   pb->owner_shm_id = e->shm_id;
+  pb->owner_pidns_id = e->pidns_id;
+  pb->signal_value = e->signal_value;
+  pb->signal_slot = e->signal_slot;
 }
 

@@ -31,6 +31,14 @@ struct tbd_evinfo {
   bool owner_died; /* a version's ready event: its producer hung up
                     * without its Goodbye (EventInfo.owner_died) */
   uint64_t shm_id; /* its session's Hello.shm_id (EventInfo.owner_shm_id) */
+  uint64_t pidns_id; /* its session's Hello.pidns_id
+                      * (EventInfo.owner_pidns_id) */
+  /* The signal that stands for it where it cannot be opened (another
+   * /dev/shm or PID namespace): a ready event's Publish.ready_signal
+   * (slot 0, the buffer's ready word), a done event's largest
+   * Release.done_signal in the releasing session's done slot. 0: none. */
+  uint64_t signal_value;
+  uint32_t signal_slot;
   uint64_t session; /* the session that registered it (it may be gone, or
                      * have unregistered it: versions keep copies) */
 };
@@ -44,6 +52,18 @@ struct tbd_buffer {
   int kind;                  /* TENSORBROKER__V1__MEMORY_KIND__*: its row
                                 in kinds.h decides what differs by kind */
   uint64_t size;
+  /* BufferRegister.signal_offset: the signal area is [signal_offset, size),
+   * word 0 the producer's ready counter, word N the done counter of the
+   * consumer session given done slot N (tbd_sent.slot); 0: none */
+  uint64_t signal_offset;
+  uint64_t next_slot;        /* the next done slot to give (from 1): a
+                                slot is never given twice, so that its
+                                counter only grows, even when a dead
+                                session's queued write lands late */
+  bool slots_warned;         /* running out of slots was logged */
+  /* its producer's Hello.shm_id and pidns_id, kept since the session may
+   * be gone when a consumer acquires: who is told to use signals */
+  uint64_t owner_shm_id, owner_pidns_id;
   int fd;                    /* the daemon's own descriptor (kinds that
                                 carry one: HOST_MEMFD), or -1 */
   int rofd;                  /* consumers-may-write HOST_MEMFD: a read-only
@@ -180,6 +200,9 @@ struct tbd_sent {
   bool fd_current;
   bool write;                /* the descriptor last attached was the
                                 read-write one (write granted) */
+  uint32_t slot;             /* its done slot in the buffer's signal area
+                                (AcquireReply.done_slot), 0: none; kept
+                                as long as the record */
   UT_hash_handle hh;
 };
 
@@ -238,6 +261,7 @@ struct tbd_session {
   bool prefetch;              /* Hello.prefetch: buffers in NewVersion */
   bool says_goodbye;          /* Hello.says_goodbye */
   uint64_t shm_id;            /* Hello.shm_id */
+  uint64_t pidns_id;          /* Hello.pidns_id */
   bool said_goodbye;          /* its Goodbye came: closing on purpose */
   bool hung_up;               /* the peer ended the connection */
   bool operator_slot;         /* admitted past the limits (quota.c) */
@@ -405,14 +429,17 @@ int tbd__event_add(struct tbd_registry *r, struct tbd_session *s,
                    struct tbd_event *e);
 void tbd__event_remove(struct tbd_registry *r, struct tbd_event *e);
 
-/* Publish a validated version; on success writes its number. Nothing
- * changes on failure (TB_ENOMEM, TB_ELIMIT, TB_EBUSY). */
+/* Publish a validated version; on success writes its number. ready_signal
+ * (0: none) is the value of the buffer's ready word that stands for ready,
+ * sent on as its EventInfo.signal_value. Nothing changes on failure
+ * (TB_ENOMEM, TB_ELIMIT, TB_EBUSY). */
 int tbd__publish(struct tbd_registry *r, struct tbd_session *s,
                  const char *channel, struct tbd_buffer *b,
                  const Tensorbroker__V1__Layout *layout,
                  const struct tbd_event *ready, bool ready_complete,
-                 const uint8_t *meta, size_t meta_len, uint32_t depth,
-                 uint64_t *version, char *why, size_t whylen);
+                 uint64_t ready_signal, const uint8_t *meta,
+                 size_t meta_len, uint32_t depth, uint64_t *version,
+                 char *why, size_t whylen);
 /* The channel named name when it is the one of s's last acquire (no
  * lookup, and its name is known to be valid), else NULL. */
 struct tbd_channel *tbd__channel_recent(struct tbd_registry *r,
@@ -429,9 +456,13 @@ int tbd__acquire_judge(struct tbd_registry *r, struct tbd_session *s,
 int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
                  uint64_t request_id, const char *channel, int mode,
                  uint64_t version, int64_t timeout_ms);
-/* End a lease; done may be NULL. TB_ENOMEM leaves the lease. */
+/* End a lease; done may be NULL. With done, signal (0: none) is the done
+ * signal its stream writes to done slot slot of the lease's buffer: the
+ * version's entry for done keeps the slot and the largest signal of its
+ * releases. TB_ENOMEM leaves the lease. */
 int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
-                       const struct tbd_event *done);
+                       const struct tbd_event *done, uint32_t slot,
+                       uint64_t signal);
 int tbd__subscribe(struct tbd_registry *r, struct tbd_session *s,
                    const char *name);
 int tbd__unsubscribe(struct tbd_registry *r, struct tbd_session *s,

@@ -239,7 +239,7 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
     tbd__wait_remove(r, s->wait);
   DL_FOREACH_SAFE2(s->leases, l, ltmp, snext) {
     /* no done events: a crashed consumer leaves nothing to wait on */
-    tbd__lease_release(r, l, NULL);
+    tbd__lease_release(r, l, NULL, 0, 0);
   }
   HASH_ITER(hh, s->subs, sub, subtmp) {
     tbd__unsubscribe(r, s, sub->name);

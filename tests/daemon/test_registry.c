@@ -139,6 +139,25 @@ static struct tbd_session *session(struct tbd_registry *r, pid_t pid) {
   return s;
 }
 
+/* A session whose Hello says which /dev/shm (shm_id) and PID namespace
+ * (pidns_id) it sees; 0: unknown. */
+static struct tbd_session *session_ns(struct tbd_registry *r, pid_t pid,
+                                      uint64_t shm_id, uint64_t pidns_id) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Hello h = TENSORBROKER__V1__HELLO__INIT;
+  struct tbd_session *s;
+
+  assert_tb_ok(tbd_session_open(r, pid, 1000, 1000, NULL, &s));
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
+  q.hello = &h;
+  h.protocol_version = 1;
+  h.client_name = "ns";
+  h.shm_id = shm_id;
+  h.pidns_id = pidns_id;
+  assert_tb_ok(tbt_req_send(r, s, &q, NULL, 0, NULL));
+  return s;
+}
+
 /* A memfd of size bytes with exactly these seals. */
 static int memfd_seals(size_t size, int seals) {
   int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -234,6 +253,8 @@ struct pub {
   int dev_type;
   uint64_t event;
   bool complete;
+  uint64_t byte_offset;  /* the layout's */
+  uint64_t ready_signal;
 };
 
 static int publish_ex(struct tbd_registry *r, struct tbd_session *s,
@@ -262,6 +283,8 @@ static int publish_ex(struct tbd_registry *r, struct tbd_session *s,
   p.metadata.len = o ? o->meta_len : 3;
   p.ready_event_id = o ? o->event : 0;
   p.ready_complete = o ? o->complete : false;
+  p.ready_signal = o ? o->ready_signal : 0;
+  l.byte_offset = o ? o->byte_offset : 0;
   l.device = &d;
   d.type = o && o->dev_type ? o->dev_type : kDLCPU;
   l.dtype_code = kDLFloat;
@@ -293,6 +316,11 @@ struct acq {
   bool ready_complete;
   bool ready_owner_died;
   int kind, dev_type;    /* the BufferInfo's */
+  uint64_t signal_offset; /* the BufferInfo's */
+  uint32_t done_slot;
+  uint64_t ready_signal; /* the ready event's signal_value */
+  uint32_t ready_slot;   /* and signal_slot */
+  uint64_t ready_shm, ready_pidns; /* its owner_shm_id, owner_pidns_id */
 };
 
 /* Returns the status, or PARKED; for a parked request, *req_id says
@@ -326,6 +354,14 @@ static int acquire_ex(struct tbd_registry *r, struct tbd_session *s,
     out->ready_owner_died = ar->ready_event && ar->ready_event->owner_died;
     out->kind = ar->buffer->kind;
     out->dev_type = ar->buffer->device ? ar->buffer->device->type : -1;
+    out->signal_offset = ar->buffer->signal_offset;
+    out->done_slot = ar->done_slot;
+    if (ar->ready_event != NULL) {
+      out->ready_signal = ar->ready_event->signal_value;
+      out->ready_slot = ar->ready_event->signal_slot;
+      out->ready_shm = ar->ready_event->owner_shm_id;
+      out->ready_pidns = ar->ready_event->owner_pidns_id;
+    }
     assert_int_equal(ar->buffer->fd_attached, c->fd >= 0);
     assert_string_equal(ar->channel, ch);
     assert_int_equal(ar->layout->shape[0], 16);
@@ -1488,6 +1524,10 @@ static void test_kind_table(void **state) {
       assert_non_null(k->attach_fd);
       assert_non_null(k->fds_held);
     }
+    /* a signal area is waited on after its producer is gone: the memory
+     * must outlive it, held by the daemon's descriptor */
+    if (k->signals)
+      assert_true(k->carries_fd && k->survives_producer);
   }
   assert_null(tbd_kind_find(99));
   assert_string_equal(tbd_kind_name(99), "memory");
@@ -1620,6 +1660,9 @@ static void test_done_event_bytes(void **state) {
   ei.complete = true;
   ei.owner_died = true;
   ei.owner_shm_id = UINT64_MAX;
+  ei.owner_pidns_id = UINT64_MAX;
+  ei.signal_value = UINT64_MAX;
+  ei.signal_slot = UINT32_MAX;
   vf.n_done_events = 1;
   vf.done_events = list;
   assert_int_equal(tensorbroker__v1__version_free__get_packed_size(&vf) - base,
@@ -1836,6 +1879,323 @@ static void test_vmm_buffers(void **state) {
   assert_int_equal(acquire_ex(r, x, "v", NEXT, 1, 0, NULL, NULL), TB_ECLOSED);
   assert_tb_ok(release(r, x, a.lease));
   assert_int_equal(tbd_registry_fds_held(r), held0 + 1);
+  tbt_registry_free(r);
+}
+
+/* A VMM buffer of size bytes with its signal area from off (a fresh
+ * memfd for the fake driver's descriptor). */
+static int reg_vmm_signals(struct tbd_registry *r, struct tbd_session *s,
+                           uint64_t size, uint64_t off, uint64_t *id) {
+  struct tbt_fake_cuda f;
+  int fds[1];
+
+  tbt_fake_cuda_init(&f, 3);
+  f.reg.signal_offset = off;
+  fds[0] = memfd(size, false);
+  return reg_vmm(r, s, &f, size, fds, 1, id);
+}
+
+/* BufferRegister.signal_offset: only a CUDA_VMM_FD buffer may have a
+ * signal area, 8-aligned, after at least 8 bytes of tensor, and with 16
+ * bytes (the ready word and one done slot) before the end; each refusal
+ * says why and registers nothing, keeps no descriptor. An accepted one
+ * reaches consumers in the BufferInfo. */
+static void test_signal_offset_register(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  uint32_t held0 = tbd_registry_fds_held(r);
+  struct pub gpu = {.dev_type = kDLCUDA};
+  uint64_t id = 0;
+  struct acq a;
+
+  (void)state;
+  {
+    /* another kind: refused whatever the offset */
+    req_t q = TENSORBROKER__V1__REQUEST__INIT;
+    Tensorbroker__V1__BufferRegister b =
+        TENSORBROKER__V1__BUFFER_REGISTER__INIT;
+    struct tbt_fake_cuda f;
+    int fds[1] = {memfd(4096, true)};
+
+    q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
+    q.buffer_register = &b;
+    b.kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD;
+    b.size = 4096;
+    b.signal_offset = 4064;
+    assert_tb_err(tbt_req_send(r, p, &q, fds, 1, NULL), TB_EINVAL);
+    assert_non_null(strstr(tbt_last_message, "signal_offset is for "
+                                             "CUDA_VMM_FD buffers"));
+    tbt_fake_cuda_init(&f, 4);
+    f.reg.signal_offset = 4064;
+    q.buffer_register = &f.reg;
+    q.request_id = 0;
+    assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+    assert_non_null(strstr(tbt_last_message, "signal_offset is for "
+                                             "CUDA_VMM_FD buffers"));
+  }
+  assert_tb_err(reg_vmm_signals(r, p, 4096, 4, &id), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "no room for a tensor"));
+  assert_tb_err(reg_vmm_signals(r, p, 4096, 4068, &id), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "4068 is not a multiple of 8"));
+  assert_tb_err(reg_vmm_signals(r, p, 4096, 4088, &id), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "less than 16 bytes"));
+  assert_tb_err(reg_vmm_signals(r, p, 4096, 4096, &id), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "less than 16 bytes"));
+  assert_tb_err(reg_vmm_signals(r, p, 4096, 8192, &id), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "less than 16 bytes"));
+  assert_int_equal(id, 0);
+  assert_int_equal(counts(r).buffers, 0);
+  assert_int_equal(tbd_registry_fds_held(r), held0);
+
+  /* the smallest area (16 bytes) after the smallest tensor area (8) */
+  assert_tb_ok(reg_vmm_signals(r, p, 24, 8, &id));
+  assert_tb_ok(reg_vmm_signals(r, p, 4096, 4080, &id));
+  assert_int_equal(counts(r).buffers, 2);
+  assert_tb_ok(publish_ex(r, p, "s", id, &gpu, NULL));
+  a = acquire(r, c, "s", LATEST, 0);
+  assert_int_equal(a.signal_offset, 4080);
+  assert_int_equal(a.done_slot, 0); /* the same domain: no slot */
+  assert_tb_ok(release(r, c, a.lease));
+  tbt_registry_free(r);
+}
+
+/* On a buffer with a signal area a tensor ends before it (the layout is
+ * 16 floats, 64 bytes: at byte_offset 3968 it ends where the area
+ * begins). Publish.ready_signal comes with a ready event on such a buffer,
+ * and reaches each AcquireReply in its ready EventInfo (slot 0: the ready
+ * word), with the producer's shm_id and pidns_id; refused otherwise. Each
+ * refusal publishes nothing. */
+static void test_signal_publish(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session_ns(r, 10, 21, 31),
+                     *c = session_ns(r, 11, 22, 31);
+  uint64_t id, plain, ev = event(r, p);
+  struct pub o = {.dev_type = kDLCUDA, .depth = 4};
+  struct tbd_channel *ch;
+  struct tbt_fake_cuda f;
+  int fds[1];
+  struct acq a;
+
+  (void)state;
+  assert_tb_ok(reg_vmm_signals(r, p, 4096, 4032, &id));
+  o.byte_offset = 3976;
+  assert_tb_err(publish_ex(r, p, "s", id, &o, NULL), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "the tensor ends at byte 4040: "
+                                           "it overlaps the buffer's signal "
+                                           "area from byte 4032"));
+  assert_null(tbd__channel_find(r, "s"));
+  o.byte_offset = 3968;
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL)); /* 1 */
+
+  /* a ready signal without its event; on a buffer without an area */
+  o.ready_signal = 5;
+  assert_tb_err(publish_ex(r, p, "s", id, &o, NULL), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "comes with the ready event"));
+  tbt_fake_cuda_init(&f, 5);
+  fds[0] = memfd(4096, false);
+  assert_tb_ok(reg_vmm(r, p, &f, 4096, fds, 1, &plain));
+  o.event = ev;
+  assert_tb_err(publish_ex(r, p, "s", plain, &o, NULL), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "has no signal area"));
+  ch = tbd__channel_find(r, "s");
+  assert_int_equal(ch->latest, 1);
+
+  /* it reaches the consumer with the event */
+  o.ready_signal = 7;
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL)); /* 2 */
+  o.ready_signal = 0;
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL)); /* 3 */
+  a = acquire(r, c, "s", EXACT, 2);
+  assert_int_equal(a.ready_event, ev);
+  assert_int_equal(a.ready_signal, 7);
+  assert_int_equal(a.ready_slot, 0);
+  assert_int_equal(a.ready_shm, 21);
+  assert_int_equal(a.ready_pidns, 31);
+  assert_tb_ok(release(r, c, a.lease));
+  a = acquire(r, c, "s", EXACT, 3);
+  assert_int_equal(a.ready_event, ev);
+  assert_int_equal(a.ready_signal, 0); /* this one was published without */
+  assert_tb_ok(release(r, c, a.lease));
+  tbt_registry_free(r);
+}
+
+/* Done slots: a session that acquires from a buffer with a signal area
+ * and sees another /dev/shm or another PID namespace than the buffer's
+ * producer (both known) gets one, the same on every acquire of that
+ * buffer (also after a Forget), distinct for distinct sessions; a session
+ * of the producer's domain, one that says nothing, and any session on a
+ * buffer without an area get none. A 16-byte area has one slot: the second
+ * foreign session gets none, and neither does a later one. */
+static void test_signal_done_slots(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session_ns(r, 10, 21, 31),
+                     *same = session_ns(r, 11, 21, 31),
+                     *old = session(r, 12),
+                     *shm = session_ns(r, 13, 22, 31),
+                     *pidns = session_ns(r, 14, 21, 32),
+                     *half = session_ns(r, 15, 0, 33); /* no /dev/shm */
+  struct pub o = {.dev_type = kDLCUDA};
+  uint64_t id, tiny, plain;
+  struct tbt_fake_cuda f;
+  int fds[1];
+  struct acq a;
+
+  (void)state;
+  assert_tb_ok(reg_vmm_signals(r, p, 4096, 4064, &id)); /* 3 slots */
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL));
+  a = acquire(r, same, "s", LATEST, 0);
+  assert_int_equal(a.done_slot, 0);
+  a = acquire(r, old, "s", LATEST, 0);
+  assert_int_equal(a.done_slot, 0);
+  a = acquire(r, shm, "s", LATEST, 0);
+  assert_int_equal(a.done_slot, 1);
+  a = acquire(r, pidns, "s", LATEST, 0);
+  assert_int_equal(a.done_slot, 2);
+  a = acquire(r, shm, "s", LATEST, 0); /* the same slot again */
+  assert_int_equal(a.done_slot, 1);
+  assert_false(a.fd_attached);
+  assert_int_equal(simple(r, shm, FORGET, NULL, id), 0);
+  a = acquire(r, shm, "s", LATEST, 0);
+  assert_true(a.fd_attached);
+  assert_int_equal(a.done_slot, 1);
+  a = acquire(r, half, "s", LATEST, 0);
+  assert_int_equal(a.done_slot, 3);
+
+  /* one slot: the first foreign session takes it */
+  assert_tb_ok(reg_vmm_signals(r, p, 80, 64, &tiny)); /* 64 bytes of tensor */
+  assert_tb_ok(publish_ex(r, p, "t", tiny, &o, NULL));
+  a = acquire(r, pidns, "t", LATEST, 0);
+  assert_int_equal(a.done_slot, 1);
+  a = acquire(r, shm, "t", LATEST, 0);
+  assert_int_equal(a.done_slot, 0);
+  a = acquire(r, half, "t", LATEST, 0);
+  assert_int_equal(a.done_slot, 0);
+  a = acquire(r, pidns, "t", LATEST, 0);
+  assert_int_equal(a.done_slot, 1);
+
+  /* no signal area: no slot */
+  tbt_fake_cuda_init(&f, 6);
+  fds[0] = memfd(4096, false);
+  assert_tb_ok(reg_vmm(r, p, &f, 4096, fds, 1, &plain));
+  assert_tb_ok(publish_ex(r, p, "u", plain, &o, NULL));
+  a = acquire(r, shm, "u", LATEST, 0);
+  assert_int_equal(a.done_slot, 0);
+  tbt_registry_free(r);
+}
+
+/* A Release of lease with done event done and done signal signal. */
+static int release_signal(struct tbd_registry *r, struct tbd_session *s,
+                          uint64_t lease, uint64_t done, uint64_t signal) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Release rl = TENSORBROKER__V1__RELEASE__INIT;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_RELEASE;
+  q.release = &rl;
+  rl.lease_id = lease;
+  rl.done_event_id = done;
+  rl.done_signal = signal;
+  rl.want_reply = true;
+  return tbt_req_send(r, s, &q, NULL, 0, NULL);
+}
+
+/* An Acquire of LATEST on ch that releases lease with done event done and
+ * done signal signal; the new lease's id goes to *out. */
+static int acquire_releasing(struct tbd_registry *r, struct tbd_session *s,
+                             const char *ch, uint64_t lease, uint64_t done,
+                             uint64_t signal, uint64_t *out) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Acquire a = TENSORBROKER__V1__ACQUIRE__INIT;
+  struct tbt_cap *c;
+  int st;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_ACQUIRE;
+  q.acquire = &a;
+  a.channel = (char *)ch;
+  a.mode = LATEST;
+  a.release_lease_id = lease;
+  a.release_done_event_id = done;
+  a.release_done_signal = signal;
+  st = tbt_req_send(r, s, &q, NULL, 0, &c);
+  if (st == 0)
+    *out = c->m->reply->acquire->lease_id;
+  if (c != NULL)
+    tbt_cap_free(c);
+  return st;
+}
+
+/* Release.done_signal (and Acquire.release_done_signal) needs the done
+ * event it stands for and the session's done slot in the lease's buffer:
+ * without either it is refused and nothing changes (the lease is still
+ * held, the version not freed). Accepted, the version's entry for the
+ * event carries the slot and the largest signal of the session's releases
+ * to the producer's VersionFree, with the consumer's shm_id and pidns_id;
+ * a same-domain consumer's event carries none. */
+static void test_signal_done_release(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session_ns(r, 10, 21, 31),
+                     *c = session_ns(r, 11, 22, 32),
+                     *d = session_ns(r, 12, 21, 31);
+  struct pub o = {.dev_type = kDLCUDA};
+  uint64_t id, ec = event(r, c), ed = event(r, d), l4 = 0;
+  const Tensorbroker__V1__EventInfo *e;
+  struct acq a1, a2, a3;
+  struct tbt_cap *m;
+
+  (void)state;
+  assert_tb_ok(reg_vmm_signals(r, p, 4096, 4064, &id));
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL));
+  a1 = acquire(r, c, "s", LATEST, 0);
+  a2 = acquire(r, c, "s", LATEST, 0);
+  a3 = acquire(r, d, "s", LATEST, 0);
+  assert_int_equal(a1.done_slot, 1);
+  assert_int_equal(a3.done_slot, 0);
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL)); /* 1 leaves, leased */
+
+  /* refused, changing nothing */
+  assert_tb_err(release_signal(r, c, a1.lease, 0, 5), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "a done signal comes with the "
+                                           "done event it stands for"));
+  assert_tb_err(release_signal(r, d, a3.lease, ed, 5), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "no done slot"));
+  assert_tb_err(acquire_releasing(r, c, "s", a1.lease, 0, 5, &l4),
+                TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "cannot release lease"));
+  assert_int_equal(counts(r).leases, 3);
+  assert_int_equal(counts(r).versions, 2);
+  assert_null(tbt_cap_take_notice(p, N_FREE));
+
+  /* 9, then 4 with the acquire of version 2: the producer waits for 9 */
+  assert_tb_ok(release_signal(r, c, a1.lease, ec, 9));
+  assert_tb_ok(acquire_releasing(r, c, "s", a2.lease, ec, 4, &l4));
+  assert_null(tbt_cap_take_notice(p, N_FREE));
+  assert_tb_ok(release_signal(r, d, a3.lease, ed, 0));
+  m = tbt_cap_take_notice(p, N_FREE);
+  assert_non_null(m);
+  assert_int_equal(m->m->notice->version_free->version, 1);
+  assert_int_equal(m->m->notice->version_free->n_done_events, 2);
+  e = m->m->notice->version_free->done_events[0];
+  assert_int_equal(e->event_id, ec);
+  assert_int_equal(e->signal_slot, 1);
+  assert_int_equal(e->signal_value, 9);
+  assert_int_equal(e->owner_shm_id, 22);
+  assert_int_equal(e->owner_pidns_id, 32);
+  e = m->m->notice->version_free->done_events[1];
+  assert_int_equal(e->event_id, ed);
+  assert_int_equal(e->signal_slot, 0);
+  assert_int_equal(e->signal_value, 0);
+  assert_int_equal(e->owner_pidns_id, 31);
+  tbt_cap_free(m);
+  /* version 2: its own entry, from the release of l4 alone */
+  assert_tb_ok(publish_ex(r, p, "s", id, &o, NULL)); /* 2 leaves, by l4 */
+  assert_tb_ok(release_signal(r, c, l4, ec, 6));
+  m = tbt_cap_take_notice(p, N_FREE);
+  assert_non_null(m);
+  assert_int_equal(m->m->notice->version_free->version, 2);
+  assert_int_equal(m->m->notice->version_free->n_done_events, 1);
+  e = m->m->notice->version_free->done_events[0];
+  assert_int_equal(e->signal_slot, 1);
+  assert_int_equal(e->signal_value, 6);
+  tbt_cap_free(m);
   tbt_registry_free(r);
 }
 
@@ -2603,6 +2963,10 @@ int main(void) {
       T(test_kind_table),
       T(test_buffer_register_kinds),
       T(test_vmm_buffers),
+      T(test_signal_offset_register),
+      T(test_signal_publish),
+      T(test_signal_done_slots),
+      T(test_signal_done_release),
       T(test_dead_sessions_events_gone),
       T(test_done_event_bytes),
       T(test_wait_free),
