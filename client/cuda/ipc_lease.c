@@ -369,9 +369,10 @@ static int done_signal_locked(struct tb__conn *k, struct tb__cuda_acq *a,
                               uint64_t *value, char *why, size_t whylen) {
   struct tb__cuda_map *m = a->map;
 
-  if (m == NULL || m->signal == 0 || m->done_slot == 0)
+  if (m == NULL || m->signal_rw == 0 || m->done_slot == 0)
     return 0;
-  return tb__signal_write_locked(k, &m->done, m->signal + 8ull * m->done_slot,
+  return tb__signal_write_locked(k, &m->done,
+                                 m->signal_rw + 8ull * m->done_slot,
                                  m->device, target, value, why, whylen);
 }
 

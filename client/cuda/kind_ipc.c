@@ -493,6 +493,13 @@ int tb__ci_kind_acquire(struct tb_client *c, struct tb__map *map,
     if ((uint64_t)ar->done_slot >= m->signal_bytes / 8)
       return tb__set_error(c, TB_EPROTO, "daemon sent done slot %u past the "
                            "buffer's signal area", (unsigned)ar->done_slot);
+    if (m->signal_rw == 0 && m->signal_rw_open != NULL) {
+      char why[256] = "";
+      rc = m->signal_rw_open(m, why, sizeof(why));
+      if (rc < 0)
+        return tb__set_error(c, rc, "cannot map the buffer's signal area "
+                             "for this session's done signal: %s", why);
+    }
     if (m->done_slot != ar->done_slot)
       memset(&m->done, 0, sizeof(m->done));
     m->done_slot = ar->done_slot;

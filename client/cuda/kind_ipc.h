@@ -46,6 +46,10 @@ struct tb__cuda_map {
   uint64_t signal_bytes;
   uint32_t done_slot;
   struct tb__signal done;
+  /* the signal area where this process may write it (the same as signal
+   * for a read-write mapping; 0: not yet), made by signal_rw_open */
+  tb_cu_deviceptr signal_rw;
+  int (*signal_rw_open)(struct tb__cuda_map *m, char *why, size_t whylen);
 };
 
 

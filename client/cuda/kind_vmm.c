@@ -46,6 +46,8 @@ struct vmm_map {
   struct tb__cuda_map cm; /* first: the IPC kind's code sees this */
   struct tb__vmm_mem mem;
   struct tb__cuda_view view; /* the one view: mem.va on mem.device */
+  tb_cu_deviceptr again; /* a read-write mapping for the done signal of a
+                          * read-only one (0: none) */
 };
 
 #define C_VMM(c) ((struct vmm_client *)(c)->kind[TB_MEMORY_CUDA_VMM])
@@ -285,6 +287,28 @@ static int vmm_view_open(struct tb__cuda_map *m, int dev, tb_cu_deviceptr *p,
   return TB_EDEVICE;
 }
 
+/* tb__cuda_map.signal_rw_open: the signal area of a read-only mapping,
+ * mapped a second time read-write (access is set per mapping, not per
+ * byte; the tensor's bytes stay read-only where they are read). */
+static int vmm_signal_rw_open(struct tb__cuda_map *m, char *why,
+                              size_t whylen) {
+  struct vmm_map *vm = (struct vmm_map *)m;
+  int rc;
+
+  if (vm->again == 0) {
+    struct tb__cuda_devctx dc;
+    rc = tb__cuda_device_enter(vm->mem.device, &dc, why, whylen);
+    if (rc < 0)
+      return rc;
+    rc = tb__vmm_map_again(&vm->mem, &vm->again, why, whylen);
+    tb__cuda_device_leave(&dc);
+    if (rc < 0)
+      return rc;
+  }
+  m->signal_rw = vm->again + (m->signal - vm->mem.va);
+  return 0;
+}
+
 /* kind.h, map: import the descriptor the daemon attached, on the memory's
  * device; a consumer that cannot is told which kind it cannot map. */
 static int vmm_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
@@ -318,12 +342,8 @@ static int vmm_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
     return TB_ENOMEM;
   rc = tb__cuda_device_enter(ordinal, &dc, why, sizeof(why));
   if (rc == 0) {
-    /* Read-write where the buffer has a signal area: this session's done
-     * slot is written there by its streams. (Read-only is a courtesy, not
-     * a wall, and access is set per mapping, not per byte.) */
-    rc = tb__vmm_import(fds[0], (size_t)bi->size, ordinal,
-                        bi->writable != 0 || bi->signal_offset != 0, &vm->mem,
-                        why, sizeof(why));
+    rc = tb__vmm_import(fds[0], (size_t)bi->size, ordinal, bi->writable != 0,
+                        &vm->mem, why, sizeof(why));
     vm->mem.ctx = dc.ctx;
     vm->view.ctx = dc.ctx;
     tb__cuda_device_leave(&dc);
@@ -347,6 +367,9 @@ static int vmm_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
   if (bi->signal_offset != 0) {
     vm->cm.signal = vm->mem.va + bi->signal_offset;
     vm->cm.signal_bytes = bi->size - bi->signal_offset;
+    if (bi->writable)
+      vm->cm.signal_rw = vm->cm.signal;
+    vm->cm.signal_rw_open = vmm_signal_rw_open;
   }
   *out = &vm->cm.m;
   return 0;
@@ -355,6 +378,8 @@ static int vmm_map(struct tb_client *c, const Tensorbroker__V1__BufferInfo *bi,
 static void vmm_unmap(struct tb__map *m) {
   struct vmm_map *vm = (struct vmm_map *)m;
 
+  if (vm->again != 0)
+    tb__vmm_unmap_again(&vm->mem, vm->again);
   tb__vmm_free(&vm->mem);
   free(vm);
 }

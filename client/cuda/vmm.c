@@ -171,6 +171,38 @@ int tb__vmm_import(int fd, size_t size, int device, int writable,
   return rc;
 }
 
+int tb__vmm_map_again(const struct tb__vmm_mem *m, tb_cu_deviceptr *va,
+                      char *why, size_t whylen) {
+  const struct tb_cuda *cu;
+  struct tb__vmm_mem again = *m;
+  int rc;
+
+  rc = tb__cu_get(&cu, why, whylen);
+  if (rc != 0)
+    return rc;
+  rc = vmm_map(cu, &again, 1, why, whylen);
+  if (rc == 0)
+    *va = again.va;
+  return rc;
+}
+
+void tb__vmm_unmap_again(const struct tb__vmm_mem *m, tb_cu_deviceptr va) {
+  const struct tb_cuda *cu;
+  struct tb__cu_ctx_saved saved;
+  char why[16];
+  int entered, mode;
+
+  if (va == 0 || tb__cu_get(&cu, why, sizeof(why)) != 0)
+    return;
+  entered = tb__cu_ctx_enter(cu, m->ctx, &saved, NULL, 0) == 0;
+  mode = tb__cu_relaxed_enter(cu);
+  (void)cu->cuMemUnmap(va, m->size);
+  (void)cu->cuMemAddressFree(va, m->size);
+  tb__cu_relaxed_leave(cu, mode);
+  if (entered)
+    tb__cu_ctx_leave(cu, &saved);
+}
+
 void tb__vmm_free(struct tb__vmm_mem *m) {
   const struct tb_cuda *cu;
   struct tb__cu_ctx_saved saved;

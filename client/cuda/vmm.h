@@ -43,6 +43,13 @@ int tb__vmm_export(const struct tb__vmm_mem *m, int *fd, char *why,
 int tb__vmm_import(int fd, size_t size, int device, int writable,
                    struct tb__vmm_mem *out, char *why, size_t whylen);
 
+/* A second mapping of m's allocation, read-write, at *va (a consumer that
+ * maps the buffer read-only writes its done signal through it); undone by
+ * tb__vmm_unmap_again (in m->ctx, any thread). */
+int tb__vmm_map_again(const struct tb__vmm_mem *m, tb_cu_deviceptr *va,
+                      char *why, size_t whylen);
+void tb__vmm_unmap_again(const struct tb__vmm_mem *m, tb_cu_deviceptr va);
+
 /* Unmap, free the addresses and release the handle (either side), in
  * m->ctx and in relaxed capture mode, so that another thread's stream
  * capture is not invalidated (as for an IPC close); any thread. */

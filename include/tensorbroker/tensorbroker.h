@@ -293,8 +293,12 @@ TB_EXPORT int tb_buffer_create_host(tb_client *c, size_t size, unsigned flags,
 /* Create a CUDA VMM buffer of at least size bytes on CUDA device ordinal
  * device (docs/cuda.md, "VMM buffers"): device memory made with cuMemCreate
  * so that it can be shared as a file descriptor, rounded up to the device's
- * allocation granularity (2 MiB on an H200; tb_buffer_size says how much),
- * mapped read-write in this process and registered with the daemon, which
+ * allocation granularity (2 MiB on an H200; tb_buffer_size says how much
+ * tensors may use: on a device with 64-bit stream memory operations the
+ * allocation's last 4 KiB or more are its signals, which order the
+ * exchange with processes that interprocess events do not reach, docs/
+ * cuda.md, "Signals"), mapped read-write in this process and registered
+ * with the daemon, which
  * keeps the descriptor: versions published from it stay readable after
  * this process ends, even if it is killed. tb_buffer_data() is a device
  * pointer (CUdeviceptr) usable like any other: publish kDLCUDA tensors
@@ -311,7 +315,8 @@ TB_EXPORT int tb_buffer_create_cuda(tb_client *c, size_t size, int device,
  * pointer for a buffer from tb_buffer_create_cuda()). */
 TB_EXPORT void *tb_buffer_data(const tb_buffer *b);
 
-/* Size in bytes, as created. */
+/* Size in bytes that tensors may use, as created (a CUDA VMM buffer's
+ * signal area, if any, is not counted). */
 TB_EXPORT size_t tb_buffer_size(const tb_buffer *b);
 
 /* The daemon's id for the buffer. */
