@@ -105,9 +105,15 @@ sys.stdin.read()
 
 
 def test_version_killed_with_work_in_flight():
+    import time
     with daemon() as sock:
         kill_after_publish(sock, PENDING_PRODUCER)
         with tb.Client(socket=sock, name="after") as c:
+            # the daemon has seen the producer's session end (a consumer
+            # that acquires before it does is not told of the death)
+            deadline = time.monotonic() + 30
+            while any(x["name"] == "doomed-producer" for x in c.sessions()):
+                assert time.monotonic() < deadline, c.sessions()
             side = torch.cuda.Stream()
             try:
                 lease = c.acquire("vmm/pending", timeout=10, stream=side.cuda_stream)
@@ -117,3 +123,18 @@ def test_version_killed_with_work_in_flight():
                 lease.release()
                 raise AssertionError("the version of a producer killed mid-write was granted")
             side.synchronize()  # nothing waits on the dead producer's event
+
+
+FINISHED_PRODUCER = PENDING_PRODUCER.replace(
+    "20_000_000_000", "200_000_000").replace(
+    'c.publish("vmm/pending", a, stream=s.cuda_stream)',
+    'c.publish("vmm/pending", a, stream=s.cuda_stream)\ns.synchronize()')
+
+
+def test_version_finished_before_the_kill():
+    # published with its work in flight, finished before the producer was
+    # killed: the buffer's ready signal says so, and a new consumer reads it
+    with daemon() as sock:
+        kill_after_publish(sock, FINISHED_PRODUCER)
+        got = peer(sock, "torch", "vmm/pending")
+        assert got["sum"] == 7.0 * N, got
