@@ -499,7 +499,7 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
                          "device supports 64-bit stream memory operations; "
                          "else such a consumer must finish its reads before "
                          "it releases: synchronise, then release with stream "
-                         "-1) (docs/cuda.md, \"Across containers\")",
+                         "-1) (docs/cuda.md, \"Signals\")",
                          (unsigned long long)version, channel, foreign);
       goto out_unlock;
     }

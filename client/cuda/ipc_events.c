@@ -546,8 +546,7 @@ int tb__ci_wait_ready(struct tb_client *c, const struct tb__cuda_map *m,
                            "the producer must publish from a "
                            "tb_buffer_create_cuda buffer on a device with "
                            "64-bit stream memory operations, or publish "
-                           "finished work (docs/cuda.md, \"Across "
-                           "containers\")");
+                           "finished work (docs/cuda.md, \"Signals\")");
     rc = tb__signal_wait(s, m->signal, ready->signal_value, why,
                          sizeof(why));
     if (rc < 0)

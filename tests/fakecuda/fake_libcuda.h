@@ -105,6 +105,16 @@
  *   FAKECUDA_NO_VMM=1 (read at each call): the POSIX-descriptor attribute
  *   is 0, and cuMemCreate and cuMemImportFromShareableHandle fail with
  *   CUDA_ERROR_NOT_SUPPORTED.
+ *   Stream memory operations (64-bit; FAKECUDA_NO_MEMOPS=1, read at each
+ *   call: the attribute CAN_USE_64_BIT_STREAM_MEM_OPS is 0 and both fail
+ *   with CUDA_ERROR_NOT_SUPPORTED):
+ *   write-value S M+0xOFF V [(deferred)|(capturing)]   cuStreamWriteValue64;
+ *                             in busy mode deferred until S is synchronised
+ *                             (cuStreamSynchronize of it, cuCtxSynchronize):
+ *                             a process killed first never wrote it
+ *   wait-value S M+0xOFF >= V [(unmet)|(capturing)]    cuStreamWaitValue64;
+ *                             it cannot block: "(unmet)" when the word was
+ *                             below V as the wait was queued
  *   host-register 0xADDR size N FLAGS   cuMemHostRegister; FLAGS: "default"
  *                             or the words of those set, in this order:
  *                             portable devicemap iomemory read-only
