@@ -496,36 +496,10 @@ int tb__cuda_copy_wait(struct tb__conn *k, struct tb__cuda_acq *a, int device,
   return rc;
 }
 
-int tb__cuda_lease_wait_signal(struct tb__conn *k, struct tb__cuda_acq *a,
-                               uint64_t value, void *stream) {
-  const struct tb_cuda *cu;
-  struct tb__cuda_stream s;
-  struct tb__cuda_devctx dc;
-  int rc;
-
-  if (tb__cuda_load(&cu) != 0)
-    return TB_ENOCUDA;
-  rc = tb__cuda_stream_resolve(k->contract, stream, &s, NULL, 0);
-  if (rc < 0 || s.no_sync)
-    return rc;
-  if (a->enter) {
-    rc = tb__cuda_device_enter(a->done_device, &dc, NULL, 0);
-    if (rc < 0)
-      return rc;
-  }
-  pthread_mutex_lock(&k->lock);
-  rc = tb__ci_lease_stream_add(a, &s, TB__LEASE_STREAMS, NULL, 0);
-  pthread_mutex_unlock(&k->lock);
-  if (rc == 0)
-    rc = tb__signal_wait(&s, a->map->signal, value, NULL, 0);
-  if (a->enter)
-    tb__cuda_device_leave(&dc);
-  return rc;
-}
-
 int tb__cuda_lease_wait(struct tb__conn *k, struct tb__cuda_acq *a,
                         uint64_t event_id, const uint8_t *handle,
-                        const uint8_t *uuid, int complete, void *stream) {
+                        const uint8_t *uuid, int complete,
+                        uint64_t signal_value, void *stream) {
   const struct tb_cuda *cu;
   struct tb__cuda_stream s;
   struct tb__cuda_devctx dc;
@@ -546,7 +520,9 @@ int tb__cuda_lease_wait(struct tb__conn *k, struct tb__cuda_acq *a,
   pthread_mutex_lock(&k->lock);
   rc = tb__ci_lease_stream_add(a, &s, TB__LEASE_STREAMS, why, sizeof(why));
   pthread_mutex_unlock(&k->lock);
-  if (rc == 0 && event_id != 0)
+  if (rc == 0 && signal_value != 0) /* the event does not reach here */
+    rc = tb__signal_wait(&s, a->map->signal, signal_value, why, sizeof(why));
+  else if (rc == 0 && event_id != 0)
     rc = tb__ci_wait_event(k, event_id, handle, uuid, complete, &s, why,
                     sizeof(why));
   if (a->enter)

@@ -539,10 +539,9 @@ int tb__ci_kind_ready_wait(struct tb__conn *k, void *state, const DLTensor *t,
 
   if (l->acq.copy != 0) /* the copy is what the stream must wait for */
     return tb__cuda_copy_wait(k, &l->acq, t->device.device_id, stream);
-  if (l->ready_signal != 0) /* the event does not reach here */
-    return tb__cuda_lease_wait_signal(k, &l->acq, l->ready_signal, stream);
   return tb__cuda_lease_wait(k, &l->acq, l->ready_event_id, l->ready_handle,
-                             l->ready_uuid, l->ready_complete, stream);
+                             l->ready_uuid, l->ready_complete, l->ready_signal,
+                             stream);
 }
 
 int tb__ci_kind_use_locked(struct tb__conn *k, void *state, void *stream) {

@@ -54,15 +54,13 @@ struct tb__cuda_map {
 
 
 /* tb_lease_wait: make stream (resolved under k's contract) wait for a
- * lease's ready event, and remember it in a (tb__cuda_lease_use_locked).
- * Takes only k->lock; any thread. */
+ * lease's ready event (or, where the event does not reach this process,
+ * signal_value != 0: the buffer's ready signal), and remember it in a
+ * (tb__cuda_lease_use_locked). Takes only k->lock; any thread. */
 int tb__cuda_lease_wait(struct tb__conn *k, struct tb__cuda_acq *a,
                         uint64_t event_id, const uint8_t *handle,
-                        const uint8_t *uuid, int complete, void *stream);
-/* tb_lease_wait of a lease whose ready event does not reach this process:
- * the same with the buffer's ready signal, value. */
-int tb__cuda_lease_wait_signal(struct tb__conn *k, struct tb__cuda_acq *a,
-                               uint64_t value, void *stream);
+                        const uint8_t *uuid, int complete,
+                        uint64_t signal_value, void *stream);
 /* Producer: make stream wait on the consumers' done events. */
 int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
                        void *stream);

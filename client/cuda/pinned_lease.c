@@ -68,7 +68,7 @@ int tb__pinned_lease_wait(struct tb__conn *k, void *state, const DLTensor *t,
     return 0;
   /* Host memory is ready when published: no event to wait for, but the
    * stream is one that reads the lease. */
-  return tb__cuda_lease_wait(k, &l->acq, 0, NULL, NULL, 1, stream);
+  return tb__cuda_lease_wait(k, &l->acq, 0, NULL, NULL, 1, 0, stream);
 }
 
 int tb__pinned_lease_use_locked(struct tb__conn *k, void *state,

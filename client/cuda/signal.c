@@ -22,24 +22,9 @@ int tb__signal_supported(int device) {
   return v != 0;
 }
 
-int tb__signal_write(const struct tb__cuda_stream *s, tb_cu_deviceptr word,
-                     uint64_t value, char *why, size_t whylen) {
-  const struct tb_cuda *cu;
-  struct tb__cu_ctx_saved saved;
-  tb_cu_result r;
-  int rc;
-
-  rc = tb__cu_stream_enter(s, NULL, &cu, &saved, why, whylen);
-  if (rc < 0)
-    return rc;
-  r = cu->cuStreamWriteValue64(s->stream, word, value,
-                               TB_CU_STREAM_WRITE_VALUE_DEFAULT);
-  tb__cu_ctx_leave(cu, &saved);
-  return r == 0 ? 0 : tb__cu_fail(why, whylen, "cuStreamWriteValue64", r);
-}
-
-int tb__signal_wait(const struct tb__cuda_stream *s, tb_cu_deviceptr word,
-                    uint64_t value, char *why, size_t whylen) {
+/* Write value to word, or wait until it holds value or more, on s. */
+static int memop(const struct tb__cuda_stream *s, tb_cu_deviceptr word,
+                 uint64_t value, int wait, char *why, size_t whylen) {
   const struct tb_cuda *cu;
   struct tb__cu_ctx_saved saved;
   tb_cu_result r;
@@ -47,8 +32,8 @@ int tb__signal_wait(const struct tb__cuda_stream *s, tb_cu_deviceptr word,
 
   if (s->no_sync)
     return 0;
-  rc = tb__cu_stream_enter(s, "waiting for a signal", &cu, &saved, why,
-                           whylen);
+  rc = tb__cu_stream_enter(s, wait ? "waiting for a signal" : NULL, &cu,
+                           &saved, why, whylen);
   if (rc < 0)
     return rc;
   if (rc == 1) {
@@ -59,10 +44,26 @@ int tb__signal_wait(const struct tb__cuda_stream *s, tb_cu_deviceptr word,
                "outside the capture (docs/cuda.md, \"Signals\")");
     return TB_ENOTSUP;
   }
-  r = cu->cuStreamWaitValue64(s->stream, word, value,
-                              TB_CU_STREAM_WAIT_VALUE_GEQ);
+  r = wait ? cu->cuStreamWaitValue64(s->stream, word, value,
+                                     TB_CU_STREAM_WAIT_VALUE_GEQ)
+           : cu->cuStreamWriteValue64(s->stream, word, value,
+                                      TB_CU_STREAM_WRITE_VALUE_DEFAULT);
   tb__cu_ctx_leave(cu, &saved);
-  return r == 0 ? 0 : tb__cu_fail(why, whylen, "cuStreamWaitValue64", r);
+  if (r != 0)
+    return tb__cu_fail(why, whylen,
+                       wait ? "cuStreamWaitValue64" : "cuStreamWriteValue64",
+                       r);
+  return 0;
+}
+
+int tb__signal_write(const struct tb__cuda_stream *s, tb_cu_deviceptr word,
+                     uint64_t value, char *why, size_t whylen) {
+  return memop(s, word, value, 0, why, whylen);
+}
+
+int tb__signal_wait(const struct tb__cuda_stream *s, tb_cu_deviceptr word,
+                    uint64_t value, char *why, size_t whylen) {
+  return memop(s, word, value, 1, why, whylen);
 }
 
 int tb__signal_read(tb_cu_deviceptr word, uint64_t *value, char *why,
