@@ -214,7 +214,7 @@ check(cu.cuMemcpyDtoH_v2(host, m.data + m.byte_offset, ctypes.sizeof(host)),
 assert list(host) == [9000 + i for i in range(len(host))], list(host)[:4]
 del lease, m
 del cap  # the read queued on side: the lease ends with a done signal
-check(cu.cuStreamSynchronize(side), "sync")  # the read, and the signal, land
+check(cu.cuStreamSynchronize(ctypes.c_void_p(side)), "sync")  # the read, and the signal, land
 c.close()
 print("ok")
 """ % N
