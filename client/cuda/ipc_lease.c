@@ -65,19 +65,22 @@ static struct tb__cuda_stream lease_stream_of(const struct tb__lease_stream *e) 
   return s;
 }
 
-/* The join stream for device, created on first use. Caller holds k->lock. */
+/* The join stream for device, created on first use, as a resolved stream.
+ * Caller holds k->lock. */
 static int join_get_locked(struct tb__cuda_conn *cc, int device,
-                           struct tb__cuda_join **out, char *why,
+                           struct tb__cuda_stream *out, char *why,
                            size_t whylen) {
   struct tb__cuda_devctx dc;
   struct tb__cuda_join *j;
   int rc;
 
   LL_FOREACH(cc->joins, j) {
-    if (j->device == device) {
-      *out = j;
-      return 0;
-    }
+    if (j->device == device)
+      break;
+  }
+  if (j != NULL) {
+    *out = (struct tb__cuda_stream){j->stream, 0, 0, j->ctx};
+    return 0;
   }
   j = calloc(1, sizeof(*j));
   if (j == NULL)
@@ -94,7 +97,7 @@ static int join_get_locked(struct tb__cuda_conn *cc, int device,
   }
   j->device = device;
   LL_PREPEND(cc->joins, j);
-  *out = j;
+  *out = (struct tb__cuda_stream){j->stream, 0, 0, j->ctx};
   return 0;
 }
 
@@ -124,30 +127,36 @@ static int join_ev_get_locked(struct tb__cuda_conn *cc, tb_cu_context ctx,
   return 0;
 }
 
-int tb__ci_join_get_locked(struct tb__cuda_conn *cc, int device,
-                           struct tb__cuda_stream *out, char *why,
-                           size_t whylen) {
-  struct tb__cuda_join *j;
-  int rc = join_get_locked(cc, device, &j, why, whylen);
+/* Make js wait for the work queued on t so far (resolved, its context
+ * known; nothing when t is js). Caller holds k->lock. */
+static int join_wait_for_locked(struct tb__cuda_conn *cc,
+                                const struct tb__cuda_stream *js,
+                                const struct tb__cuda_stream *t, char *why,
+                                size_t whylen) {
+  tb_cu_event ev;
+  int rc;
 
+  if (t->stream == js->stream && t->ctx == js->ctx)
+    return 0;
+  rc = join_ev_get_locked(cc, t->ctx, &ev, why, whylen);
   if (rc == 0)
-    *out = (struct tb__cuda_stream){j->stream, 0, 0, j->ctx};
+    rc = tb__cuda_record(ev, t, 0, NULL, NULL, why, whylen);
+  if (rc == 0)
+    rc = tb__cuda_wait(js, ev, why, whylen);
   return rc;
 }
 
-int tb__ci_join_ev_get_locked(struct tb__cuda_conn *cc, tb_cu_context ctx,
-                              tb_cu_event *out, char *why, size_t whylen) {
-  return join_ev_get_locked(cc, ctx, out, why, whylen);
+/* Whether s (resolved, its context known) is last, the stream of an
+ * earlier record or write made on thread: the same handle in the same
+ * context, and for a per-thread default stream the same thread. */
+static int same_stream(const struct tb__cuda_stream *last, pthread_t thread,
+                       const struct tb__cuda_stream *s) {
+  return last->stream == s->stream && last->ctx == s->ctx &&
+         (s->stream != TB_CU_STREAM_PER_THREAD ||
+          pthread_equal(thread, pthread_self()));
 }
 
 /* ---- signals' writers (signal.h) ---- */
-
-/* Whether t (its ctx known) is the stream of sg's last write. */
-static int last_on(const struct tb__signal *sg, const struct tb__cuda_stream *t) {
-  return sg->last.stream == t->stream && sg->last.ctx == t->ctx &&
-         (t->stream != TB_CU_STREAM_PER_THREAD ||
-          pthread_equal(sg->thread, pthread_self()));
-}
 
 int tb__signal_write_locked(struct tb__conn *k, struct tb__signal *sg,
                             tb_cu_deviceptr word, int device,
@@ -161,24 +170,18 @@ int tb__signal_write_locked(struct tb__conn *k, struct tb__signal *sg,
     if (rc < 0)
       return rc;
   }
-  if (sg->value != 0 && !last_on(sg, &w)) {
+  if (sg->value != 0 && !same_stream(&sg->last, sg->thread, &w)) {
     /* Another stream: its value must not land before the previous one,
      * still queued perhaps on the stream that wrote it. The join stream
      * waits for t's work and for the previous value, then writes. */
     struct tb__cuda_conn *cc = tb__ci_conn_cuda_locked(k);
     struct tb__cuda_stream js;
-    tb_cu_event ev;
 
     if (cc == NULL)
       return TB_ENOMEM;
-    rc = tb__ci_join_get_locked(cc, device, &js, why, whylen);
-    if (rc == 0 && (w.stream != js.stream || w.ctx != js.ctx)) {
-      rc = tb__ci_join_ev_get_locked(cc, w.ctx, &ev, why, whylen);
-      if (rc == 0)
-        rc = tb__cuda_record(ev, &w, 0, NULL, NULL, why, whylen);
-      if (rc == 0)
-        rc = tb__cuda_wait(&js, ev, why, whylen);
-    }
+    rc = join_get_locked(cc, device, &js, why, whylen);
+    if (rc == 0)
+      rc = join_wait_for_locked(cc, &js, &w, why, whylen);
     if (rc == 0)
       rc = tb__signal_wait(&js, word, sg->value, why, whylen);
     if (rc < 0)
@@ -206,7 +209,6 @@ static int lease_target_locked(struct tb__conn *k, struct tb__cuda_acq *a,
                                struct tb__cuda_stream *target, char *why,
                                size_t whylen) {
   struct tb__cuda_conn *cc;
-  struct tb__cuda_join *j;
   unsigned i;
   int rc;
 
@@ -228,33 +230,12 @@ static int lease_target_locked(struct tb__conn *k, struct tb__cuda_acq *a,
   cc = tb__ci_conn_cuda_locked(k);
   if (cc == NULL)
     return TB_ENOMEM;
-  rc = join_get_locked(cc, a->done_device, &j, why, whylen);
-  if (rc < 0)
-    return rc;
-  target->stream = j->stream;
-  target->ctx = j->ctx;
-  target->no_sync = 0;
-  target->implicit = 0;
+  rc = join_get_locked(cc, a->done_device, target, why, whylen);
   for (i = 0; i < a->n_streams && rc == 0; i++) {
     struct tb__cuda_stream s = lease_stream_of(&a->streams[i]);
-    tb_cu_event ev;
-    rc = join_ev_get_locked(cc, s.ctx, &ev, why, whylen);
-    if (rc == 0)
-      rc = tb__cuda_record(ev, &s, 0, NULL, NULL, why, whylen);
-    if (rc == 0)
-      rc = tb__cuda_wait(target, ev, why, whylen);
+    rc = join_wait_for_locked(cc, target, &s, why, whylen);
   }
   return rc;
-}
-
-/* Whether s (resolved, its context known) is the stream of e's latest
- * record: the same handle in the same context, and for a per-thread
- * default stream the same thread. */
-static int done_last_on(const struct tb__cuda_ev *e,
-                        const struct tb__cuda_stream *s) {
-  return e->last.stream == s->stream && e->last.ctx == s->ctx &&
-         (s->stream != TB_CU_STREAM_PER_THREAD ||
-          pthread_equal(e->last_thread, pthread_self()));
 }
 
 int tb__ci_done_record_locked(struct tb__conn *k, struct tb__cuda_ev *e,
@@ -262,7 +243,6 @@ int tb__ci_done_record_locked(struct tb__conn *k, struct tb__cuda_ev *e,
                               int *complete, char *why, size_t whylen) {
   struct tb__cuda_stream t = *target;
   struct tb__cuda_conn *cc;
-  struct tb__cuda_join *j;
   int device, skipped = 0, rc;
 
   *complete = 0;
@@ -282,27 +262,19 @@ int tb__ci_done_record_locked(struct tb__conn *k, struct tb__cuda_ev *e,
    * event's previous record and for target's work. A capturing target
    * records into its capture, as before (the copy of
    * TB_ACQUIRE_COPY_TO_DEVICE; lease ends wait for captures to end). */
-  if (e->last.stream != NULL && !done_last_on(e, &t) &&
+  if (e->last.stream != NULL && !same_stream(&e->last, e->last_thread, &t) &&
       !tb__cuda_event_done(e->ev, e->last.ctx) &&
       tb__cuda_capturing(&t, "recording the done event", NULL, 0) == 0) {
     struct tb__cuda_stream js;
-    tb_cu_event ev;
 
     cc = tb__ci_conn_cuda_locked(k);
     if (cc == NULL)
       return TB_ENOMEM;
-    rc = join_get_locked(cc, e->device, &j, why, whylen);
-    if (rc < 0)
-      return rc;
-    js = (struct tb__cuda_stream){j->stream, 0, 0, j->ctx};
-    rc = tb__cuda_wait(&js, e->ev, why, whylen);
-    if (rc == 0 && t.stream != js.stream) {
-      rc = join_ev_get_locked(cc, t.ctx, &ev, why, whylen);
-      if (rc == 0)
-        rc = tb__cuda_record(ev, &t, 0, NULL, NULL, why, whylen);
-      if (rc == 0)
-        rc = tb__cuda_wait(&js, ev, why, whylen);
-    }
+    rc = join_get_locked(cc, e->device, &js, why, whylen);
+    if (rc == 0)
+      rc = tb__cuda_wait(&js, e->ev, why, whylen);
+    if (rc == 0)
+      rc = join_wait_for_locked(cc, &js, &t, why, whylen);
     if (rc < 0)
       return rc;
     t = js;

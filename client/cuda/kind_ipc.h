@@ -328,14 +328,6 @@ void tb__ci_own_event_destroy(tb_cu_event ev);
 
 /* The connection's CUDA state, created on first use. Caller holds k->lock. */
 struct tb__cuda_conn *tb__ci_conn_cuda_locked(struct tb__conn *k);
-/* The join stream of device (created on first use), and the plain event
- * that joins streams of ctx to it (signal.c orders its writes with them).
- * Caller holds k->lock. */
-int tb__ci_join_get_locked(struct tb__cuda_conn *cc, int device,
-                           struct tb__cuda_stream *out, char *why,
-                           size_t whylen);
-int tb__ci_join_ev_get_locked(struct tb__cuda_conn *cc, tb_cu_context ctx,
-                              tb_cu_event *out, char *why, size_t whylen);
 
 /* The connection's done event of device, or NULL (none registered yet, or
  * no CUDA state). Caller holds k->lock. */

@@ -1609,22 +1609,31 @@ static void fk_mem_at(CUdeviceptr p, char *buf, size_t len) {
              (unsigned long long)(p - m->base));
 }
 
+/* What both memory operations check first (fk_lock held): the stream,
+ * the word (8-aligned in device memory: *d its host address) and flags. */
+static CUresult fk_memop_check(CUstream stream, CUdeviceptr addr,
+                               unsigned flags, const char *call,
+                               struct CUstream_st **st, void **d) {
+  CUresult r = fk_memops_off() ? FK_ERROR_NOT_SUPPORTED
+                               : fk_stream_work(stream, st, call);
+  *d = fk_mem_range(addr, 8);
+  if (r == FK_SUCCESS && (*d == NULL || addr % 8 != 0 || flags != 0))
+    r = FK_ERROR_INVALID_VALUE;
+  return r;
+}
+
 FK_EXPORT CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr,
                                            cuuint64_t value,
                                            unsigned int flags) {
-  struct CUstream_st *st;
+  struct CUstream_st *st = NULL;
   const char *how = "";
   char at[64];
   void *d;
   CUresult r;
 
   pthread_mutex_lock(&fk_lock);
-  r = fk_memops_off() ? FK_ERROR_NOT_SUPPORTED
-                      : fk_stream_work(stream, &st, "cuStreamWriteValue64");
-  d = fk_mem_range(addr, 8);
-  if (r == FK_SUCCESS &&
-      (d == NULL || addr % 8 != 0 || flags != FK_STREAM_WRITE_VALUE_DEFAULT))
-    r = FK_ERROR_INVALID_VALUE;
+  /* FK_STREAM_WRITE_VALUE_DEFAULT, the only flags modelled, is 0 */
+  r = fk_memop_check(stream, addr, flags, "cuStreamWriteValue64", &st, &d);
   if (r == FK_SUCCESS && st != NULL && st->capture == FK_CAPTURE_STATUS_ACTIVE) {
     how = " (capturing)"; /* a node of the graph: written when it runs */
   } else if (r == FK_SUCCESS && atomic_load(&fk_busy_on)) {
@@ -1652,7 +1661,7 @@ FK_EXPORT CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr,
 FK_EXPORT CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr,
                                           cuuint64_t value,
                                           unsigned int flags) {
-  struct CUstream_st *st;
+  struct CUstream_st *st = NULL;
   const char *how = "";
   cuuint64_t now = 0;
   char at[64];
@@ -1660,12 +1669,8 @@ FK_EXPORT CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr,
   CUresult r;
 
   pthread_mutex_lock(&fk_lock);
-  r = fk_memops_off() ? FK_ERROR_NOT_SUPPORTED
-                      : fk_stream_work(stream, &st, "cuStreamWaitValue64");
-  d = fk_mem_range(addr, 8);
-  if (r == FK_SUCCESS &&
-      (d == NULL || addr % 8 != 0 || flags != FK_STREAM_WAIT_VALUE_GEQ))
-    r = FK_ERROR_INVALID_VALUE;
+  /* FK_STREAM_WAIT_VALUE_GEQ, the only flags modelled, is 0 */
+  r = fk_memop_check(stream, addr, flags, "cuStreamWaitValue64", &st, &d);
   if (r == FK_SUCCESS) {
     memcpy(&now, d, 8);
     if (st != NULL && st->capture == FK_CAPTURE_STATUS_ACTIVE)

@@ -269,6 +269,24 @@ static inline size_t fakecuda_text_count(const char *text, long pid,
   return n;
 }
 
+/* How many lines of text are "<pid> BODY" with a body that starts with
+ * prefix; pid 0 matches any process. */
+static inline size_t fakecuda_text_prefixed(const char *text, long pid,
+                                            const char *prefix) {
+  size_t n = 0, pl = strlen(prefix), len;
+  const char *line = text, *b;
+
+  while (line != NULL && *line != '\0') {
+    if (fakecuda_line_body(line, pid, &b, &len) && len >= pl &&
+        memcmp(b, prefix, pl) == 0)
+      n++;
+    line = strchr(line, '\n');
+    if (line != NULL)
+      line++;
+  }
+  return n;
+}
+
 /* The first line "<pid> PREFIX X SUFFIX" (no spaces added: PREFIX and
  * SUFFIX are matched as given) with a non-empty X: copies X into out
  * (cut to outlen - 1) and returns 1; 0 when there is none. pid 0: any.

@@ -58,19 +58,9 @@ static size_t log_count(const char *fmt, ...) {
 /* How many log lines start with prefix. */
 static size_t log_prefixed(const char *prefix) {
   char text[16384];
-  size_t n = 0, len;
-  const char *line, *b;
 
   fk->log_read(text, sizeof(text));
-  for (line = text; line != NULL && *line != '\0';) {
-    if (fakecuda_line_body(line, 0, &b, &len) && len >= strlen(prefix) &&
-        strncmp(b, prefix, strlen(prefix)) == 0)
-      n++;
-    line = strchr(line, '\n');
-    if (line != NULL)
-      line++;
-  }
-  return n;
+  return fakecuda_text_prefixed(text, 0, prefix);
 }
 
 static void expect_lines(size_t got, size_t want, const char *what) {
