@@ -11,6 +11,8 @@
 #include <string.h>
 #include <sys/pidfd.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <sched.h>
 #include <time.h>
@@ -159,13 +161,46 @@ int tbt_daemon_start(struct tbt_daemon *d, const char *const *extra) {
   return rc;
 }
 
+#ifdef __SANITIZE_THREAD__
+/* Whether the daemon still accepts connections on its socket: it closes
+ * its listener as soon as it acts on SIGTERM. */
+static int still_listening(const struct tbt_daemon *d) {
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  int fd, rc;
+
+  snprintf(a.sun_path, sizeof(a.sun_path), "%s", d->sock);
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return 0;
+  rc = connect(fd, (struct sockaddr *)&a, sizeof(a));
+  close(fd);
+  return rc == 0;
+}
+#endif
+
 int tbt_daemon_stop(struct tbt_daemon *d) {
   int code;
 
   if (d->pid <= 0)
     return -ECHILD;
   kill(d->pid, SIGTERM);
+#ifdef __SANITIZE_THREAD__
+  /* Under ThreadSanitizer a daemon loses, now and then (a few in a
+   * hundred), a SIGTERM that comes within milliseconds of its READY: the
+   * runtime defers asynchronous signals and this one never reaches
+   * libuv's handler (the uninstrumented daemon lost none of 300). A daemon
+   * still listening after two seconds never saw it: say it again. Other
+   * builds send one signal, so that a daemon that ignores it fails. */
+  code = tbt_wait_pid(d->pid, 2000);
+  if (code == -ETIMEDOUT && still_listening(d)) {
+    fprintf(stderr, "harness: tensorbrokerd (TSan) lost a SIGTERM; sent again\n");
+    kill(d->pid, SIGTERM);
+  }
+  if (code == -ETIMEDOUT)
+    code = tbt_wait_pid(d->pid, TBT_TIMEOUT_MS);
+#else
   code = tbt_wait_pid(d->pid, TBT_TIMEOUT_MS);
+#endif
   if (code == -ETIMEDOUT) {
     kill(d->pid, SIGKILL);
     tbt_wait_pid(d->pid, TBT_TIMEOUT_MS);
