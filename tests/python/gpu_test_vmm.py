@@ -73,14 +73,18 @@ sys.stdin.read()
 
 
 def kill_after_publish(sock, script):
-    """Run a producer script until it says "published", then SIGKILL it."""
+    """Run a producer script until it says "published", then SIGKILL it;
+    returns the seconds from the kill to the process's end."""
+    import time
     p = subprocess.Popen([PYTHON, "-c", script, sock], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "published"
+    t0 = time.monotonic()
     p.send_signal(signal.SIGKILL)
-    assert p.wait(timeout=60) == -signal.SIGKILL
+    assert p.wait(timeout=120) == -signal.SIGKILL
     p.stdout.close()
     p.stdin.close()
+    return time.monotonic() - t0
 
 
 def test_version_outlives_killed_producer():
@@ -96,7 +100,7 @@ c = tb.Client(socket=sys.argv[1], name="doomed-producer")
 a = c.empty((%d,), "float32", device="cuda")
 s = torch.cuda.Stream()
 with torch.cuda.stream(s):
-    torch.cuda._sleep(20_000_000_000)  # ~10 s of GPU time before the write
+    torch.cuda._sleep(60_000_000_000)  # ~30 s of GPU time before the write
     torch.from_dlpack(a).fill_(7.0)
 c.publish("vmm/pending", a, stream=s.cuda_stream)
 print("published", flush=True)
@@ -107,7 +111,7 @@ sys.stdin.read()
 def test_version_killed_with_work_in_flight():
     import time
     with daemon() as sock:
-        kill_after_publish(sock, PENDING_PRODUCER)
+        took = kill_after_publish(sock, PENDING_PRODUCER)
         with tb.Client(socket=sock, name="after") as c:
             # the daemon has seen the producer's session end (a consumer
             # that acquires before it does is not told of the death)
@@ -119,14 +123,25 @@ def test_version_killed_with_work_in_flight():
                 lease = c.acquire("vmm/pending", timeout=10, stream=side.cuda_stream)
             except tb.Error as e:
                 assert e.code == tb.TB_ECLOSED, e
-            else:
-                lease.release()
-                raise AssertionError("the version of a producer killed mid-write was granted")
-            side.synchronize()  # nothing waits on the dead producer's event
+                side.synchronize()  # nothing waits on the dead producer's event
+                return
+            # granted: say what the stream found, without waiting for good
+            with torch.cuda.stream(side):
+                total = torch.from_dlpack(lease).double().sum()
+                done = torch.cuda.Event()
+                done.record(side)
+            deadline = time.monotonic() + 60
+            while not done.query() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            seen = ("sum %r of %r" % (float(total.item()), 7.0 * N)
+                    if done.query() else "its stream still waits after 60 s")
+            raise AssertionError(
+                "the version of a producer killed mid-write was granted (the "
+                "kill took %.1f s to end the process; %s)" % (took, seen))
 
 
 FINISHED_PRODUCER = PENDING_PRODUCER.replace(
-    "20_000_000_000", "200_000_000").replace(
+    "60_000_000_000", "200_000_000").replace(
     'c.publish("vmm/pending", a, stream=s.cuda_stream)',
     'c.publish("vmm/pending", a, stream=s.cuda_stream)\ns.synchronize()')
 
