@@ -231,8 +231,12 @@ TB_EXPORT size_t tb_client_connect_error(char *buf, size_t len);
 
 /* Close the session. The daemon then ends every lease, buffer registration
  * and subscription the session held. Tensors acquired through this client
- * stay valid (their memory stays mapped) until their deleters run, which is
- * safe after this call. NULL is accepted. No other thread may use the client
+ * stay mapped until their deleters run, which is safe after this call, but
+ * their leases end here: each gets its done event after the work queued on
+ * its streams so far, and the producer may then write the version again,
+ * so reads issued after this call may see newer data. Release the tensors
+ * you still read first (the Python binding keeps the session open for
+ * them). NULL is accepted. No other thread may use the client
  * during or after this call. The session ends with a Goodbye, so the
  * channels it published close with the reason "publisher disconnected"; a
  * process that ends without calling this is reported to their consumers as

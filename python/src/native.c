@@ -219,10 +219,35 @@ static bool byte_extent(const DLTensor *t, int64_t *lo, int64_t *hi) {
   return true;
 }
 
-/* ---- lease core -------------------------------------------------------- */
+/* ---- session and lease core -------------------------------------------- */
+
+/* The session under a Client. The Client holds one reference and every
+ * lease core one, so that a tensor still alive when its Client is closed
+ * (or collected) keeps the session, and so its lease: the producer does
+ * not rewrite that version under it. The last reference disconnects, on
+ * whatever thread drops it (a consumer library's deleter may run on any);
+ * by then the Client makes no call. */
+struct session_ref {
+  tb_client *c;
+  atomic_int refs;
+};
+
+static struct session_ref *session_get(struct session_ref *s) {
+  if (s != NULL)
+    atomic_fetch_add(&s->refs, 1);
+  return s;
+}
+
+static void session_put(struct session_ref *s) {
+  if (s == NULL || atomic_fetch_sub(&s->refs, 1) != 1)
+    return;
+  tb_client_disconnect(s->c);
+  free(s);
+}
 
 struct lease_core {
   DLManagedTensorVersioned *mt; /* from tb_lease_acquire; ends the lease when freed */
+  struct session_ref *sess;     /* the session the lease ends on */
   atomic_int refs;
 };
 
@@ -238,6 +263,7 @@ static void core_put(struct lease_core *core) {
     return;
   if (core->mt != NULL)
     core->mt->deleter(core->mt);
+  session_put(core->sess);
   free(core);
 }
 
@@ -324,7 +350,8 @@ static void lease_dealloc(LeaseObject *self) {
   Py_DECREF(tp);
 }
 
-static PyObject *lease_new_from(DLManagedTensorVersioned *mt) {
+static PyObject *lease_new_from(DLManagedTensorVersioned *mt,
+                                struct session_ref *sess) {
   struct tb_lease_info info;
   int rc = tb_lease_get_info(mt, sizeof(info), &info);
   if (rc < 0) {
@@ -337,6 +364,7 @@ static PyObject *lease_new_from(DLManagedTensorVersioned *mt) {
     return PyErr_NoMemory();
   }
   core->mt = mt;
+  core->sess = session_get(sess);
   atomic_init(&core->refs, 1);
   LeaseObject *self = (LeaseObject *)PyType_GenericAlloc((PyTypeObject *)LeaseType, 0);
   if (self == NULL) {
@@ -558,11 +586,12 @@ static PyObject *lease_release(LeaseObject *self, PyObject *args, PyObject *kw) 
    * no capsule or view is out: end the lease now, with the done stream. */
   if (atomic_load(&core->refs) == 1) {
     DLManagedTensorVersioned *mt = core->mt;
-    core->mt = NULL;
+    struct session_ref *sess = core->sess;
     free(core);
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = tb_lease_release(mt, s);
+    session_put(sess); /* after the Release, on the session still open */
     Py_END_ALLOW_THREADS
     if (rc < 0)
       return raise_tb(rc, NULL);
@@ -768,6 +797,7 @@ struct BufferObject;
 typedef struct {
   PyObject_HEAD
   tb_client *c;
+  struct session_ref *sess; /* holds c; NULL once let go */
   int closing; /* close() was called */
   int busy;    /* calls waiting with the GIL released */
   struct BufferObject *buffers; /* live broker buffers (borrowed links) */
@@ -787,15 +817,17 @@ typedef struct BufferObject {
   struct BufferObject *next, *prev;
 } BufferObject;
 
-/* Disconnect once close() was asked for, no call is in flight and no broker
- * buffer is alive (their memory belongs to the connection). */
+/* Let go of the session once close() was asked for, no call is in flight
+ * and no broker buffer is alive (their memory belongs to the connection);
+ * it ends now, or when the last lease still held ends (session_ref). */
 static void client_maybe_disconnect(ClientObject *self) {
   if (!self->closing || self->busy > 0 || self->buffers != NULL || self->c == NULL)
     return;
-  tb_client *c = self->c;
+  struct session_ref *sess = self->sess;
   self->c = NULL;
+  self->sess = NULL;
   Py_BEGIN_ALLOW_THREADS
-  tb_client_disconnect(c);
+  session_put(sess);
   Py_END_ALLOW_THREADS
 }
 
@@ -902,16 +934,27 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
     raise_tb(rc, why);
     return -1;
   }
+  struct session_ref *sess = malloc(sizeof(*sess));
+  if (sess == NULL) {
+    tb_client_disconnect(c);
+    PyErr_NoMemory();
+    return -1;
+  }
+  sess->c = c;
+  atomic_init(&sess->refs, 1);
   self->c = c;
+  self->sess = sess;
   self->serial = ++client_serial;
   return 0;
 }
 
 static void client_dealloc(ClientObject *self) {
   PyTypeObject *tp = Py_TYPE((PyObject *)self);
-  /* Buffers hold a reference to their client, so none is alive here. */
-  if (self->c != NULL) {
-    tb_client_disconnect(self->c);
+  /* Buffers hold a reference to their client, so none is alive here;
+   * leases may be (session_ref). */
+  if (self->sess != NULL) {
+    session_put(self->sess);
+    self->sess = NULL;
     self->c = NULL;
   }
   freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
@@ -1291,6 +1334,8 @@ static int lease_take_for_release(LeaseObject *lease, uint64_t client,
   lease->core = NULL;
   if (atomic_load(&core->refs) == 1) {
     *out = core->mt;
+    /* the Client making this call holds the session too */
+    session_put(core->sess);
     free(core);
     return 0;
   }
@@ -1368,13 +1413,14 @@ static PyObject *client_acquire(ClientObject *self, PyObject *args, PyObject *kw
       rel->deleter(rel);
     } else {
       core->mt = rel;
+      core->sess = session_get(self->sess);
       atomic_init(&core->refs, 1);
       old->core = core;
     }
   }
   if (rc < 0)
     return raise_tb(rc, err);
-  PyObject *lease = lease_new_from(mt);
+  PyObject *lease = lease_new_from(mt, self->sess);
   if (lease != NULL)
     ((LeaseObject *)lease)->owner = self->serial;
   return lease;

@@ -164,18 +164,30 @@ class Client:
                                  bool(prefetch), None if channels is None else list(channels))
         self._pins = {}          # (channel, version) -> (CUDA tensor, stream)
         self._notices = deque()  # notices read while collecting pins
+        self._subscribed = set()
         self.last_publish_zero_copy = None
 
     # -- lifetime ------------------------------------------------------------
     def close(self):
-        """End the session. Arrays from empty() stay valid; while any is alive
-        the connection stays open underneath and closes with the last one.
-        CUDA tensors published from a framework's own memory are let go
-        once their consumers' reads are ordered before the reuse (see
-        publish()); those of versions still read are kept until the process
-        exits."""
-        for channel, version in list(self._pins):
-            self._unpin(channel, version)
+        """End the session. Arrays from empty() stay valid, and so do tensors
+        taken from leases (from_dlpack) and leases not yet released: while
+        any is alive the connection stays open underneath and closes with
+        the last one, so a version still read is never rewritten under its
+        reader. Subscriptions end now. CUDA tensors published from a
+        framework's own memory are let go once their consumers' reads are
+        ordered before the reuse (see publish()); those of versions still
+        read are kept until the process exits."""
+        if not self._c.closed:
+            for channel, version in list(self._pins):
+                self._unpin(channel, version)
+            # no notice is read any more: none may pile up for a session
+            # that stays open for its leases
+            for channel in list(self._subscribed):
+                try:
+                    self._c.unsubscribe(channel)
+                except Error:
+                    break           # the daemon is gone: nothing to end
+            self._subscribed.clear()
         self._c.close()
 
     def __enter__(self):
@@ -349,9 +361,11 @@ class Client:
     # -- notices -------------------------------------------------------------
     def subscribe(self, channel):
         self._c.subscribe(channel)
+        self._subscribed.add(channel)
 
     def unsubscribe(self, channel):
         self._c.unsubscribe(channel)
+        self._subscribed.discard(channel)
 
     def poll_notice(self, timeout=0):
         """The oldest notice as a dict, or None when none came within timeout

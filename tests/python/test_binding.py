@@ -6,6 +6,7 @@ import gc
 import os
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tbtest  # noqa: E402
@@ -620,3 +621,41 @@ def test_array_freed_while_another_thread_waits_in_acquire():
         got["lease"].release()
         c.close()
         prod.close()
+
+
+def test_tensor_outlives_closed_client():
+    # A consumer written as a function that returns the frame, its client
+    # closed by the with-block: the array keeps the session, and so the
+    # lease, so the producer cannot rewrite the version under it.
+    def latest(sock):
+        with tb.Client(socket=sock, name="short-lived") as c:
+            c.subscribe("ol/a")
+            return np.from_dlpack(c.acquire("ol/a"))
+
+    with daemon() as sock, tb.Client(socket=sock, name="producer") as prod:
+        a = prod.empty((1024,), np.int32)
+        a[:] = 7
+        v = prod.publish("ol/a", a)
+        x = latest(sock)
+        b = prod.empty((1024,), np.int32)
+        prod.publish("ol/a", b)         # v leaves the history: only x holds it
+        expect_error(lambda: prod.wait_free("ol/a", v, timeout=0.2), "TB_ETIMEDOUT")
+        assert [s["name"] for s in prod.sessions()].count("short-lived") == 1
+        # its subscription ended with close(): no notice piles up unread
+        assert {ch["name"]: ch["subscribers"] for ch in prod.channels()}["ol/a"] == 0
+        assert int(x.sum()) == 7 * 1024
+        del x
+        gc.collect()
+        prod.wait_free("ol/a", v, timeout=5)    # its deleter ended the lease
+        deadline = time.monotonic() + 10        # and then the session
+        while "short-lived" in [s["name"] for s in prod.sessions()]:
+            assert time.monotonic() < deadline, prod.sessions()
+        # an unreleased Lease object (no tensor taken) keeps it as well
+        c = tb.Client(socket=sock, name="lease-only")
+        lease = c.acquire("ol/a")
+        w = lease.version
+        c.close()
+        prod.publish("ol/a", a)
+        expect_error(lambda: prod.wait_free("ol/a", w, timeout=0.1), "TB_ETIMEDOUT")
+        lease.release()
+        prod.wait_free("ol/a", w, timeout=5)
