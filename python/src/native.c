@@ -1405,6 +1405,9 @@ static PyObject *client_acquire(ClientObject *self, PyObject *args, PyObject *kw
   DLManagedTensorVersioned *mt = NULL, *rel = opts.release;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
+  /* held across the call: a close() meanwhile must not end the session
+   * before the new lease holds it */
+  struct session_ref *sess = session_get(self->sess);
   CLIENT_CALL(self, rc, err, tb_lease_acquire(c_, channel, &opts, &mt));
   if (rc == TB_ENAME && rel != NULL) {
     /* refused before anything was released: the Lease stays usable */
@@ -1413,16 +1416,21 @@ static PyObject *client_acquire(ClientObject *self, PyObject *args, PyObject *kw
       rel->deleter(rel);
     } else {
       core->mt = rel;
-      core->sess = session_get(self->sess);
+      core->sess = session_get(sess);
       atomic_init(&core->refs, 1);
       old->core = core;
     }
   }
-  if (rc < 0)
+  if (rc < 0) {
+    session_put(sess);
     return raise_tb(rc, err);
-  PyObject *lease = lease_new_from(mt, self->sess);
+  }
+  PyObject *lease = lease_new_from(mt, sess);
   if (lease != NULL)
     ((LeaseObject *)lease)->owner = self->serial;
+  Py_BEGIN_ALLOW_THREADS
+  session_put(sess);
+  Py_END_ALLOW_THREADS
   return lease;
 }
 
