@@ -131,9 +131,9 @@ def test_ring_jax_control_without_wait_free():
     done, res = run_ring("jax", wait_free=False)
     assert res["errors"] == {}, res
     # JAX's check is slow (~0.8 ms a frame) and the producer runs free here:
-    # it reads 80-120 frames of the 1,500 (H200, runs 57-59); a few dozen
-    # are plenty to see a rewrite
-    assert res["read"] >= 20, res
+    # it reads 80-120 frames of the 1,500 (H200, runs 57-59), 2 in run 64
+    # (1 wrong): any wrong frame shows the check fires; none fails the test
+    # however many it read
     assert res["wrong"] > 0, "JAX's check saw no rewrite without wait_free: %s" % res
 
 
