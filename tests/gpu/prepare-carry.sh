@@ -10,6 +10,8 @@
 # (libuv.so.1, libprotobuf-c.so.1, libcmocka.so.0, libcjson.so.1), and
 # records the absolute source and build paths in carry-libs/ORIGIN so that
 # run-on-gpu.sh can rewrite ctest's files when the tree lands elsewhere.
+# Deletes the object files and static libraries (but the client's objects)
+# so that the folder fits the run tool's 64 MiB; a build folder of its own.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
@@ -38,6 +40,11 @@ for want in libuv.so.1 libprotobuf-c.so.1 libcmocka.so.0; do
   [ -f "$carry/$want" ] || { echo "prepare-carry: $want not found" >&2; exit 1; }
 done
 printf 'src=%s\nbuild=%s\n' "$src" "$build" >"$carry/ORIGIN"
+# the run tool carries 64 MiB at most: the object files and static
+# libraries stay here, but for the client library's objects, which
+# docs_client_layers reads (nm); the next build here makes them again
+find "$build" \( -name '*.o' -o -name '*.a' \) \
+  ! -path "$build/client/CMakeFiles/tensorbroker_static.dir/*" -delete
 echo "prepare-carry: $(ls "$carry" | tr '\n' ' ')"
 echo "prepare-carry: build folder is $(du -sh "$build" | cut -f1); carry it" \
   "(e.g. run's carry: [\"$(basename "$build")\"]) and run" \

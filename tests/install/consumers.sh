@@ -21,6 +21,11 @@
 # $TB_USER_LDFLAGS: added to every link (a sanitizer build's -fsanitize=...)
 set -eu
 build=$1 src=$2 cc=$3 cmake=$4 pkgconfig=$5
+# the build's tools, where the build folder was carried to a machine
+# without them (the GPU machine): skipped, not failed
+for tool in "$cc" "$cmake" "$pkgconfig"; do
+  [ -x "$tool" ] || { echo "SKIP: $tool is not on this machine"; exit 77; }
+done
 ldflags=${TB_USER_LDFLAGS:-}
 version=$(cat "$src/VERSION")
 tmp=$(mktemp -d)

@@ -12,6 +12,11 @@
 # $TB_USER_LDFLAGS: added to every link (a sanitizer build's -fsanitize=...)
 set -eu
 build=$1 src=$2 cc=$3 cmake=$4
+# the build's tools, where the build folder was carried to a machine
+# without them (the GPU machine): skipped, not failed
+for tool in "$cc" "$cmake"; do
+  [ -x "$tool" ] || { echo "SKIP: $tool is not on this machine"; exit 77; }
+done
 ldflags=${TB_USER_LDFLAGS:-}
 here=$src/tests/install
 tmp=$(mktemp -d)

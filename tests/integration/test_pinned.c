@@ -694,7 +694,10 @@ static void ring_of_pinned_slots(void **state) {
     assert_int_equal(cu->cuStreamCreate(&s, TB_CU_STREAM_NON_BLOCKING), 0);
   assert_int_equal(tb_ring_create_host(p, CH, 4096, 3, TB_BUFFER_PINNED, &r),
                    0);
-  assert_int_equal(tb_buffer_pinned(tb_ring_buffer(r)), fk != NULL);
+  /* pinned wherever a driver loads: the fake one, or a real one where the
+   * no-driver run finds it (the GPU machine) */
+  assert_int_equal(tb_buffer_pinned(tb_ring_buffer(r)),
+                   tb_cuda_available() == 0);
   for (int f = 0; f < 5; f++) {
     if (f == 3) {
       void *again;
