@@ -345,19 +345,6 @@ static int on_event_unregister(struct tbd_registry *r, struct tbd_session *s,
   return tbd__reply_status(r, s, id, 0, NULL);
 }
 
-/* Where the tensor of layout l, which passed tb__layout_check, ends in its
- * buffer: the end of the byte range it touches. */
-static uint64_t layout_end(const Tensorbroker__V1__Layout *l) {
-  uint64_t elem_bits = 0, lo = 0, hi = 0;
-
-  (void)tb__dtype_check(l->dtype_code, l->dtype_bits, l->dtype_lanes,
-                        &elem_bits);
-  (void)tb__layout_extent((int32_t)l->n_shape, l->shape,
-                          l->n_strides ? l->strides : NULL, elem_bits,
-                          l->flags, l->byte_offset, &lo, &hi, NULL, 0);
-  return hi;
-}
-
 static int on_publish(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t id, const Tensorbroker__V1__Publish *m) {
   Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
@@ -365,7 +352,7 @@ static int on_publish(struct tbd_registry *r, struct tbd_session *s,
   struct tbd_buffer *b;
   struct tbd_event *ready;
   char why[160] = "";
-  uint64_t version;
+  uint64_t version, end;
   int rc, want_dev;
 
   if (name_bad(r, s, id, m->channel))
@@ -388,20 +375,18 @@ static int on_publish(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, TB_EPERM,
                              "buffer %llu belongs to another session",
                              (unsigned long long)m->buffer_id);
-  rc = tb__layout_check(m->layout, b->size, r->lim.max_ndim, why, sizeof(why));
+  rc = tb__layout_check_end(m->layout, b->size, r->lim.max_ndim, &end, why,
+                            sizeof(why));
   if (rc < 0)
     return tbd__reply_status(r, s, id, rc, "%s", why);
   /* The signal area is written by streams while consumers read the
    * tensor: a tensor in it would be torn by them, and would tear them. */
-  if (b->signal_offset != 0) {
-    uint64_t end = layout_end(m->layout);
-    if (end > b->signal_offset)
-      return tbd__reply_status(r, s, id, TB_EINVAL,
-                               "the tensor ends at byte %llu: it overlaps "
-                               "the buffer's signal area from byte %llu",
-                               (unsigned long long)end,
-                               (unsigned long long)b->signal_offset);
-  }
+  if (b->signal_offset != 0 && end > b->signal_offset)
+    return tbd__reply_status(r, s, id, TB_EINVAL,
+                             "the tensor ends at byte %llu: it overlaps "
+                             "the buffer's signal area from byte %llu",
+                             (unsigned long long)end,
+                             (unsigned long long)b->signal_offset);
   want_dev = tbd_kind_find(b->kind)->dev_type; /* registered: known */
   if (m->layout->device == NULL || m->layout->device->type != want_dev)
     return tbd__reply_status(r, s, id, TB_EDEVICE,

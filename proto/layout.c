@@ -166,6 +166,12 @@ int tb__layout_extent(int32_t ndim, const int64_t *shape,
 
 int tb__layout_check(const Tensorbroker__V1__Layout *l, uint64_t buffer_size,
                      uint32_t max_ndim, char *why, size_t whylen) {
+  return tb__layout_check_end(l, buffer_size, max_ndim, NULL, why, whylen);
+}
+
+int tb__layout_check_end(const Tensorbroker__V1__Layout *l,
+                         uint64_t buffer_size, uint32_t max_ndim,
+                         uint64_t *end, char *why, size_t whylen) {
   uint64_t elem_bits, lo, hi;
   int rc;
 
@@ -191,5 +197,7 @@ int tb__layout_check(const Tensorbroker__V1__Layout *l, uint64_t buffer_size,
     return fail(why, whylen, TB_ELAYOUT,
                 "tensor reaches byte %llu of a %llu-byte buffer",
                 (unsigned long long)hi, (unsigned long long)buffer_size);
+  if (end != NULL)
+    *end = hi;
   return 0;
 }

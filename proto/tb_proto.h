@@ -160,6 +160,12 @@ int tb__layout_extent(int32_t ndim, const int64_t *shape,
 int tb__layout_check(const Tensorbroker__V1__Layout *l, uint64_t buffer_size,
                      uint32_t max_ndim, char *why, size_t whylen);
 
+/* tb__layout_check, and on success the end of the byte range the tensor
+ * touches (tb__layout_extent's *hi) in *end (may be NULL). */
+int tb__layout_check_end(const Tensorbroker__V1__Layout *l,
+                         uint64_t buffer_size, uint32_t max_ndim,
+                         uint64_t *end, char *why, size_t whylen);
+
 /* ---- names ---- */
 
 /* A channel name: 1..max_len bytes of [A-Za-z0-9._-/], no leading or

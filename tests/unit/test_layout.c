@@ -285,6 +285,16 @@ static void test_check_fits_exactly(void **state) {
   lay_init(&w, 2, s, st);
   assert_tb_ok(tb__layout_check(&w.l, 224, 32, NULL, 0));
   assert_tb_err(tb__layout_check(&w.l, 223, 32, NULL, 0), TB_ELAYOUT);
+  {
+    uint64_t end = 1;
+    w.l.byte_offset = 8;
+    assert_tb_ok(tb__layout_check_end(&w.l, 4096, 32, &end, NULL, 0));
+    assert_int_equal(end, 232); /* where the daemon's signal check looks */
+    end = 1;
+    assert_tb_err(tb__layout_check_end(&w.l, 231, 32, &end, NULL, 0),
+                  TB_ELAYOUT);
+    assert_int_equal(end, 1); /* untouched on failure */
+  }
 
   /* empty tensor at the very end of the buffer is fine, past it is not */
   {
