@@ -90,13 +90,14 @@ void tb__kind_prefetch(struct tb_client *c,
 
 int tb__kinds_done_wait(struct tb_client *c, const struct tb__freed *f,
                         void *stream) {
-  const struct tb__kind_ops *ops = tb__kind(TB_MEMORY_CUDA_VMM);
+  const struct tb__kind_ops *ops = NULL;
   struct tb_buffer *b;
 
-  /* A version of one of c's host buffers waits as the buffer's kind says
-   * (pinned memory: the host blocks); device memory, and a buffer c no
-   * longer has, as the CUDA kinds do (stream waits; the VMM kind's knows
-   * its buffers' done signals too). */
+  /* A version of one of c's buffers waits as the buffer's kind says
+   * (pinned memory: the host blocks; a VMM buffer: stream waits on events
+   * and done signals). Device memory published from an allocation, and a
+   * buffer c no longer has, wait as legacy IPC does (stream waits on the
+   * events; nothing of a destroyed buffer is left to rewrite). */
   if (f->buffer_id != 0) {
     DL_FOREACH(c->buffers, b) {
       if (b->id == f->buffer_id) {
@@ -104,7 +105,13 @@ int tb__kinds_done_wait(struct tb_client *c, const struct tb__freed *f,
         break;
       }
     }
+    for (size_t i = 0; ops == NULL && i < N_KINDS; i++)
+      if (kinds[i] != NULL && kinds[i]->has_buffer != NULL &&
+          kinds[i]->has_buffer(c, f->buffer_id))
+        ops = kinds[i];
   }
+  if (ops == NULL)
+    ops = tb__kind(TB_MEMORY_CUDA_IPC);
   if (ops == NULL || ops->done_wait == NULL)
     return 0;
   return ops->done_wait(c, f, stream);

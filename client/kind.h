@@ -79,6 +79,10 @@ struct tb__kind_ops {
   /* tb_wait_free: make stream wait for the consumers' done events. */
   int (*done_wait)(struct tb_client *c, const struct tb__freed *f,
                    void *stream);
+  /* Whether buffer_id is one of c's buffers that this kind keeps on a
+   * list of its own (b->ops), so that tb_wait_free finds its kind. NULL:
+   * the kind keeps none. call_lock held. */
+  int (*has_buffer)(struct tb_client *c, uint64_t buffer_id);
 
   /* ---- consumer ---- */
   /* Map buffer bi (the reply's descriptors in fds) into a new mapping-cache
@@ -153,9 +157,10 @@ void tb__kinds_conn_free(struct tb__conn *k);
 void tb__kind_prefetch(struct tb_client *c,
                        const Tensorbroker__V1__BufferInfo *bi,
                        const Tensorbroker__V1__EventInfo *ready);
-/* tb_wait_free's done events: interprocess events of the kind that made
- * them (today only CUDA IPC's, whatever device memory they guard): the
- * first kind in the table with done_wait waits for them. */
+/* tb_wait_free's done events, waited for by the kind of the version's
+ * buffer: one of c's buffers (c->buffers, or a kind's has_buffer), else
+ * cuda-ipc (memory published from an allocation, or a buffer c has
+ * destroyed). */
 int tb__kinds_done_wait(struct tb_client *c, const struct tb__freed *f,
                         void *stream);
 

@@ -287,12 +287,15 @@ int tb__cuda_wait_done_signals(struct tb_client *c, const struct tb__freed *f,
     return 0; /* -1: the caller orders the reuse itself */
   for (size_t i = 0; i < f->n_done; i++) {
     const struct tb__done_event *d = &f->done[i];
-    if (word_of != NULL &&
-        tb__events_foreign(d->owner_shm_id, d->owner_pidns_id)) {
+    if (tb__events_foreign(d->owner_shm_id, d->owner_pidns_id)) {
       /* its event does not reach here: its done signal (tb_wait_free let
-       * only those with one through) in the buffer's signal area */
+       * only those with one through) in the buffer's signal area; without
+       * word_of (cuda-ipc's wait, asked for buffers c has no signals of)
+       * the buffer that had them is gone */
       tb_cu_deviceptr word;
-      rc = word_of(c, f->buffer_id, d->signal_slot, &word, why, sizeof(why));
+      rc = word_of != NULL ? word_of(c, f->buffer_id, d->signal_slot, &word,
+                                     why, sizeof(why))
+                           : 1;
       if (rc == 1)
         continue; /* the buffer is gone: nothing left to rewrite */
       if (rc == 0)

@@ -61,7 +61,11 @@ int tb__cuda_lease_wait(struct tb__conn *k, struct tb__cuda_acq *a,
                         uint64_t event_id, const uint8_t *handle,
                         const uint8_t *uuid, int complete,
                         uint64_t signal_value, void *stream);
-/* Producer: make stream wait on the consumers' done events. */
+/* Producer: make stream wait on the consumers' done events (those of
+ * consumers in another PID namespace or with another /dev/shm, whose
+ * events do not reach here, are skipped: tb_wait_free lets through only
+ * those with a done signal, which only buffers with a signal area give,
+ * and c has none of that buffer left). */
 int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
                        void *stream);
 /* The same, where the events of consumers in another PID namespace or

@@ -220,6 +220,18 @@ static int vmm_owns(struct tb_client *c, uintptr_t start) {
   return vmm_find(c, start) != NULL;
 }
 
+static int vmm_has_buffer(struct tb_client *c, uint64_t buffer_id) {
+  struct tb_buffer *b;
+
+  if (C_VMM(c) == NULL)
+    return 0;
+  DL_FOREACH(C_VMM(c)->buffers, b) {
+    if (b->id == buffer_id)
+      return 1;
+  }
+  return 0;
+}
+
 /* kind.h, publish: the buffer holding start (owns found it), the ready
  * event recorded as for legacy IPC. */
 static int vmm_publish(struct tb_client *c, const DLTensor *t,
@@ -266,8 +278,7 @@ static int signal_word(struct tb_client *c, uint64_t buffer_id, uint32_t slot,
 }
 
 /* kind.h, done_wait: the consumers' done events, and the done signals of
- * those the events do not reach (docs/cuda.md, "Signals"). Also asked for
- * versions of buffers that are not VMM ones (kind.c): they have none. */
+ * those the events do not reach (docs/cuda.md, "Signals"). */
 static int vmm_done_wait(struct tb_client *c, const struct tb__freed *f,
                          void *stream) {
   return tb__cuda_wait_done_signals(c, f, stream, signal_word);
@@ -409,6 +420,7 @@ const struct tb__kind_ops tb__kind_cuda_vmm = {
     .dl_device = kDLCUDA,
     .lease_state = sizeof(struct tb__cuda_lease),
     .owns = vmm_owns,
+    .has_buffer = vmm_has_buffer,
     .buffer_destroy = vmm_buffer_destroy,
     .publish = vmm_publish,
     .done_wait = vmm_done_wait,
