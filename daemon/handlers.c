@@ -170,12 +170,22 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
   return 0;
 }
 
+/* A request's device, when it names one: a uuid of 0 or 16 bytes and an
+ * ordinal that is not negative. TB_EINVAL with the reason in why. */
 static int copy_device(const Tensorbroker__V1__Device *d, int32_t *type,
-                       int32_t *devid, uint8_t *uuid, size_t *uuid_len) {
+                       int32_t *devid, uint8_t *uuid, size_t *uuid_len,
+                       char *why, size_t whylen) {
   if (d == NULL)
     return 0;
-  if (d->uuid.len != 0 && d->uuid.len != TB__UUID_SIZE)
+  if (d->uuid.len != 0 && d->uuid.len != TB__UUID_SIZE) {
+    snprintf(why, whylen, "device uuid must be %d bytes, not %zu",
+             TB__UUID_SIZE, d->uuid.len);
     return TB_EINVAL;
+  }
+  if (d->id < 0) {
+    snprintf(why, whylen, "device id %d is negative", (int)d->id);
+    return TB_EINVAL;
+  }
   *type = d->type;
   *devid = d->id;
   if (d->uuid.len > 0)
@@ -225,10 +235,9 @@ static int on_buffer_register(struct tbd_registry *r, struct tbd_session *s,
   b->rofd = -1;
   b->dev_type = kDLCPU;
   if (copy_device(m->device, &b->dev_type, &b->dev_id, b->uuid,
-                  &b->uuid_len) < 0) {
+                  &b->uuid_len, why, sizeof(why)) < 0) {
     tbd_free(b);
-    return tbd__reply_status(r, s, id, TB_EINVAL, "device uuid must be %d "
-                             "bytes", TB__UUID_SIZE);
+    return tbd__reply_status(r, s, id, TB_EINVAL, "%s", why);
   }
   b->dev_type = k->dev_type; /* validate_register checked a given one */
   if (m->cuda_ipc_handle.len == TB__CUDA_IPC_HANDLE_SIZE) {
@@ -278,18 +287,16 @@ static int on_event_register(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__EventRegisterReply er =
       TENSORBROKER__V1__EVENT_REGISTER_REPLY__INIT;
   struct tbd_event *e;
+  char why[160];
   int rc;
 
   if (m->cuda_ipc_event_handle.len != TB__CUDA_IPC_HANDLE_SIZE)
     return tbd__reply_status(r, s, id, TB_EINVAL,
                              "cuda_ipc_event_handle must be %d bytes",
                              TB__CUDA_IPC_HANDLE_SIZE);
-  {
-    char why[160];
-    if (tbd__limit_check(r, s, s->u, TBD_RES_EVENTS, TBD_SCOPE_ALL, why,
-                         sizeof(why), NULL) < 0)
-      return tbd__reply_status(r, s, id, TB_ELIMIT, "%s", why);
-  }
+  if (tbd__limit_check(r, s, s->u, TBD_RES_EVENTS, TBD_SCOPE_ALL, why,
+                       sizeof(why), NULL) < 0)
+    return tbd__reply_status(r, s, id, TB_ELIMIT, "%s", why);
   e = tbd_calloc(1, sizeof(*e));
   if (e == NULL)
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
@@ -299,10 +306,15 @@ static int on_event_register(struct tbd_registry *r, struct tbd_session *s,
   e->info.shm_id = s->shm_id;
   e->info.pidns_id = s->pidns_id;
   if (copy_device(m->device, &e->info.dev_type, &e->info.dev_id,
-                  e->info.uuid, &e->info.uuid_len) < 0) {
+                  e->info.uuid, &e->info.uuid_len, why, sizeof(why)) < 0) {
     tbd_free(e);
-    return tbd__reply_status(r, s, id, TB_EINVAL, "device uuid must be %d "
-                             "bytes", TB__UUID_SIZE);
+    return tbd__reply_status(r, s, id, TB_EINVAL, "%s", why);
+  }
+  if (e->info.dev_type != kDLCUDA) {
+    tbd_free(e);
+    return tbd__reply_status(r, s, id, TB_EINVAL, "an interprocess event "
+                             "on device type %d: CUDA events are on "
+                             "kDLCUDA (2)", (int)e->info.dev_type);
   }
   rc = tbd__event_add(r, s, e);
   if (rc < 0) {

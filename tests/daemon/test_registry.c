@@ -1534,6 +1534,51 @@ static void test_kind_table(void **state) {
   assert_false(tbd_kind_survives_producer(99));
 }
 
+/* EventRegister's device, when one is named, is a CUDA device: another
+ * type, a negative ordinal or a uuid of other than 16 bytes is refused
+ * with the reason and registers nothing; without a device (the consumer
+ * then takes the buffer's) it is registered as before. */
+static void test_event_register_device(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10);
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__EventRegister e = TENSORBROKER__V1__EVENT_REGISTER__INIT;
+  Tensorbroker__V1__Device dev = TENSORBROKER__V1__DEVICE__INIT;
+  uint8_t handle[64] = {1, 2, 3}, uuid[16] = {9};
+
+  (void)state;
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_EVENT_REGISTER;
+  q.event_register = &e;
+  e.cuda_ipc_event_handle.data = handle;
+  e.cuda_ipc_event_handle.len = sizeof(handle);
+  e.device = &dev;
+  dev.type = kDLCPU;
+  dev.uuid.data = uuid;
+  dev.uuid.len = sizeof(uuid);
+  assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+  assert_non_null(strstr(tbt_last_message, "on device type 1"));
+  q.request_id = 0;
+  dev.type = kDLCUDA;
+  dev.id = -2;
+  assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+  assert_string_equal(tbt_last_message, "device id -2 is negative");
+  q.request_id = 0;
+  dev.id = 1;
+  dev.uuid.len = 15;
+  assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+  assert_string_equal(tbt_last_message,
+                      "device uuid must be 16 bytes, not 15");
+  assert_int_equal(counts(r).events, 0);
+  q.request_id = 0;
+  dev.uuid.len = sizeof(uuid);
+  assert_tb_ok(tbt_req_send(r, p, &q, NULL, 0, NULL));
+  q.request_id = 0;
+  e.device = NULL;
+  assert_tb_ok(tbt_req_send(r, p, &q, NULL, 0, NULL));
+  assert_int_equal(counts(r).events, 2);
+  tbt_registry_free(r);
+}
+
 /* BufferRegister is checked by its kind's row: a kind the daemon does not
  * know is refused; CUDA_IPC needs its handle, a
  * CUDA device with its uuid and no descriptor; HOST_MEMFD exactly one
@@ -1574,6 +1619,11 @@ static void test_buffer_register_kinds(void **state) {
   assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EDEVICE);
   q.request_id = 0;
   f.dev.type = kDLCUDA;
+  f.dev.id = -1;
+  assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EINVAL);
+  assert_string_equal(tbt_last_message, "device id -1 is negative");
+  f.dev.id = 0;
+  q.request_id = 0;
   f.reg.size = 0;
   assert_tb_err(tbt_req_send(r, p, &q, NULL, 0, NULL), TB_EINVAL);
   assert_int_equal(counts(r).buffers, 0);
@@ -2961,6 +3011,7 @@ int main(void) {
       T(test_buffer_register_checks),
       T(test_buffer_register_seals),
       T(test_kind_table),
+      T(test_event_register_device),
       T(test_buffer_register_kinds),
       T(test_vmm_buffers),
       T(test_signal_offset_register),
