@@ -215,6 +215,12 @@ struct tb__rpc_hooks {
                       const Tensorbroker__V1__Reply *rep);
 };
 
+/* This thread's number (thread.c): never 0, and never given to another
+ * thread of the process, where a pthread_t is reused by the next thread
+ * once its thread has been joined. Names whose per-thread default stream
+ * a record, a write or a ring slot was made on. */
+uint64_t tb__thread_id(void);
+
 /* Set the last-error text (printf-style), return err. */
 int tb__set_error(struct tb_client *c, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -23,7 +23,7 @@ struct tb_ring {
   int cur;              /* the slot handed out, not yet published; -1 */
   int cuda;             /* device memory: its writes are ordered on a stream */
   void *stream;         /* the stream tb_ring_next made wait (normalised) */
-  pthread_t thread;     /* whose per-thread stream that was */
+  uint64_t thread;      /* whose per-thread stream that was (tb__thread_id) */
   uint64_t versions[];  /* the version last published from each; 0: none */
 };
 
@@ -110,7 +110,7 @@ int tb_ring_next(tb_ring *r, int timeout_ms, void *stream, void **data) {
   if (r->cur >= 0) {
     if (r->cuda && (ring_stream(r, stream) != r->stream ||
                     (r->stream == TB_STREAM_PER_THREAD &&
-                     !pthread_equal(r->thread, pthread_self())))) {
+                     r->thread != tb__thread_id()))) {
       pthread_mutex_lock(&r->c->call_lock);
       rc = tb__set_error(r->c, TB_ESTREAM, "ring: slot %d was handed out "
                          "for stream %p and not published; ask for it on "
@@ -122,7 +122,7 @@ int tb_ring_next(tb_ring *r, int timeout_ms, void *stream, void **data) {
     return 0;
   }
   r->stream = ring_stream(r, stream);
-  r->thread = pthread_self();
+  r->thread = tb__thread_id();
   v = r->versions[r->next];
   if (v != 0) {
     rc = tb_channel_wait_free(r->c, r->channel, v, timeout_ms, stream);
@@ -195,7 +195,7 @@ int tb_ring_publish(tb_ring *r, const DLTensor *t,
    * one). Caught here on every frame, not only when the race is lost. */
   if (r->cuda && (ring_stream(r, o.stream) != r->stream ||
                   (r->stream == TB_STREAM_PER_THREAD &&
-                   !pthread_equal(r->thread, pthread_self())))) {
+                   r->thread != tb__thread_id()))) {
     pthread_mutex_lock(&r->c->call_lock);
     rc = tb__set_error(r->c, TB_ESTREAM, "ring: published on stream %p, but "
                        "tb_ring_next ordered the slot's reuse on stream %p "

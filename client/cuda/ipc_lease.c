@@ -33,12 +33,12 @@ int tb__ci_lease_stream_add(struct tb__cuda_acq *a,
     return rc;
   e.stream = s->stream;
   e.ctx = ctx;
-  e.thread = pthread_self();
+  e.thread = tb__thread_id();
   for (unsigned i = 0; i < a->n_streams; i++) {
     const struct tb__lease_stream *o = &a->streams[i];
     if (o->stream == e.stream && o->ctx == e.ctx &&
         (e.stream != TB_CU_STREAM_PER_THREAD ||
-         pthread_equal(o->thread, e.thread)))
+         o->thread == e.thread))
       return 0;
   }
   if (a->n_streams >= room) {
@@ -60,7 +60,7 @@ static struct tb__cuda_stream lease_stream_of(const struct tb__lease_stream *e) 
                               (tb_cu_context)e->ctx};
 
   if (s.stream == TB_CU_STREAM_PER_THREAD &&
-      !pthread_equal(e->thread, pthread_self()))
+      e->thread != tb__thread_id())
     s.stream = TB_CU_STREAM_LEGACY;
   return s;
 }
@@ -149,11 +149,11 @@ static int join_wait_for_locked(struct tb__cuda_conn *cc,
 /* Whether s (resolved, its context known) is last, the stream of an
  * earlier record or write made on thread: the same handle in the same
  * context, and for a per-thread default stream the same thread. */
-static int same_stream(const struct tb__cuda_stream *last, pthread_t thread,
+static int same_stream(const struct tb__cuda_stream *last, uint64_t thread,
                        const struct tb__cuda_stream *s) {
   return last->stream == s->stream && last->ctx == s->ctx &&
          (s->stream != TB_CU_STREAM_PER_THREAD ||
-          pthread_equal(thread, pthread_self()));
+          thread == tb__thread_id());
 }
 
 /* ---- signals' writers (signal.h) ---- */
@@ -193,7 +193,7 @@ int tb__signal_write_locked(struct tb__conn *k, struct tb__signal *sg,
     return rc;
   sg->value++;
   sg->last = w;
-  sg->thread = pthread_self();
+  sg->thread = tb__thread_id();
   *value = sg->value;
   return 0;
 }
@@ -282,7 +282,7 @@ int tb__ci_done_record_locked(struct tb__conn *k, struct tb__cuda_ev *e,
   rc = tb__cuda_record(e->ev, &t, 1, complete, &skipped, why, whylen);
   if (rc == 0 && !skipped) {
     e->last = t;
-    e->last_thread = pthread_self();
+    e->last_thread = tb__thread_id();
   }
   return rc;
 }

@@ -145,7 +145,7 @@ static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
      * records of one event on two of them would not be ordered */
     if (e->device == device && e->stream == stream &&
         (stream != TB_CU_STREAM_PER_THREAD ||
-         pthread_equal(e->thread, pthread_self()))) {
+         e->thread == tb__thread_id())) {
       *out = e;
       return 0;
     }
@@ -176,7 +176,7 @@ static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
   }
   e->device = device;
   e->stream = stream;
-  e->thread = pthread_self();
+  e->thread = tb__thread_id();
   LL_PREPEND(cc->ready, e);
   *out = e;
   return 0;

@@ -90,7 +90,8 @@ struct tb__lease_stream {
   void *stream;         /* tb_cu_stream: legacy, per-thread or a CUstream */
   void *ctx;            /* tb_cu_context the stream runs in */
   int device;           /* the context's device ordinal */
-  pthread_t thread;     /* per-thread default stream: whose it is */
+  uint64_t thread;      /* per-thread default stream: whose it is
+                         * (tb__thread_id) */
 };
 
 struct tb__cuda_acq {
@@ -223,14 +224,14 @@ struct tb__cuda_ev {
   uint64_t event_id;
   int device;
   tb_cu_stream stream; /* ready events: the producer stream it records on */
-  pthread_t thread;    /* ready events on a per-thread default stream: the
-                        * thread whose stream it is */
+  uint64_t thread;     /* ready events on a per-thread default stream: the
+                        * thread whose stream it is (tb__thread_id) */
   int recorded;        /* ready events: recorded at least once */
   /* done events: the stream of the latest record (last.stream NULL: none
    * yet) and, for a per-thread default stream, whose it is
    * (tb__ci_done_record_locked) */
   struct tb__cuda_stream last;
-  pthread_t last_thread;
+  uint64_t last_thread;
 };
 
 /* Another process's event, opened once and kept (and a wait on it costs

@@ -32,7 +32,8 @@ struct tb__conn;
 struct tb__signal {
   uint64_t value;              /* the last value written; 0: none yet */
   struct tb__cuda_stream last; /* the stream it was written on (its ctx set) */
-  pthread_t thread;            /* per-thread default stream: whose */
+  uint64_t thread;             /* per-thread default stream: whose
+                                * (tb__thread_id) */
 };
 
 /* 1 when device ordinal can write and wait on 64-bit words from streams

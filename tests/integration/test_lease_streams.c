@@ -369,6 +369,61 @@ static void per_thread_stream(void **state) {
   producer_reuses(v, 1);
 }
 
+/* Two threads, one after the other, each declare their per-thread default
+ * stream and end a lease there, the first one's reads still running when
+ * the second records. The second thread is made after the first was
+ * joined, so it usually gets the same pthread_t (glibc reuses the
+ * descriptor); its per-thread stream is another stream all the same, so
+ * its record must follow a wait for the first one's (the join stream),
+ * not go straight on "its" per-thread stream as though it were the first
+ * thread's. */
+struct ptds_end_arg {
+  DLManagedTensorVersioned *t;
+  int rc;
+};
+static void *wait_and_end_on_ptds(void *p) {
+  struct ptds_end_arg *a = p;
+  a->rc = cu->cuCtxSetCurrent(ctx);
+  if (a->rc == 0)
+    a->rc = tb_lease_wait(a->t, TB_STREAM_PER_THREAD);
+  a->t->deleter(a->t);
+  return NULL;
+}
+
+static void per_thread_streams_of_joined_threads(void **state) {
+  (void)state;
+  struct ptds_end_arg a[2];
+  pthread_t th[2];
+  uint64_t v[2];
+  char on_ptds[128];
+
+  for (int i = 0; i < 2; i++) {
+    v[i] = publish();
+    a[i].t = acquire(v[i], TB_STREAM_NO_SYNC);
+    a[i].rc = -1;
+  }
+  fk->log_clear();
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(
+        pthread_create(&th[i], NULL, wait_and_end_on_ptds, &a[i]), 0);
+    assert_int_equal(pthread_join(th[i], NULL), 0);
+    assert_int_equal(a[i].rc, 0);
+  }
+  if (!pthread_equal(th[0], th[1]))
+    fprintf(stderr, "note: the second thread got another pthread_t; the "
+                    "case checks the ordering all the same\n");
+  /* busy: the first thread's reads still run when the second records */
+  snprintf(on_ptds, sizeof(on_ptds), "record %s on ptds", done_ev);
+  if (done_records() != 2 || fk->log_count(on_ptds) != 1) {
+    show_log();
+    fail_msg("expected one \"%s\" (the first thread's) and the second "
+             "thread's record elsewhere (the join stream)", on_ptds);
+  }
+  assert_records_cover(); /* the join stream waited for the first record */
+  producer_reuses(v[1], 1);
+  producer_reuses(v[0], 1);
+}
+
 /* A stream that declared nothing but -1: no done event; the producer
  * waits on nothing. */
 static void no_stream_declared(void **state) {
@@ -925,6 +980,7 @@ int main(void) {
       cmocka_unit_test_setup(several_streams_join, settled),
       cmocka_unit_test_setup(release_riding_on_acquire, settled),
       cmocka_unit_test_setup(per_thread_stream, settled),
+      cmocka_unit_test_setup(per_thread_streams_of_joined_threads, settled),
       cmocka_unit_test_setup(no_stream_declared, settled),
       cmocka_unit_test_setup(deleter_without_streams, settled),
       cmocka_unit_test_setup(capturing_at_end, settled),
