@@ -151,10 +151,27 @@ static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
     }
     n++;
   }
+  if (n >= TB__READY_EVENTS_MAX && stream == TB_CU_STREAM_PER_THREAD) {
+    /* Threads come and go (a thread per request): another thread's event
+     * whose latest record has completed marks nothing still running, so
+     * this thread's stream takes it over. A consumer waiting on it for a
+     * version of the other thread's then waits for this thread's newer
+     * record: longer, never too short. */
+    LL_FOREACH(cc->ready, e) {
+      if (e->device == device && e->stream == stream &&
+          tb__cuda_event_done(e->ev, NULL)) {
+        e->thread = tb__thread_id();
+        *out = e;
+        return 0;
+      }
+    }
+  }
   if (n >= TB__READY_EVENTS_MAX)
     return tb__set_error(c, TB_ELIMIT,
                          "more than %d producer streams published on this "
-                         "client; publish from fewer streams",
+                         "client; publish from fewer streams (or, under the "
+                         "per-thread contract, from threads whose earlier "
+                         "work has finished)",
                          TB__READY_EVENTS_MAX);
   /* the event must belong to the device's context */
   rc = tb__cuda_device_by_uuid(uuid, &ordinal, NULL, NULL, why, sizeof(why));

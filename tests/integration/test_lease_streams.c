@@ -29,6 +29,7 @@
 
 #include "client_internal.h" /* the VersionFree table */
 #include "cuda/driver.h"
+#include "cuda/kind_ipc.h" /* TB__READY_EVENTS_MAX */
 #include "fake_libcuda.h"
 #include "harness.h"
 
@@ -642,6 +643,38 @@ static void ready_per_thread_streams(void **state) {
   tb_client_disconnect(pt);
 }
 
+/* A producer under the per-thread contract whose publishing threads come
+ * and go (a thread per request): each new thread's per-thread stream is a
+ * stream of its own, with a ready event of its own, but an ended thread's
+ * event whose latest record has completed (here: the host synchronised)
+ * is taken over by the next thread, so more threads than a client keeps
+ * ready events for (TB__READY_EVENTS_MAX) publish without TB_ELIMIT. */
+static void ready_events_of_ended_threads(void **state) {
+  (void)state;
+  tb_client *pt = NULL;
+  struct ptds_pub a;
+  pthread_t th;
+
+  assert_int_equal(
+      tbt_connect_contract(&daemon_, "ptds-churn", TB_CONTRACT_PER_THREAD,
+                           &pt),
+      0);
+  for (int i = 0; i < TB__READY_EVENTS_MAX + 8; i++) {
+    memset(&a, 0, sizeof(a));
+    a.c = pt;
+    a.p = buf[i & 1];
+    assert_int_equal(pthread_create(&th, NULL, publish_on_ptds, &a), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    if (a.err != NULL) {
+      char why[512];
+      (void)tb_client_last_error(pt, why, sizeof(why));
+      fail_msg("thread %d: %s: %s", i, a.err, why);
+    }
+    assert_int_equal(cu->cuCtxSynchronize(), 0);
+  }
+  tb_client_disconnect(pt);
+}
+
 /* A consumer process acquires version v on a stream of its own, releases
  * it there (busy: its done event pending) and then ends its session:
  * killed (SIGKILL) when kill_it, else by tb_client_disconnect, after which
@@ -987,6 +1020,7 @@ int main(void) {
       cmocka_unit_test_setup(disconnect_with_lease, settled),
       cmocka_unit_test_setup(leases_on_two_streams, settled),
       cmocka_unit_test_setup(ready_per_thread_streams, settled),
+      cmocka_unit_test_setup(ready_events_of_ended_threads, settled),
       cmocka_unit_test_setup(consumer_killed_after_release, settled),
       cmocka_unit_test_setup(producer_killed_with_work_in_flight, settled),
       cmocka_unit_test_setup(release_stream_unnamable, settled),
