@@ -35,7 +35,10 @@
 #define OLD 31u
 #define NEW 32u
 #define SPIN_MS 4000u /* the producer's kernel writes NEW after this */
-#define PATIENCE_MS 3000u /* how long the consumer watches its stream */
+/* How long the consumer watches its stream: twice the producer's kernel,
+ * so that "still waiting" says the wait outlived the work it waited for
+ * (a watch shorter than the kernel proves nothing either way). */
+#define PATIENCE_MS (2u * SPIN_MS)
 
 static struct tbt_daemon daemon_;
 
