@@ -311,10 +311,11 @@ static int on_event_register(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, TB_EINVAL, "%s", why);
   }
   if (e->info.dev_type != kDLCUDA) {
+    int type = e->info.dev_type;
     tbd_free(e);
     return tbd__reply_status(r, s, id, TB_EINVAL, "an interprocess event "
                              "on device type %d: CUDA events are on "
-                             "kDLCUDA (2)", (int)e->info.dev_type);
+                             "kDLCUDA (2)", type);
   }
   rc = tbd__event_add(r, s, e);
   if (rc < 0) {
