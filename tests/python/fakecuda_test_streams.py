@@ -345,3 +345,49 @@ def test_no_stream_declared():
                        for line in log().splitlines()), log()
         p.reuse(v, want=0)
     run(case)
+
+
+def test_thread_per_request_on_per_thread_streams():
+    # a server under the per_thread contract that serves each request on a
+    # thread of its own, joined before the next one starts (so glibc hands
+    # the next thread the same pthread_t): the frame goes to the consumer
+    # library with stream None (this thread's per-thread default stream)
+    # and is dropped while its read still runs (busy). The second thread's
+    # per-thread stream is another stream, so the done event's record there
+    # must come after a wait for the first thread's record.
+    import threading
+
+    def case(p):
+        cons = tb.Client(socket=p.sock, name="per-thread-server",
+                         stream_contract="per_thread")
+        errors = []
+
+        def serve(v):
+            try:
+                make_context_current()
+                lease = cons.acquire(CH, exact=v)
+                x = ConsumerTensor(lease, None)
+                x.drop()
+                lease.release()
+            except BaseException as e:  # reported by the main thread
+                errors.append(e)
+
+        try:
+            cu.fakecuda_log_clear()
+            for _ in range(2):
+                t = threading.Thread(target=serve, args=(p.publish(),))
+                t.start()
+                t.join()
+            assert not errors, errors
+            done = recorded_on("ptds")
+            records = [b.rsplit(" ", 1)[1] for b in (line.split(" ", 1)[1]
+                       for line in log().splitlines())
+                       if b.startswith("record %s on " % done)]
+            assert records[0] == "ptds" and len(records) == 2, (records, log())
+            assert records[1] != "ptds", (
+                "the second thread's record went straight on 'its' per-thread "
+                "stream, not after the first thread's", log())
+            assert count("wait %s on %s" % (records[1], done)) == 1, log()
+        finally:
+            cons.close()
+    run(case)
