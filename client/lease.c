@@ -546,8 +546,9 @@ int tb_acquire(tb_client *c, const char *channel,
 
   ops = tb__kind((int)bi->kind);
   if (ops == NULL) {
-    rc = tb__set_error(c, TB_ENOTSUP, "memory kind %d not supported",
-                       (int)bi->kind);
+    rc = tb__set_error(c, TB_ENOTSUP, "cannot map a buffer of memory kind "
+                       "%d, which this library does not know (a daemon "
+                       "newer than the library?)", (int)bi->kind);
     goto out_abandon;
   }
   map = tb__map_get(c->conn, bi->buffer_id, bi->generation);

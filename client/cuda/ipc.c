@@ -277,6 +277,12 @@ int tb__cuda_open_mem_here(const uint8_t handle[64], int owner, size_t size,
            "memory of the tensor's device", tb__cuda_err_name(r));
     return TB_EDEVICE;
   }
+  if (r == TB_CUDA_ERROR_INVALID_HANDLE) {
+    tb__cu_why(why, whylen, "cuIpcOpenMemHandle failed: %s (legacy IPC "
+           "memory opens only in its producer's PID namespace, while it "
+           "lives; cuda-vmm buffers cross both)", tb__cuda_err_name(r));
+    return TB_ECUDA;
+  }
   if (r != 0)
     return tb__cu_fail(why, whylen, "cuIpcOpenMemHandle", r);
   r = cu->cuMemGetAddressRange(&base, &mapped, p);

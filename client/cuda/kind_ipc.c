@@ -31,15 +31,20 @@ int tb__cuda_map_open(struct tb_client *c,
   int rc, ordinal;
 
   rc = tb__ci_cuda_client(c, &cc);
-  if (rc < 0)
-    return rc;
+  if (rc < 0) {
+    struct kept_error ke;
+    tb__ci_error_keep(c, &ke);
+    return tb__set_error(c, rc, "cannot map a cuda-ipc buffer: %.*s",
+                         (int)ke.len, ke.text);
+  }
   if (bi->cuda_ipc_handle.len != TB__CUDA_IPC_HANDLE_SIZE ||
       bi->device == NULL || bi->device->uuid.len != TB__UUID_SIZE ||
       bi->size == 0 || bi->size > SIZE_MAX)
-    return tb__set_error(c, TB_EPROTO, "CUDA buffer without handle or uuid");
+    return tb__set_error(c, TB_EPROTO, "cuda-ipc buffer without handle or "
+                         "uuid");
   rc = tb__cuda_find_uuid(bi->device->uuid.data, &ordinal, why, sizeof(why));
   if (rc < 0)
-    return tb__set_error(c, rc, "%s", why);
+    return tb__set_error(c, rc, "cannot map a cuda-ipc buffer: %s", why);
   m = calloc(1, sizeof(*m));
   if (m == NULL)
     return TB_ENOMEM;
@@ -91,7 +96,8 @@ static int view_in(struct tb_client *c, struct tb__cuda_map *m, int dev,
                                 &v->local, why, sizeof(why));
   if (rc < 0) {
     free(v);
-    return tb__set_error(c, rc, "%s", why);
+    return tb__set_error(c, rc, "cannot map a %s buffer: %s", m->m.ops->name,
+                         why);
   }
   v->device = dev;
   v->ctx = ctx;

@@ -292,9 +292,9 @@ static int vmm_view_open(struct tb__cuda_map *m, int dev, tb_cu_deviceptr *p,
                          int *local, char *why, size_t whylen) {
   (void)p;
   (void)local;
-  snprintf(why, whylen, "a cuda-vmm buffer is mapped for its own device "
-           "(%d) only, not for device %d; pass TB_ACQUIRE_COPY_TO_DEVICE "
-           "with opts.device to copy it", m->device, dev);
+  snprintf(why, whylen, "it is mapped for its own device (%d) only, not "
+           "for device %d; pass TB_ACQUIRE_COPY_TO_DEVICE with opts.device "
+           "to copy it", m->device, dev);
   return TB_EDEVICE;
 }
 

@@ -381,9 +381,16 @@ static void test_channels_named_without_gpu(void **state) {
   assert_int_equal(t->dl_tensor.shape[0], 64);
   assert_int_equal(((uint8_t *)t->dl_tensor.data)[5], tbt_pattern(5, 7));
   t->deleter(t);
-  /* the fake buffer's device is no device of this machine's */
+  /* the fake buffer's device is no device of this machine's; the error
+   * names the memory kind the consumer could not map */
   assert_int_equal(tb_acquire(c, "nc/x", NULL, &t),
                    tb_cuda_available() == 0 ? TB_EDEVICE : TB_ENOCUDA);
+  {
+    char why[512];
+    tb_client_last_error(c, why, sizeof(why));
+    if (strstr(why, "cannot map a cuda-ipc buffer: ") != why)
+      fail_msg("the error does not name the kind: %s", why);
+  }
   tb_client_disconnect(c);
   close(fd);
   tb_buffer_destroy(hb);

@@ -525,7 +525,10 @@ static int ns_consumer(const char *sock) {
   tb_client_last_error(c, why, sizeof(why));
   fprintf(stderr, "ns-consumer: legacy IPC acquire: %s (%s)\n",
           tb_err_name(rc), why);
-  if (rc != TB_ECUDA || strstr(why, "CUDA_ERROR_INVALID_HANDLE") == NULL)
+  /* the error names the kind, the cause and the way out */
+  if (rc != TB_ECUDA || strstr(why, "CUDA_ERROR_INVALID_HANDLE") == NULL ||
+      strstr(why, "cannot map a cuda-ipc buffer") == NULL ||
+      strstr(why, "PID namespace") == NULL || strstr(why, "cuda-vmm") == NULL)
     return 17;
   tb_client_disconnect(c);
   return 0;
