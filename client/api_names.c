@@ -72,6 +72,12 @@ int tb_buffer_create_host(tb_client *c, size_t size, unsigned flags,
   return tb_host_buffer_create(c, size, flags, out);
 }
 
+/* the other way round: the name the VMM design gave it */
+int tb_cuda_buffer_create(tb_client *c, size_t size, int device,
+                          unsigned flags, tb_buffer **out) {
+  return tb_buffer_create_cuda(c, size, device, flags, out);
+}
+
 int tb_channel_publish(tb_client *c, const char *channel, const DLTensor *t,
                        const struct tb_publish_options *opts,
                        uint64_t *out_version) {

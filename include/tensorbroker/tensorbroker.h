@@ -841,6 +841,10 @@ TB_EXPORT size_t tb_connect_error(char *buf, size_t len);
 /* = tb_buffer_create_host() */
 TB_EXPORT int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,
                                     tb_buffer **out);
+/* = tb_buffer_create_cuda() (not of 0.1.0: the name the VMM design gave
+ * it, kept beside the one that matches tb_buffer_create_host) */
+TB_EXPORT int tb_cuda_buffer_create(tb_client *c, size_t size, int device,
+                                    unsigned flags, tb_buffer **out);
 /* = tb_channel_publish() */
 TB_EXPORT int tb_publish(tb_client *c, const char *channel, const DLTensor *t,
                          const struct tb_publish_options *opts,

@@ -127,7 +127,8 @@ static void producer_main(void) {
   prod_publish(c, a);
   if (write(from_prod[1], "r", 1) != 1 || read(to_prod[0], &cmd, 1) != 1)
     _exit(5);
-  if (tb_buffer_create_cuda(c, NWORDS * 4, 0, 0, &b) != 0)
+  /* the second buffer through the alias the VMM design named */
+  if (tb_cuda_buffer_create(c, NWORDS * 4, 0, 0, &b) != 0)
     _exit(6);
   prod_fill(b, 2);
   prod_publish(c, b);
