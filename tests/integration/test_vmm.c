@@ -10,7 +10,11 @@
  * consumer connection and buffer (a second acquire reuses the mapping);
  * a buffer the daemon retires is unmapped once; after the producer is
  * SIGKILLed a new consumer still imports and reads the last version, and
- * TB_ECLOSED comes only for a version that is not kept; a consumer whose
+ * TB_ECLOSED comes only for a version that is not kept;
+ * vmm_producer_restart: a producer killed and started again on its
+ * channel, its consumers carrying on (a held version still whole, the
+ * next one the new producer's, the last one readable in between); a
+ * consumer whose
  * driver cannot import POSIX descriptors gets TB_ENOTSUP naming the kind;
  * a producer gets TB_ENOTSUP from a daemon without FEATURE_CUDA_VMM.
  * vmm_ring: the producer ring (tb_ring_*). vmm_pid_namespace (root): a
@@ -91,7 +95,7 @@ static void prod_fill(tb_buffer *b, int which) {
     _exit(3);
 }
 
-static void prod_publish(tb_client *c, tb_buffer *b) {
+static void prod_publish(tb_client *c, const char *ch, tb_buffer *b) {
   struct tb_publish_options po;
   int64_t shape[1] = {NWORDS};
   DLTensor t;
@@ -107,7 +111,7 @@ static void prod_publish(tb_client *c, tb_buffer *b) {
   tb_publish_options_init(&po);
   po.history_depth = 1;
   po.stream = (void *)(uintptr_t)1; /* the legacy stream */
-  if (tb_channel_publish(c, CH, &t, &po, NULL) != 0)
+  if (tb_channel_publish(c, ch, &t, &po, NULL) != 0)
     _exit(4);
 }
 
@@ -124,14 +128,14 @@ static void producer_main(void) {
       tb_buffer_size(a) > VMM_SIZE - 4096) /* the signal area after it */
     _exit(2);
   prod_fill(a, 1);
-  prod_publish(c, a);
+  prod_publish(c, CH, a);
   if (write(from_prod[1], "r", 1) != 1 || read(to_prod[0], &cmd, 1) != 1)
     _exit(5);
   /* the second buffer through the alias the VMM design named */
   if (tb_cuda_buffer_create(c, NWORDS * 4, 0, 0, &b) != 0)
     _exit(6);
   prod_fill(b, 2);
-  prod_publish(c, b);
+  prod_publish(c, CH, b);
   if (tb_buffer_destroy(a) != 0)
     _exit(7);
   if (write(from_prod[1], "r", 1) != 1)
@@ -147,26 +151,10 @@ static void await_producer(void) {
 
 /* ---- consumers ---- */
 
-/* Acquire (mode, after) and check its data is buffer which's. */
-static uint64_t read_check(tb_client *c, int mode, uint64_t after,
-                           int which) {
+/* t's data is buffer which's (read back through the fake's memory). */
+static void check_words(const DLManagedTensorVersioned *t, int which) {
   static uint32_t host[NWORDS];
-  struct tb_acquire_options ao;
-  DLManagedTensorVersioned *t = NULL;
-  uint64_t v;
-  int rc;
 
-  tb_acquire_options_init(&ao);
-  ao.mode = mode;
-  ao.version = after;
-  ao.timeout_ms = TBT_TIMEOUT_MS;
-  rc = tb_acquire(c, CH, &ao, &t);
-  if (rc != 0) {
-    char why[256];
-    tb_client_last_error(c, why, sizeof(why));
-    show_log();
-    fail_msg("acquire: %d (%s)", rc, why);
-  }
   assert_int_equal(t->dl_tensor.device.device_type, kDLCUDA);
   assert_int_equal(cu->cuMemcpyDtoH(
                        host, (tb_cu_deviceptr)(uintptr_t)t->dl_tensor.data +
@@ -176,6 +164,30 @@ static uint64_t read_check(tb_client *c, int mode, uint64_t after,
   for (uint32_t i = 0; i < NWORDS; i++)
     if (host[i] != word(which, i))
       fail_msg("word %u: %#x, want %#x", i, host[i], word(which, i));
+}
+
+/* Acquire (mode, after) on ch and check its data is buffer which's;
+ * keep: the lease is not released but stored there. */
+static uint64_t read_check_on(tb_client *c, const char *ch, int mode,
+                              uint64_t after, int which,
+                              DLManagedTensorVersioned **keep) {
+  struct tb_acquire_options ao;
+  DLManagedTensorVersioned *t = NULL;
+  uint64_t v;
+  int rc;
+
+  tb_acquire_options_init(&ao);
+  ao.mode = mode;
+  ao.version = after;
+  ao.timeout_ms = TBT_TIMEOUT_MS;
+  rc = tb_acquire(c, ch, &ao, &t);
+  if (rc != 0) {
+    char why[256];
+    tb_client_last_error(c, why, sizeof(why));
+    show_log();
+    fail_msg("acquire: %d (%s)", rc, why);
+  }
+  check_words(t, which);
   {
     struct tb_lease_info li;
     assert_int_equal(tb_lease_get_info(t, sizeof(li), &li), 0);
@@ -183,8 +195,16 @@ static uint64_t read_check(tb_client *c, int mode, uint64_t after,
     assert_string_equal(tb_memory_kind_name(li.memory_kind), "cuda-vmm");
     v = li.version;
   }
-  assert_int_equal(tb_release(t, NULL), 0);
+  if (keep != NULL)
+    *keep = t;
+  else
+    assert_int_equal(tb_release(t, NULL), 0);
   return v;
+}
+
+static uint64_t read_check(tb_client *c, int mode, uint64_t after,
+                           int which) {
+  return read_check_on(c, CH, mode, after, which, NULL);
 }
 
 static int group_setup(void **state) {
@@ -332,6 +352,72 @@ static void vmm_lifecycle(void **state) {
   fk->counts(&n);
   assert_int_equal(n.vmm_mappings, 0);
   assert_int_equal(n.vmm_handles, 0);
+}
+
+/* A producer that publishes one VMM version on ch from a buffer filled
+ * as buffer which, says 'r' on from_prod and waits to be killed. */
+static pid_t start_producer(const char *name, const char *ch, int which) {
+  pid_t pid = fork();
+
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    tb_client *c = NULL;
+    tb_buffer *b = NULL;
+    if (cu->cuCtxSetCurrent(ctx) != 0 || tbt_connect(&daemon_, name, &c) != 0 ||
+        tb_buffer_create_cuda(c, NWORDS * 4, 0, 0, &b) != 0)
+      _exit(2);
+    prod_fill(b, which);
+    prod_publish(c, ch, b);
+    if (write(from_prod[1], "r", 1) != 1)
+      _exit(8);
+    for (;;)
+      pause();
+  }
+  await_producer();
+  return pid;
+}
+
+/* A producer killed and restarted on its channel: its consumers lose
+ * nothing. A consumer holding the dead producer's version keeps reading
+ * it; one waiting for the next version across the restart gets the new
+ * producer's, without an error; a consumer that connects between the
+ * death and the restart reads the last version (VMM memory outlives its
+ * producer: with legacy IPC that acquire is TB_ECLOSED). */
+static void vmm_producer_restart(void **state) {
+  const char *ch = "vmm/restart";
+  DLManagedTensorVersioned *held = NULL;
+  tb_client *c1 = NULL, *c2 = NULL;
+  uint64_t v1, v2;
+  pid_t p1, p2;
+
+  (void)state;
+  p1 = start_producer("first-producer", ch, 5);
+  assert_int_equal(tbt_connect(&daemon_, "steady", &c1), 0);
+  assert_int_equal(tb_channel_subscribe(c1, ch), 0);
+  v1 = read_check_on(c1, ch, TB_ACQUIRE_LATEST, 0, 5, &held);
+  kill(p1, SIGKILL);
+  assert_int_equal(waitpid(p1, NULL, 0), p1);
+  for (;;) {
+    struct tb_notice nt;
+    assert_int_equal(tb_notice_poll(c1, sizeof(nt), &nt, TBT_TIMEOUT_MS), 0);
+    if (nt.type == TB_NOTICE_CHANNEL_CLOSED)
+      break;
+  }
+  /* between the death and the restart */
+  assert_int_equal(tbt_connect(&daemon_, "in-between", &c2), 0);
+  assert_int_equal(read_check_on(c2, ch, TB_ACQUIRE_LATEST, 0, 5, NULL), v1);
+  check_words(held, 5);
+
+  p2 = start_producer("second-producer", ch, 6);
+  v2 = read_check_on(c1, ch, TB_ACQUIRE_NEXT, v1, 6, NULL);
+  assert_true(v2 > v1);
+  assert_int_equal(read_check_on(c2, ch, TB_ACQUIRE_LATEST, 0, 6, NULL), v2);
+  check_words(held, 5); /* the first producer's version, still whole */
+  assert_int_equal(tb_release(held, NULL), 0);
+  kill(p2, SIGKILL);
+  assert_int_equal(waitpid(p2, NULL, 0), p2);
+  tb_client_disconnect(c2);
+  tb_client_disconnect(c1);
 }
 
 /* One ring slot's words: slot s of version v. */
@@ -777,6 +863,7 @@ static void vmm_other_shm(void **state) {
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(vmm_lifecycle),
+      cmocka_unit_test(vmm_producer_restart),
       cmocka_unit_test(vmm_ring),
       cmocka_unit_test(vmm_pid_namespace),
       cmocka_unit_test(vmm_other_shm),
