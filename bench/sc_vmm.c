@@ -6,9 +6,8 @@
  * consumer then, each iteration, connects a new client and times its first
  * acquire of each channel: the round trip to the daemon plus, for legacy
  * IPC, cuIpcOpenMemHandle, and for VMM, receiving the descriptor and
- * cuMemImportFromShareableHandle + reserve + map + set access (about 0.2 to
- * 0.5 ms measured on an H200 outside the library, GPU-FACTS.md). Written
- * for issue 25; not yet run on a GPU. */
+ * cuMemImportFromShareableHandle + reserve + map + set access. The
+ * figures measured are in docs/benchmarks.md. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>

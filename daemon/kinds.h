@@ -1,12 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Memory kinds as the daemon sees them: one row per kind (DESIGN.md
- * section 8, "Memory kinds are transports"). Every decision that depends
- * on a buffer's kind is a column of its row: what a registration must
- * bring and how it is checked, which descriptor the daemon keeps and
- * which one a consumer is sent, what outlives the process that published
- * it, and what goes out with a prefetch. The rows are in kinds.c; a kind
- * with code of its own has its own file (kind_memfd.c, kind_cuda_ipc.c,
- * kind_vmm.c).
+/* Memory kinds as the daemon sees them: one row per kind. Every decision
+ * that depends on a buffer's kind is a column of its row: what a
+ * registration must bring and how it is checked, which descriptor the
+ * daemon keeps and which one a consumer is sent, what outlives the process
+ * that published it, what goes out with a prefetch, and whether its
+ * buffers may carry signals. The rows are in kinds.c; a kind with code of
+ * its own has its own file (kind_memfd.c, kind_cuda_ipc.c, kind_vmm.c).
  * docs/internals.md, "Memory kinds in the daemon". */
 #ifndef TBD_KINDS_H
 #define TBD_KINDS_H

@@ -132,7 +132,7 @@ struct tbd_died {
 };
 
 /* A channel stays while the daemon runs, once created: its version numbers
- * continue across producers (DESIGN.md section 8). */
+ * continue across producers (docs/daemon.md, "When a producer ends"). */
 struct tbd_channel {
   char *name;
   UT_hash_handle hh;         /* registry->channels, by name */

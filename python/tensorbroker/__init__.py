@@ -32,8 +32,8 @@ DEVICE_CPU = 1
 DEVICE_CUDA = 2
 DEVICE_CUDA_HOST = 3
 
-# What stream=None means under each contract (DESIGN.md section 4), as the
-# integer the DLPack Python protocol uses.
+# What stream=None means under each contract (docs/python.md, "Stream
+# semantics"), as the integer the DLPack Python protocol uses.
 _CONTRACT_STREAM = {"spec": 1, "no_sync": -1, "per_thread": 2}
 
 # Every TB_E* code as a module constant (TB_ETIMEDOUT == -7, ...).

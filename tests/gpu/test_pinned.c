@@ -11,8 +11,8 @@
  * with cuMemcpyHtoD (synchronous, best of REPS after a warm-up), then a
  * malloc'd copy of it the same way, checks the device bytes of both copies
  * against the pattern, and reports both rates. The pinned copy must be at
- * least 1.5 times as fast (measured on the H200: about 55 GB/s against
- * 8-9 GB/s, /work/shared/GPU-FACTS.md). A driver that cannot register a
+ * least 1.5 times as fast (the figures measured are in
+ * docs/gpu-validation.md). A driver that cannot register a
  * read-only mapping (no CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_
  * SUPPORTED) fails the acquire with TB_ECUDA naming the kind: the test
  * fails then, printing it.

@@ -1,44 +1,40 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* GPU: CUDA VMM buffers (docs/cuda.md, "VMM buffers"). NOT YET RUN ON A
- * GPU (docs/gpu-validation.md).
+/* GPU: CUDA VMM buffers (docs/cuda.md, "VMM buffers" and "Signals").
  *
  * vmm_exchange: a producer fills a tb_buffer_create_cuda buffer with a
  * kernel on its stream and publishes it; a consumer process acquires it on
- * its own stream, counts the words (none wrong), checks the lease says
- * cuda-vmm, and acquires a second version from the same buffer without a
- * second import (the library's mapping cache).
+ * its own stream with exactly one import (the driver counters), checks the
+ * lease says cuda-vmm and counts no word wrong, then acquires a second
+ * version from the same buffer with no second import and no legacy IPC
+ * open, and reads it right.
  *
- * vmm_producer_sigkill: the producer publishes and is SIGKILLed; only then
- * does a new consumer process start, acquire the last version and read it
- * correctly (the daemon's descriptor keeps the memory; legacy IPC fails
- * here with CUDA_ERROR_INVALID_HANDLE, GPU-FACTS.md); TB_ECLOSED for
- * anything newer.
+ * vmm_producer_sigkill: the producer publishes a finished version and is
+ * SIGKILLed; only then does a new consumer process start, acquire the
+ * latest version (the one published) and read it right (the daemon's
+ * descriptor keeps the memory; legacy IPC memory dies with its producer:
+ * docs/cuda.md, "What happens on a crash"); NEXT after it with timeout 0
+ * is TB_ECLOSED.
  *
- * vmm_ring: a producer ring of three slots (tb_ring_*) publishes eight
- * versions written by kernels; each reads right in the consumer.
+ * vmm_ring: a producer ring of three slots (tb_ring_create_cuda,
+ * tb_ring_next, tb_ring_publish) publishes eight versions written by
+ * kernels; each reads right in the consumer, as cuda-vmm.
  *
  * vmm_pid_namespaces (root; skipped otherwise): producer and consumer each
  * in a new PID namespace with their own /proc, as `unshare --pid --fork
- * --mount-proc` makes them. The memory crosses by its descriptor. Version
- * 1 is published complete (the producer synchronised its stream first:
- * the consumer opens no event) and must read correctly; version 2 is
- * published with its ready event pending, and what the consumer's acquire
- * does with an interprocess event from another PID namespace is reported,
- * not asserted (unmeasured: docs/cuda.md says what to do either way); so
- * is what the producer's tb_wait_free does with the consumer's done event
- * (that its stream runs on within 10 s is asserted: it must never stall).
- * Reported too, for an ordering without interprocess events: a stream
- * memory operation across the namespaces (the producer's stream writes a
- * word of the VMM buffer after a 500 ms kernel, cuStreamWriteValue64; the
- * consumer's stream waits for it, cuStreamWaitValue64, then counts the
- * kernel's words).
+ * --mount-proc` makes them, sharing /dev/shm. Interprocess events do not
+ * reach across, so the buffers' signals order the exchange, checked on the
+ * data both ways:
+ *  - done signal: the consumer reads version 1 (published finished) with a
+ *    1 s kernel queued on its stream and releases at once; the producer
+ *    publishes another buffer, tb_wait_free(v1) on its stream must succeed,
+ *    and it rewrites version 1's buffer on that stream: the consumer's read
+ *    must count 0 words rewritten;
+ *  - ready signal: that rewrite (a 500 ms kernel) is published as version
+ *    2 with its work in flight; the consumer's acquire must succeed and its
+ *    stream's read count 0 words wrong.
  *
  * vmm_containers: the same with a /dev/shm of its own in each namespace,
- * as containers without the host's IPC namespace have. CUDA interprocess
- * events are said not to reach across (LMCache's measurement, driver 580),
- * so the library never opens the other side's: the pending version's
- * acquire and tb_wait_free(v1) say TB_ENOTSUP (reported), and no stream
- * stalls (asserted). */
+ * as containers without the host's IPC namespace have. */
 
 #include <dlfcn.h>
 #include <sched.h>

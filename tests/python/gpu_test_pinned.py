@@ -1,14 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """GPU: pinned host memory (Client.empty(pinned=True); docs/cuda.md, "Pinned
 host memory") between a NumPy CPU stage and a PyTorch GPU stage, as such a
-pipeline is written. NOT YET RUN ON A GPU.
+pipeline is written.
 
 The CPU stage (this process) writes frames into a ring of three pinned
 buffers (Client.ring(..., pinned=True)), which hands a buffer out again
-once wait_free() says the version published from it is free. The GPU stage (another process) takes each frame with
-torch.from_dlpack, starts a slow kernel and then a non-blocking copy to the
-device on a side stream, names that stream at release and drops its tensor
-while the copy is still queued: the copy must still read that frame, which
+once wait_free() says the version published from it is free. The GPU
+stage (another process) takes each frame with torch.from_dlpack, starts a
+slow kernel and then a non-blocking copy to the device on a side stream,
+names that stream at release and drops its tensor while the copy is still
+queued: the copy must still read that frame, which
 only the done event the release records (and wait_free's host wait on it)
 guarantees. Each device copy's sum is checked. What torch does with a
 kDLCUDAHost capsule, and the copy bandwidth from the pinned lease against a
