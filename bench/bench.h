@@ -152,7 +152,7 @@ void tbb_scenario_zero_copy(void);  /* 5 */
 void tbb_scenario_pipeline(int gpu);/* 6 */
 void tbb_scenario_handoff(void);    /* 7 */
 void tbb_scenario_flat(void);       /* 8 */
-void tbb_scenario_vmm_import(void); /* 9: not yet run on a GPU */
+void tbb_scenario_vmm_import(void); /* 9: VMM cold import vs legacy IPC */
 void tbb_scenario_pinned(void);     /* 10: H2D from pinned broker memory */
 
 #endif /* TB_BENCH_H */

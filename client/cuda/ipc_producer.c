@@ -130,8 +130,9 @@ static int alloc_registration(struct tb_client *c, struct tb__cuda_client *cc,
  * never too short. It is also what CUDA graph replay needs: a captured
  * external wait waits for the event's latest record at launch time, so a
  * graph captured on version N waits, on replay, for the producer's newest
- * publish from the same stream (measured on H200, GPU-FACTS.md). One event
- * per version would leave a replayed graph waiting on a stale event. */
+ * publish from the same stream (measured on an H200: gpu_graph_capture,
+ * docs/gpu-validation.md). One event per version would leave a replayed
+ * graph waiting on a stale event. */
 static int ready_event_get(struct tb_client *c, struct tb__cuda_client *cc,
                            int device, const uint8_t *uuid,
                            tb_cu_stream stream, struct tb__cuda_ev **out) {

@@ -5,9 +5,10 @@
 #
 #   tests/gpu/run-on-gpu.sh [BUILD_DIR]     (default: <repo>/build-gpu)
 #
-# Prints the GPU and driver, runs the GPU tests (ctest -L gpu), then the
-# rest of the suite, and copies the logs into $OUT when it is set. Bounded
-# under 9 minutes. Exit status: 0 when every test passed or skipped.
+# Prints the GPU and driver, runs the GPU tests (ctest -L gpu), with
+# TB_GPU_RUN_ALL=1 then the rest of the suite, and copies the logs into
+# $OUT when it is set. Bounded under 9 minutes. Exit status: 0 when every
+# test passed or skipped.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
