@@ -14,6 +14,7 @@ static const struct tbd_kind kinds[] = {
     {
         .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD,
         .name = "host memfd",
+        .label = "host",
         .dev_type = kDLCPU,
         .carries_fd = true,
         .survives_producer = true,
@@ -33,6 +34,7 @@ static const struct tbd_kind kinds[] = {
     {
         .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC,
         .name = "CUDA IPC",
+        .label = "cuda-ipc",
         .dev_type = kDLCUDA,
         .carries_fd = false,
         .survives_producer = false,
@@ -49,6 +51,7 @@ static const struct tbd_kind kinds[] = {
     {
         .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_VMM_FD,
         .name = "CUDA VMM fd",
+        .label = "cuda-vmm",
         .dev_type = kDLCUDA,
         .carries_fd = true,
         .survives_producer = true,
@@ -66,6 +69,7 @@ static const struct tbd_kind kinds[] = {
     {
         .kind = TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_HOST,
         .name = "pinned host memfd",
+        .label = "cuda-host",
         .dev_type = kDLCUDAHost,
         .carries_fd = true,
         .survives_producer = true,
@@ -77,6 +81,12 @@ static const struct tbd_kind kinds[] = {
         .attach_fd = tbd_kind_memfd_attach_fd,
     },
 };
+
+size_t tbd_kind_count(void) { return sizeof(kinds) / sizeof(kinds[0]); }
+
+const struct tbd_kind *tbd_kind_at(size_t i) {
+  return i < tbd_kind_count() ? &kinds[i] : NULL;
+}
 
 const struct tbd_kind *tbd_kind_find(int kind) {
   for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)

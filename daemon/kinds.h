@@ -21,6 +21,8 @@ struct tbd_buffer;
 struct tbd_kind {
   int kind;               /* TENSORBROKER__V1__MEMORY_KIND__* */
   const char *name;       /* in messages */
+  const char *label;      /* as the library and tbctl name the kind
+                             (tb_memory_kind_name): the metrics' label */
   int dev_type;           /* DLPack device type of its buffers: a layout
                              published in one must name it */
   /* The memory is a descriptor: the daemon holds its own (adopt), and a
@@ -60,6 +62,10 @@ struct tbd_kind {
    * go out. carries_fd kinds only. */
   int (*attach_fd)(struct tbd_buffer *b, bool write);
 };
+
+/* The rows, in table order: tbd_kind_at(i) for i < tbd_kind_count(). */
+size_t tbd_kind_count(void);
+const struct tbd_kind *tbd_kind_at(size_t i);
 
 /* The row of kind, or NULL for a kind the daemon does not know. */
 const struct tbd_kind *tbd_kind_find(int kind);

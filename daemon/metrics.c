@@ -13,6 +13,7 @@
 
 #include <tensorbroker/tensorbroker.h>
 
+#include "kinds.h"
 #include "registry_impl.h"
 
 const uint64_t tbd_latency_bounds_ns[TBD_LATENCY_BUCKETS] = {
@@ -226,27 +227,30 @@ static void render_info(struct out *o, struct tbd_registry *r) {
       (long long)(r->metrics.start_unix_ms % 1000));
 }
 
-/* tensorbroker_buffers by memory kind, one line per kind the protocol
- * names (kind="HOST_MEMFD", "CUDA_IPC", "CUDA_VMM_FD", "CUDA_HOST": the
- * MemoryKind value without its prefix), 0 included. */
+/* tensorbroker_buffers, and their bytes, by memory kind: one line per
+ * row of the kind table, labelled as the library and tbctl name the kind
+ * (kind="host", "cuda-ipc", "cuda-vmm", "cuda-host"), 0 included. */
 static void render_buffer_kinds(struct out *o, struct tbd_registry *r) {
-  const ProtobufCEnumDescriptor *d = &tensorbroker__v1__memory_kind__descriptor;
-  const char *prefix = "MEMORY_KIND_";
+  static const struct {
+    const char *family, *help;
+  } fam[2] = {
+      {"tensorbroker_buffers_by_kind", "tensorbroker_buffers by memory kind."},
+      {"tensorbroker_buffer_bytes_by_kind",
+       "Bytes of those buffers by memory kind, as registered."},
+  };
   struct tbd_buffer *b, *tmp;
 
-  family(o, "tensorbroker_buffers_by_kind", "gauge",
-         "tensorbroker_buffers by memory kind.");
-  for (unsigned i = 0; i < d->n_values; i++) {
-    const char *name = d->values[i].name;
-    uint64_t n = 0;
-
-    if (d->values[i].value == TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_NONE)
-      continue;
-    HASH_ITER(hh, r->buffers, b, tmp)
-      n += b->kind == d->values[i].value;
-    if (strncmp(name, prefix, strlen(prefix)) == 0)
-      name += strlen(prefix);
-    labelled(o, "tensorbroker_buffers_by_kind", "kind", name, n);
+  for (int f = 0; f < 2; f++) {
+    family(o, fam[f].family, "gauge", fam[f].help);
+    for (size_t i = 0; i < tbd_kind_count(); i++) {
+      const struct tbd_kind *k = tbd_kind_at(i);
+      uint64_t v = 0;
+      HASH_ITER(hh, r->buffers, b, tmp) {
+        if (b->kind == k->kind)
+          v += f == 0 ? 1 : b->size;
+      }
+      labelled(o, fam[f].family, "kind", k->label, v);
+    }
   }
 }
 

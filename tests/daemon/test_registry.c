@@ -1901,10 +1901,14 @@ static void test_vmm_buffers(void **state) {
     char *text = NULL;
     size_t len = 0;
     assert_tb_ok(tbd_metrics_render(r, NULL, &text, &len));
-    assert_non_null(strstr(text, "tensorbroker_buffers_by_kind{kind=\"CUDA_"
-                                 "VMM_FD\"} 1\n"));
-    assert_non_null(strstr(text, "tensorbroker_buffers_by_kind{kind=\"HOST_"
-                                 "MEMFD\"} 0\n"));
+    assert_non_null(
+        strstr(text, "tensorbroker_buffers_by_kind{kind=\"cuda-vmm\"} 1\n"));
+    assert_non_null(
+        strstr(text, "tensorbroker_buffers_by_kind{kind=\"host\"} 0\n"));
+    assert_non_null(strstr(
+        text, "tensorbroker_buffer_bytes_by_kind{kind=\"cuda-vmm\"} 4096\n"));
+    assert_non_null(strstr(
+        text, "tensorbroker_buffer_bytes_by_kind{kind=\"cuda-host\"} 0\n"));
     free(text);
   }
   assert_int_equal(publish_ex(r, p, "v", id, &gpu, NULL), 0);

@@ -338,6 +338,11 @@ def test_scrapes_agree_with_what_clients_did():
             assert channel_values(m, "tensorbroker_channel_versions") == {"m/a": 2, "m/b": 1}
             assert channel_values(m, "tensorbroker_channel_leases") == {"m/a": 1, "m/b": 0}
             assert channel_values(m, "tensorbroker_channel_bytes") == {"m/a": 64, "m/b": 1000}
+            # the two buffers by kind, named as tbctl and the library name kinds
+            assert value(m, "tensorbroker_buffers_by_kind", kind="host") == 2
+            assert value(m, "tensorbroker_buffers_by_kind", kind="cuda-vmm") == 0
+            assert value(m, "tensorbroker_buffer_bytes_by_kind", kind="host") == \
+                64 + 1000  # as registered: the bytes asked for
             assert channel_values(m, "tensorbroker_channel_publishes_total") == \
                 {"m/a": 2, "m/b": 1}
             assert channel_values(m, "tensorbroker_channel_publisher_connected") == \
