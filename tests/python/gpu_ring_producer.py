@@ -32,6 +32,10 @@ Options:
   --period-us P    pace publishing to one frame per P microseconds (host
                    busy-wait), so that consumers read a known share of the
                    frames whatever the host's speed.
+  --vmm            the ring's tensors are torch views of Client.empty(...,
+                   device="cuda") arrays (CUDA VMM buffers, whose versions
+                   outlive this process) instead of torch allocations
+                   (legacy CUDA IPC).
 """
 import argparse
 import json
@@ -60,6 +64,7 @@ def main():
     ap.add_argument("--sync-publish", action="store_true")
     ap.add_argument("--announce", type=int, default=0)
     ap.add_argument("--wait-free-timeout", type=float, default=60.0)
+    ap.add_argument("--vmm", action="store_true")
     ap.add_argument("--warmup", action="store_true",
                     help="publish frame first-frame - 1 before saying ready")
     args = ap.parse_args()
@@ -67,8 +72,14 @@ def main():
     torch.zeros(1, device="cuda")            # the primary context, current here
     c = tb.Client(socket=args.socket, name="ring-producer")
     s = torch.cuda.Stream()                  # non-blocking, as users' side streams are
-    bufs = [torch.full((args.elems,), -1, dtype=torch.int32, device="cuda")
-            for _ in range(args.ring)]
+    if args.vmm:
+        bufs = [torch.from_dlpack(c.empty((args.elems,), "int32", device="cuda"))
+                for _ in range(args.ring)]
+        for b in bufs:
+            b.fill_(-1)
+    else:
+        bufs = [torch.full((args.elems,), -1, dtype=torch.int32, device="cuda")
+                for _ in range(args.ring)]
     endbuf = torch.zeros(1, dtype=torch.int32, device="cuda")
     torch.cuda.synchronize()
 

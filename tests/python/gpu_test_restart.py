@@ -21,7 +21,8 @@ The pipeline (gpu_ring_producer.py, gpu_ring_consumer.py):
      is then blocked in wait_free on the held version, or close to it);
   3. once the daemon has closed the channel: a fresh consumer (probe) with
      a 2 s timeout must get TB_ECLOSED; another fresh consumer with a 60 s
-     timeout starts waiting;
+     timeout starts waiting (with --vmm rings, test_vmm_...: both read
+     producer 1's last version at once, since VMM memory outlives it);
   4. producer P2 starts on the same channel with frames from P2_FIRST: the
      waiting probe must get one of P2's frames (data checked on the
      device), the ring consumers carry on with P2's frames to its end
@@ -58,8 +59,13 @@ def wait_channel_closed(watch, timeout=30):
     raise AssertionError("no channel_closed notice within %d s of the kill" % timeout)
 
 
-def test_producer_killed_and_restarted():
+def run_restart(vmm):
+    """The pipeline above; vmm: both producers' rings are CUDA VMM buffers
+    (gpu_ring_producer.py --vmm), whose versions outlive their producer, so
+    the fresh consumer with no producer alive reads producer 1's last
+    version instead of getting TB_ECLOSED."""
     variants = ("torch_side", "torch_release_stream")
+    kind = ("--vmm",) if vmm else ()
     with daemon() as sock, \
             tb.Client(socket=sock, name="restart-watch", prefetch=False) as watch:
         procs = []
@@ -71,7 +77,7 @@ def test_producer_killed_and_restarted():
                         "--timeout", 30, name="hold")
             procs.append(hold)
             p1 = Proc(PRODUCER, sock, "--channel", CH, "--frames", 100000, "--sync-publish",
-                      "--warmup",
+                      "--warmup", *kind,
                       "--announce", ANNOUNCE, "--period-us", 200, "--wait-free-timeout", 120,
                       name="producer-1")
             procs.append(p1)
@@ -103,21 +109,33 @@ def test_producer_killed_and_restarted():
                       name="fresh-60s")
             procs += [f1, f2]
             r1 = f1.expect(("error", "got"), 120)
-            assert r1.get("error") == "TB_ECLOSED", \
-                "a fresh consumer with no producer alive: want TB_ECLOSED, got %s" % r1
+            if vmm:
+                assert "got" in r1 and r1["ok"] and r1["got"] < P2_FIRST, \
+                    "a fresh consumer with no producer alive: want producer 1's " \
+                    "last frame (VMM memory outlives it), got %s" % r1
+            else:
+                assert r1.get("error") == "TB_ECLOSED", \
+                    "a fresh consumer with no producer alive: want TB_ECLOSED, got %s" % r1
             assert f1.finish(60) == 0
             f2.expect("ready", 120)
 
             # the restart
             p2 = Proc(PRODUCER, sock, "--channel", CH, "--frames", P2_FRAMES,
-                      "--first-frame", P2_FIRST, "--period-us", 200, name="producer-2")
+                      "--first-frame", P2_FIRST, "--period-us", 200, *kind,
+                      name="producer-2")
             procs.append(p2)
             p2.expect("ready", 120)
             p2.say("go")
             r2 = f2.expect(("error", "got"), 120)
             assert "got" in r2, "the waiting fresh consumer failed: %s" % r2
-            assert r2["got"] >= P2_FIRST and r2["ok"], \
-                "the waiting fresh consumer got %s, not a checked frame of producer 2" % r2
+            if vmm:
+                # nothing to wait for: producer 1's last version is granted
+                assert r2["got"] < P2_FIRST and r2["ok"], \
+                    "the fresh consumer got %s, not producer 1's last frame" % r2
+            else:
+                assert r2["got"] >= P2_FIRST and r2["ok"], \
+                    "the waiting fresh consumer got %s, not a checked frame of " \
+                    "producer 2" % r2
             assert f2.finish(60) == 0
             done2 = p2.expect("done", 120)
             assert done2["first_version"] > held["version"], \
@@ -135,8 +153,11 @@ def test_producer_killed_and_restarted():
                 if p.proc.poll() is None:
                     p.kill()
 
-    print("fresh consumer (2 s, no producer): %s after %.1f s; fresh consumer (60 s): "
-          "frame %d after %.1f s" % (r1["error"], r1["waited_s"], r2["got"], r2["waited_s"]))
+    print("%s: fresh consumer (2 s, no producer): %s after %.1f s; fresh consumer (60 s): "
+          "frame %d after %.1f s"
+          % ("vmm" if vmm else "legacy IPC",
+             r1.get("error") or "frame %d" % r1["got"], r1["waited_s"], r2["got"],
+             r2["waited_s"]))
     print("producer 2: %d frames (%d..%d), versions %d..%d"
           % (done2["frames"], done2["first_frame"], done2["last_frame"],
              done2["first_version"], done2["last_version"]))
@@ -159,3 +180,11 @@ def test_producer_killed_and_restarted():
         assert res["read"] - res["read_after_split"] >= MIN_READ_P1, res
         assert res["read_after_split"] >= MIN_READ_P2, res
     assert checked["checked"] == held["held"] and checked["ok"], checked
+
+
+def test_producer_killed_and_restarted():
+    run_restart(vmm=False)
+
+
+def test_vmm_producer_killed_and_restarted():
+    run_restart(vmm=True)
