@@ -196,9 +196,10 @@ static void exchange(void **state) {
         strstr(out, "\"cuda-host\"") == NULL)
       fail_msg("tbctl leases --json does not say cuda-host:\n%s", out);
     assert_int_equal(tb_daemon_get_metrics(p, &text, &len), 0);
-    if (strstr(text, "\ntensorbroker_buffers_by_kind{kind=\"CUDA_HOST\"} 1\n") ==
+    /* by kind, named as tbctl names it */
+    if (strstr(text, "\ntensorbroker_buffers_by_kind{kind=\"cuda-host\"} 1\n") ==
             NULL ||
-        strstr(text, "\ntensorbroker_buffers_by_kind{kind=\"HOST_MEMFD\"} 0\n") ==
+        strstr(text, "\ntensorbroker_buffers_by_kind{kind=\"host\"} 0\n") ==
             NULL)
       fail_msg("metrics without the buffer's kind:\n%s", text);
     tb_free(text);
