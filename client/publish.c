@@ -475,35 +475,6 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
                        (unsigned)f->dropped);
     goto out_unlock;
   }
-  {
-    size_t foreign = 0;
-    /* CUDA interprocess events do not reach a process in another PID
-     * namespace or with another /dev/shm: a wait on one may never end. A
-     * consumer there that was given a done slot wrote a done signal
-     * instead (docs/cuda.md, "Signals"); one without cannot be waited
-     * for. The entry stays, as above. */
-    for (size_t i = 0; i < f->n_done; i++)
-      foreign += tb__events_foreign(f->done[i].owner_shm_id,
-                                    f->done[i].owner_pidns_id) &&
-                 f->done[i].signal_value == 0;
-    if (foreign > 0) {
-      rc = tb__set_error(c, TB_ENOTSUP,
-                         "version %llu of '%s' was released with GPU work "
-                         "still queued by %zu consumer(s) in another PID "
-                         "namespace or with another /dev/shm (another "
-                         "container) and without a done signal: CUDA "
-                         "interprocess events do not reach across, so their "
-                         "reads cannot be waited for and this buffer must "
-                         "not be rewritten (a buffer of "
-                         "tb_buffer_create_cuda carries signals where the "
-                         "device supports 64-bit stream memory operations; "
-                         "else such a consumer must finish its reads before "
-                         "it releases: synchronise, then release with stream "
-                         "-1) (docs/cuda.md, \"Signals\")",
-                         (unsigned long long)version, channel, foreign);
-      goto out_unlock;
-    }
-  }
   /* Plain host versions carry no done events and never touch CUDA;
    * pinned ones do when a consumer's GPU read them. The entry stays: a
    * second wait (another stream) waits again, on the events' latest

@@ -269,6 +269,36 @@ int tb__ci_wait_event(struct tb__conn *k, uint64_t event_id,
   return rc;
 }
 
+int tb__ci_done_unreachable(struct tb_client *c, const struct tb__freed *f) {
+  size_t foreign = 0;
+
+  /* CUDA interprocess events do not reach a process in another PID
+   * namespace or with another /dev/shm: a wait on one may never end. A
+   * consumer there that was given a done slot wrote a done signal
+   * instead (docs/cuda.md, "Signals"); one without cannot be waited for.
+   * The freed entry stays, so that asking again says the same. */
+  for (size_t i = 0; i < f->n_done; i++)
+    foreign += tb__events_foreign(f->done[i].owner_shm_id,
+                                  f->done[i].owner_pidns_id) &&
+               f->done[i].signal_value == 0;
+  if (foreign == 0)
+    return 0;
+  return tb__set_error(c, TB_ENOTSUP,
+                       "version %llu of '%s' was released with GPU work "
+                       "still queued by %zu consumer(s) in another PID "
+                       "namespace or with another /dev/shm (another "
+                       "container) and without a done signal: CUDA "
+                       "interprocess events do not reach across, so their "
+                       "reads cannot be waited for and this buffer must "
+                       "not be rewritten (a buffer of "
+                       "tb_buffer_create_cuda carries signals where the "
+                       "device supports 64-bit stream memory operations; "
+                       "else such a consumer must finish its reads before "
+                       "it releases: synchronise, then release with stream "
+                       "-1) (docs/cuda.md, \"Signals\")",
+                       (unsigned long long)f->version, f->channel, foreign);
+}
+
 int tb__cuda_wait_done_signals(struct tb_client *c, const struct tb__freed *f,
                                void *stream, tb__signal_word_fn *word_of) {
   struct tb__cuda_client *cc = NULL;
@@ -276,6 +306,9 @@ int tb__cuda_wait_done_signals(struct tb_client *c, const struct tb__freed *f,
   char why[256] = "";
   int rc;
 
+  rc = tb__ci_done_unreachable(c, f);
+  if (rc < 0)
+    return rc;
   rc = tb__ci_cuda_client(c, &cc);
   if (rc < 0)
     return rc;
@@ -288,10 +321,10 @@ int tb__cuda_wait_done_signals(struct tb_client *c, const struct tb__freed *f,
   for (size_t i = 0; i < f->n_done; i++) {
     const struct tb__done_event *d = &f->done[i];
     if (tb__events_foreign(d->owner_shm_id, d->owner_pidns_id)) {
-      /* its event does not reach here: its done signal (tb_wait_free let
-       * only those with one through) in the buffer's signal area; without
-       * word_of (cuda-ipc's wait, asked for buffers c has no signals of)
-       * the buffer that had them is gone */
+      /* its event does not reach here: its done signal (checked above:
+       * each has one) in the buffer's signal area; without word_of
+       * (cuda-ipc's wait, asked for buffers c has no signals of) the
+       * buffer that had them is gone */
       tb_cu_deviceptr word;
       rc = word_of != NULL ? word_of(c, f->buffer_id, d->signal_slot, &word,
                                      why, sizeof(why))

@@ -61,11 +61,16 @@ int tb__cuda_lease_wait(struct tb__conn *k, struct tb__cuda_acq *a,
                         uint64_t event_id, const uint8_t *handle,
                         const uint8_t *uuid, int complete,
                         uint64_t signal_value, void *stream);
+/* TB_ENOTSUP (set on c, saying why) when a consumer in another PID
+ * namespace or with another /dev/shm released f with a done event and no
+ * done signal: its reads cannot be waited for. Else 0. Every CUDA kind's
+ * done_wait asks it first, whatever the stream. */
+int tb__ci_done_unreachable(struct tb_client *c, const struct tb__freed *f);
 /* Producer: make stream wait on the consumers' done events (those of
  * consumers in another PID namespace or with another /dev/shm, whose
- * events do not reach here, are skipped: tb_wait_free lets through only
- * those with a done signal, which only buffers with a signal area give,
- * and c has none of that buffer left). */
+ * events do not reach here, are skipped: tb__ci_done_unreachable lets
+ * through only those with a done signal, which only buffers with a signal
+ * area give, and c has none of that buffer left). */
 int tb__cuda_wait_done(struct tb_client *c, const struct tb__freed *f,
                        void *stream);
 /* The same, where the events of consumers in another PID namespace or

@@ -149,6 +149,9 @@ int tb__pinned_done_wait(struct tb_client *c, const struct tb__freed *f,
   char why[256] = "";
   int rc;
 
+  rc = tb__ci_done_unreachable(c, f);
+  if (rc < 0)
+    return rc;
   /* A stream that writes the buffer (a device-to-host copy into it) waits
    * on the GPU, as for device memory. */
   if (stream != NULL)

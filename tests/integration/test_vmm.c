@@ -703,6 +703,14 @@ static int shm_consumer(const char *sock) {
     return 31;
   if (cu->cuStreamSynchronize(s) != 0)
     return 32;
+  /* finished at publish from the buffer without a signal area, released
+   * with its read queued: a done event the producer cannot wait for, and
+   * no done signal to stand for it */
+  rc = tb_acquire(c, "vmm/shm-nosignal-done", &ao, &t);
+  if (rc != 0)
+    return 33;
+  if (tb_release(t, s) != 0)
+    return 34;
   tb_client_disconnect(c);
   return 0;
 }
@@ -793,14 +801,15 @@ static void vmm_pid_namespace(void **state) {
  * driver without 64-bit stream memory operations) is TB_ENOTSUP; the
  * producer's tb_wait_free for a version that consumer released with its
  * read queued waits for the consumer's done signal, in the done slot the
- * daemon gave it, and opens no event. */
+ * daemon gave it, and opens no event; for a version of the buffer without
+ * a signal area it is TB_ENOTSUP, saying why. */
 static void vmm_other_shm(void **state) {
   char at[80];
   tb_client *p = NULL;
   tb_buffer *b[3] = {NULL, NULL, NULL};
   int64_t shape;
   DLTensor dt;
-  uint64_t done_v = 0;
+  uint64_t done_v = 0, nosig_v = 0;
   int st;
 
   (void)state;
@@ -838,6 +847,9 @@ static void vmm_other_shm(void **state) {
   ring_tensor(&dt, &shape, tb_buffer_data(b[1]));
   assert_int_equal(tb_channel_publish(p, "vmm/shm-done", &dt, &po, &done_v),
                    0);
+  ring_tensor(&dt, &shape, tb_buffer_data(b[2]));
+  assert_int_equal(
+      tb_channel_publish(p, "vmm/shm-nosignal-done", &dt, &po, &nosig_v), 0);
 
   st = run_self_in_namespace("shm-consumer");
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
@@ -854,6 +866,27 @@ static void vmm_other_shm(void **state) {
     show_log();
     fail_msg("tb_wait_free did not wait for the consumer's done signal "
              "(alone, and written)");
+  }
+  /* the version read from the buffer without signals: its reader cannot
+   * be waited for, said plainly (twice: the answer does not change), and
+   * nothing is enqueued on the stream */
+  ring_tensor(&dt, &shape, tb_buffer_data(b[2]));
+  assert_int_equal(
+      tb_channel_publish(p, "vmm/shm-nosignal-done", &dt, &po, NULL), 0);
+  for (int k = 0; k < 2; k++) {
+    char why[1024];
+    fk->log_clear();
+    assert_int_equal(tb_wait_free(p, "vmm/shm-nosignal-done", nosig_v,
+                                  TBT_TIMEOUT_MS, s),
+                     TB_ENOTSUP);
+    tb_client_last_error(p, why, sizeof(why));
+    if (strstr(why, "another PID namespace or with another /dev/shm") ==
+            NULL ||
+        strstr(why, "without a done signal") == NULL ||
+        log_prefixed("wait") != 0 || log_prefixed("ipc-open-event ") != 0) {
+      show_log();
+      fail_msg("wait %d: %s", k, why);
+    }
   }
   for (int i = 0; i < 3; i++)
     assert_int_equal(tb_buffer_destroy(b[i]), 0);

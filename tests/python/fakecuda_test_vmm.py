@@ -12,10 +12,10 @@ consumer process-side client (lease.memory_kind 3, cuda-vmm in the channel
 list), the data checked through cuMemcpyDtoH. A driver without POSIX
 descriptor support gives TB_ENOTSUP, and a bad dtype or device a clear
 error. A consumer in a container of its own (unshare, a tmpfs /dev/shm;
-root only) gets TB_ENOTSUP for a version published with work in flight,
-reads a finished one, and its release with a read queued makes the
-producer's wait_free TB_ENOTSUP: CUDA interprocess events do not reach
-across /dev/shm (docs/cuda.md, "Across containers").
+root only), where CUDA interprocess events do not reach: its stream waits
+for the buffer's ready signal of a version published with work in flight,
+it reads a finished one, and its release with a read queued writes a done
+signal that the producer's wait_free waits for (docs/cuda.md, "Signals").
 
 Registered as python_fakecuda_vmm with LD_LIBRARY_PATH pointing at the fake;
 anywhere else it skips."""
