@@ -236,8 +236,11 @@ static void buffer_info_fill(struct tbd_registry *r, const void *row,
   struct tbd_buffer *b = *(struct tbd_buffer *const *)row;
   struct buffer_row *br = info;
   Tensorbroker__V1__BufferEntryInfo *bi = &br->bi;
+  /* retirement unlinks the owner; the session may live on (it destroyed
+   * the buffer, or published a copy from it) */
+  struct tbd_session *owner =
+      b->owner != NULL ? b->owner : tbd__session_find(r, b->owner_id);
 
-  (void)r;
   tensorbroker__v1__buffer_entry_info__init(bi);
   tensorbroker__v1__device__init(&br->dev);
   bi->buffer_id = b->id;
@@ -248,10 +251,10 @@ static void buffer_info_fill(struct tbd_registry *r, const void *row,
   br->dev.id = b->dev_id;
   br->dev.uuid.data = b->uuid;
   br->dev.uuid.len = b->uuid_len;
-  /* the owner goes at retirement; its pid and uid stay on the buffer */
-  if (b->owner != NULL) {
-    bi->session_id = b->owner->id;
-    bi->session_name = b->owner->name;
+  /* its pid and uid stay on the buffer once the session ended */
+  if (owner != NULL) {
+    bi->session_id = owner->id;
+    bi->session_name = owner->name;
   }
   bi->pid = b->owner_pid;
   bi->uid = b->u->uid;

@@ -49,6 +49,9 @@ struct tbd_buffer {
   struct tbd_session *owner; /* NULL once retired */
   struct tbd_uid *u;         /* counted against it until freed */
   uint32_t owner_pid;
+  uint64_t owner_id;         /* that session's id: the buffers view names
+                                it while the session lives, retired or
+                                not (a copy's buffer is retired at once) */
   int kind;                  /* TENSORBROKER__V1__MEMORY_KIND__*: its row
                                 in kinds.h decides what differs by kind */
   uint64_t size;

@@ -773,7 +773,7 @@ struct tb_buffer_entry {
   int32_t device_type;       /* DLDeviceType, as registered */
   int32_t device_id;
   uint8_t device_uuid[16];   /* a CUDA device's UUID; zero for host memory */
-  /* The session that registered it: 0 and "" once the buffer is retired.
+  /* The session that registered it: 0 and "" once that session ended.
    * pid and uid stay: its producer's. */
   uint64_t session_id;
   uint32_t pid, uid;

@@ -956,9 +956,15 @@ static void test_buffer_list(void **state) {
   assert_int_equal(c->m->reply->list_buffers->n_buffers, 0);
   tbt_cap_free(c);
 
-  /* alice unregisters her buffer and goes: retired, still listed while
-   * its versions are held, for her uid and the operators */
+  /* alice unregisters her buffer: retired, still hers while she lives;
+   * then she goes: still listed while its versions are held, for her uid
+   * and the operators, without a session */
   assert_tb_ok(unregister(r, alice, hb));
+  e = buffers_seen(r, root, hb, ids, sizeof(ids), &c);
+  assert_true(e->retired);
+  assert_int_equal(e->session_id, tbd_session_id(alice));
+  assert_string_equal(e->session_name, "acl");
+  tbt_cap_free(c);
   tbd_session_close(r, alice);
   e = buffers_seen(r, alice2, hb, ids, sizeof(ids), &c);
   assert_non_null(e);
