@@ -4,6 +4,7 @@
  * tb_channel_drop. */
 #include "client_internal.h"
 
+#include <stdalign.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -469,12 +470,14 @@ static uint64_t buffer_entry(const Tensorbroker__V1__Reply *rep, size_t i,
   return bi->buffer_id;
 }
 
-/* The first version of struct tb_buffer_entry (up to survives_producer):
- * the smallest struct_size tb_buffer_list takes, however the struct
- * grows. */
+/* The first version of struct tb_buffer_entry (up to survives_producer,
+ * padded as the struct is): the smallest struct_size tb_buffer_list takes,
+ * however the struct grows. */
+#define BUFFER_ENTRY_END                                                       \
+  (offsetof(struct tb_buffer_entry, survives_producer) + sizeof(int))
 #define BUFFER_ENTRY_V0                                                        \
-  ((offsetof(struct tb_buffer_entry, survives_producer) + sizeof(int) + 7) &   \
-   ~(size_t)7)
+  ((BUFFER_ENTRY_END + alignof(struct tb_buffer_entry) - 1) &                  \
+   ~(alignof(struct tb_buffer_entry) - 1))
 
 int tb_buffer_list(tb_client *c, size_t struct_size,
                    struct tb_buffer_entry **out, size_t *count) {
