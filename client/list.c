@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Introspection: tb_list_channels, tb_list_sessions, tb_daemon_status, and
- * the operator's view: tb_list_leases, tb_list_waits, tb_channel_drop. */
+ * the operator's view: tb_list_leases, tb_list_waits, tb_buffer_list,
+ * tb_channel_drop. */
 #include "client_internal.h"
 
+#include <stdalign.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -112,6 +114,7 @@ static int id_pages_get(struct tb_client *c, tb__request *r,
     struct tb_session_info s;
     struct tb_lease_entry l;
     struct tb_wait_entry w;
+    struct tb_buffer_entry b;
   } x;
   void *a = NULL;
   size_t n = 0, cap = 0;
@@ -424,6 +427,80 @@ int tb_list_waits(tb_client *c, size_t struct_size,
   rc = need_operator_view(c, "list waits");
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_WAITS;
   r.list_waits = &lw;
+  if (rc == 0)
+    rc = id_pages_get(c, &r, &p, struct_size, (void **)out, count);
+  pthread_mutex_unlock(&c->call_lock);
+  return rc;
+}
+
+static size_t buffers_page(const Tensorbroker__V1__Reply *rep, int *more) {
+  const Tensorbroker__V1__ListBuffersReply *lr = rep->list_buffers;
+
+  *more = lr != NULL && lr->more;
+  return lr != NULL ? lr->n_buffers : 0;
+}
+
+static uint64_t buffer_entry(const Tensorbroker__V1__Reply *rep, size_t i,
+                             void *out) {
+  const Tensorbroker__V1__BufferEntryInfo *bi = rep->list_buffers->buffers[i];
+  const Tensorbroker__V1__Device *d = bi->device;
+  struct tb_buffer_entry *x = out;
+
+  memset(x, 0, sizeof(*x));
+  x->buffer_id = bi->buffer_id;
+  x->memory_kind = (int)bi->kind;
+  x->size = bi->size;
+  if (d != NULL) {
+    x->device_type = d->type;
+    x->device_id = d->id;
+    /* a uuid of another length than a CUDA device's is no uuid */
+    if (d->uuid.len == sizeof(x->device_uuid))
+      memcpy(x->device_uuid, d->uuid.data, sizeof(x->device_uuid));
+  }
+  x->session_id = bi->session_id;
+  x->pid = bi->pid;
+  x->uid = bi->uid;
+  copy_str(x->session_name, sizeof(x->session_name), bi->session_name);
+  x->retired = bi->retired != 0;
+  x->versions = bi->versions;
+  x->leases = bi->leases;
+  x->writable = bi->writable != 0;
+  x->signal_offset = bi->signal_offset;
+  x->survives_producer = bi->survives_producer != 0;
+  return bi->buffer_id;
+}
+
+/* The first version of struct tb_buffer_entry (up to survives_producer,
+ * padded as the struct is): the smallest struct_size tb_buffer_list takes,
+ * however the struct grows. */
+#define BUFFER_ENTRY_END                                                       \
+  (offsetof(struct tb_buffer_entry, survives_producer) + sizeof(int))
+#define BUFFER_ENTRY_V0                                                        \
+  ((BUFFER_ENTRY_END + alignof(struct tb_buffer_entry) - 1) &                  \
+   ~(alignof(struct tb_buffer_entry) - 1))
+
+int tb_buffer_list(tb_client *c, size_t struct_size,
+                   struct tb_buffer_entry **out, size_t *count) {
+  Tensorbroker__V1__ListBuffers lb = TENSORBROKER__V1__LIST_BUFFERS__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  const struct id_pages p = {TENSORBROKER__V1__REPLY__BODY_LIST_BUFFERS,
+                             &lb.after_buffer_id, buffers_page, buffer_entry,
+                             sizeof(struct tb_buffer_entry)};
+  int rc = 0;
+
+  if (c == NULL || out == NULL || count == NULL ||
+      !stride_ok(struct_size, BUFFER_ENTRY_V0, sizeof(uint64_t)))
+    return TB_EINVAL;
+  pthread_mutex_lock(&c->call_lock);
+  tb__clear_error(c);
+  /* an older daemon would take the request for a protocol error and end
+   * the session */
+  if (!(c->features & TENSORBROKER__V1__FEATURE__FEATURE_BUFFER_LIST))
+    rc = tb__set_error(c, TB_ENOTSUP,
+                       "the daemon does not list buffers: it is older than "
+                       "the buffers view (no FEATURE_BUFFER_LIST)");
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_BUFFERS;
+  r.list_buffers = &lb;
   if (rc == 0)
     rc = id_pages_get(c, &r, &p, struct_size, (void **)out, count);
   pthread_mutex_unlock(&c->call_lock);

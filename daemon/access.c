@@ -123,10 +123,15 @@ bool tbd__access_waiting(struct tbd_registry *r, struct tbd_session *s,
   return tbd__access_all_sessions(r, s) || uid_waits_on(q, s->uid);
 }
 
+bool tbd__access_sees_uid(struct tbd_registry *r, struct tbd_session *s,
+                          uid_t uid, const struct tbd_channel *ch) {
+  if (uid == s->uid || tbd__access_all_sessions(r, s))
+    return true;
+  return ch != NULL && tbd__access_quiet(r, s, TBD_ACL_LIST, ch->name, ch);
+}
+
 bool tbd__access_sees(struct tbd_registry *r, struct tbd_session *s,
                       const struct tbd_session *holder,
                       const struct tbd_channel *ch) {
-  if (holder->uid == s->uid || tbd__access_all_sessions(r, s))
-    return true;
-  return ch != NULL && tbd__access_quiet(r, s, TBD_ACL_LIST, ch->name, ch);
+  return tbd__access_sees_uid(r, s, holder->uid, ch);
 }

@@ -79,6 +79,7 @@ int tbd__buffer_add(struct tbd_registry *r, struct tbd_session *s,
   b->u->n[TBD_RES_BUFFERS]++;
   b->owner = s;
   b->owner_pid = (uint32_t)s->pid;
+  b->owner_id = s->id;
   b->owner_shm_id = s->shm_id;
   b->owner_pidns_id = s->pidns_id;
   b->next_slot = 1;

@@ -163,7 +163,8 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
                 TENSORBROKER__V1__FEATURE__FEATURE_OPERATOR_VIEW |
                 TENSORBROKER__V1__FEATURE__FEATURE_METRICS |
                 TENSORBROKER__V1__FEATURE__FEATURE_CUDA_VMM |
-                TENSORBROKER__V1__FEATURE__FEATURE_CUDA_HOST;
+                TENSORBROKER__V1__FEATURE__FEATURE_CUDA_HOST |
+                TENSORBROKER__V1__FEATURE__FEATURE_BUFFER_LIST;
   hr.max_name = r->lim.max_name;
   hello_latest(r, s, h, &hr, latest, ptrs);
   tbd__send_reply(r, s, &rep, NULL, 0);
@@ -811,6 +812,8 @@ static int dispatch(struct tbd_registry *r, struct tbd_session *s,
     return tbd__list_leases(r, s, id, q->list_leases);
   case BODY(LIST_WAITS):
     return tbd__list_waits(r, s, id, q->list_waits);
+  case BODY(LIST_BUFFERS):
+    return tbd__list_buffers(r, s, id, q->list_buffers);
   case BODY(DROP_CHANNEL):
     if (name_bad(r, s, id, q->drop_channel->channel))
       return 0;

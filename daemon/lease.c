@@ -178,6 +178,7 @@ static int lease_grant(struct tbd_registry *r, struct tbd_session *s,
   s->nleases++;
   s->u->n[TBD_RES_LEASES]++;
   v->nleases++;
+  v->buf->nleases++;
   v->ch->nleases++;
   r->nleases++;
   r->stats.acquires++;
@@ -371,6 +372,7 @@ int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,
   s->nleases--;
   s->u->n[TBD_RES_LEASES]--;
   v->nleases--;
+  v->buf->nleases--;
   v->ch->nleases--;
   r->nleases--;
   lease_free(r, l);

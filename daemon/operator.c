@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The operator's view: every lease and every parked request, as `tbctl
- * leases` and `tbctl waits` show them, and dropping a closed channel
- * (docs/deploy.md, "Operating and debugging"). */
+/* The operator's view: every lease, every parked request and every
+ * buffer, as `tbctl leases`, `tbctl waits` and `tbctl buffers` show them,
+ * and dropping a closed channel (docs/deploy.md, "Operating and
+ * debugging"). */
 #include "registry_impl.h"
 
 #include <stdio.h>
@@ -207,6 +208,95 @@ int tbd__list_waits(struct tbd_registry *r, struct tbd_session *s,
   rep.list_waits = &lr;
   lr.n_waits = page.n;
   lr.waits = (Tensorbroker__V1__WaitInfo **)page.ptrs;
+  lr.more = page.more;
+  tbd__send_reply(r, s, &rep, NULL, 0);
+  tbd__list_page_free(&page);
+  tbd_free(all);
+  return 0;
+}
+
+/* ---- buffers ---- */
+
+static int buffer_cmp(const void *a, const void *b) {
+  const struct tbd_buffer *x = *(const struct tbd_buffer *const *)a;
+  const struct tbd_buffer *y = *(const struct tbd_buffer *const *)b;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* A BufferEntryInfo and the Device it points to. */
+struct buffer_row {
+  Tensorbroker__V1__BufferEntryInfo bi;
+  Tensorbroker__V1__Device dev;
+};
+
+/* tbd__list_page's fill: row is a struct tbd_buffer *, info a struct
+ * buffer_row (its BufferEntryInfo first). */
+static void buffer_info_fill(struct tbd_registry *r, const void *row,
+                             void *info) {
+  struct tbd_buffer *b = *(struct tbd_buffer *const *)row;
+  struct buffer_row *br = info;
+  Tensorbroker__V1__BufferEntryInfo *bi = &br->bi;
+  /* retirement unlinks the owner; the session may live on (it destroyed
+   * the buffer, or published a copy from it) */
+  struct tbd_session *owner =
+      b->owner != NULL ? b->owner : tbd__session_find(r, b->owner_id);
+
+  tensorbroker__v1__buffer_entry_info__init(bi);
+  tensorbroker__v1__device__init(&br->dev);
+  bi->buffer_id = b->id;
+  bi->kind = b->kind;
+  bi->size = b->size;
+  bi->device = &br->dev;
+  br->dev.type = b->dev_type;
+  br->dev.id = b->dev_id;
+  br->dev.uuid.data = b->uuid;
+  br->dev.uuid.len = b->uuid_len;
+  /* its pid and uid stay on the buffer once the session ended */
+  if (owner != NULL) {
+    bi->session_id = owner->id;
+    bi->session_name = owner->name;
+  }
+  bi->pid = b->owner_pid;
+  bi->uid = b->u->uid;
+  bi->retired = b->retired;
+  bi->versions = b->nversions;
+  bi->leases = b->nleases;
+  bi->writable = b->writable;
+  bi->signal_offset = b->signal_offset;
+  bi->survives_producer = tbd_kind_survives_producer(b->kind);
+}
+
+int tbd__list_buffers(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t id, const Tensorbroker__V1__ListBuffers *q) {
+  Tensorbroker__V1__Reply rep = TENSORBROKER__V1__REPLY__INIT;
+  Tensorbroker__V1__ListBuffersReply lr =
+      TENSORBROKER__V1__LIST_BUFFERS_REPLY__INIT;
+  struct tbd_list_page page;
+  struct tbd_buffer *b, **all;
+  uint64_t after = q != NULL ? q->after_buffer_id : 0;
+  size_t nall = 0;
+
+  all = tbd_calloc(r->nbuffers + 1, sizeof(*all));
+  if (all == NULL)
+    return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
+  /* access control: a buffer belongs to no one channel; buffers of other
+   * uids are left out unless s sees every session */
+  for (b = r->buffers; b != NULL; b = b->hh.next)
+    if (b->id > after && tbd__access_sees_uid(r, s, b->u->uid, NULL))
+      all[nall++] = b;
+  qsort(all, nall, sizeof(*all), buffer_cmp);
+  /* each entry's Device lies beside it (struct buffer_row), so the page
+   * holds rows; the reply's pointers go to their first member */
+  if (tbd__list_page(r, all, nall, sizeof(*all), sizeof(struct buffer_row),
+                     buffer_info_fill, &page) < 0) {
+    tbd_free(all);
+    return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
+  }
+  rep.request_id = id;
+  rep.body_case = TENSORBROKER__V1__REPLY__BODY_LIST_BUFFERS;
+  rep.list_buffers = &lr;
+  lr.n_buffers = page.n;
+  lr.buffers = (Tensorbroker__V1__BufferEntryInfo **)page.ptrs;
   lr.more = page.more;
   tbd__send_reply(r, s, &rep, NULL, 0);
   tbd__list_page_free(&page);

@@ -49,6 +49,9 @@ struct tbd_buffer {
   struct tbd_session *owner; /* NULL once retired */
   struct tbd_uid *u;         /* counted against it until freed */
   uint32_t owner_pid;
+  uint64_t owner_id;         /* that session's id: the buffers view names
+                                it while the session lives, retired or
+                                not (a copy's buffer is retired at once) */
   int kind;                  /* TENSORBROKER__V1__MEMORY_KIND__*: its row
                                 in kinds.h decides what differs by kind */
   uint64_t size;
@@ -82,6 +85,8 @@ struct tbd_buffer {
                                 not granted write (writable buffers only) */
   size_t info_ro_len;
   uint32_t nversions;        /* live versions that refer to it */
+  uint32_t nleases;          /* leases of those versions (the buffers
+                                view: counted here, not looked for) */
   UT_hash_handle hh;         /* registry->buffers, by id */
   struct tbd_buffer *snext, *sprev; /* owner->buffers */
 };
@@ -357,6 +362,10 @@ bool tbd__access_waiting(struct tbd_registry *r, struct tbd_session *s,
 bool tbd__access_sees(struct tbd_registry *r, struct tbd_session *s,
                       const struct tbd_session *holder,
                       const struct tbd_channel *ch);
+/* The same for what a session of uid made or holds that outlives it, or
+ * that no one channel names (a buffer: its producer's uid). */
+bool tbd__access_sees_uid(struct tbd_registry *r, struct tbd_session *s,
+                          uid_t uid, const struct tbd_channel *ch);
 
 /* ---- helpers shared by the registry's files and handlers.c ---- */
 
@@ -555,13 +564,16 @@ void tbd__list_page_free(struct tbd_list_page *p);
 
 /* The acquires parked on name (0 when none). */
 uint32_t tbd__waiters(struct tbd_registry *r, const char *name);
-/* Answer ListLeases, ListWaits and DropChannel (always with a reply);
- * return the status sent. */
+/* Answer ListLeases, ListWaits, ListBuffers and DropChannel (always with
+ * a reply); return the status sent. */
 int tbd__list_leases(struct tbd_registry *r, struct tbd_session *s,
                      uint64_t request_id,
                      const Tensorbroker__V1__ListLeases *q);
 int tbd__list_waits(struct tbd_registry *r, struct tbd_session *s,
                     uint64_t request_id, const Tensorbroker__V1__ListWaits *q);
+int tbd__list_buffers(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t request_id,
+                      const Tensorbroker__V1__ListBuffers *q);
 int tbd__drop_channel(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t request_id, const char *name);
 

@@ -2,7 +2,8 @@
 /* tbctl: look at a running tensorbrokerd. A client of the public library
  * only.
  *
- *   tbctl [--socket PATH] [--json] status|channels|sessions|leases|waits
+ *   tbctl [--socket PATH] [--json]
+ *         status|channels|sessions|leases|waits|buffers
  *   tbctl [--socket PATH] [--json] drop CHANNEL
  *   tbctl [--socket PATH] metrics
  *
@@ -35,6 +36,9 @@ static void usage(FILE *f) {
           "  waits      every parked request: who waits on what (an acquire,\n"
           "             or a producer's wait for a version to be freed), since\n"
           "             when, with what timeout left\n"
+          "  buffers    every buffer: its memory kind, size, device and\n"
+          "             producer, the versions and leases that hold it;\n"
+          "             retired ones while versions of them are held\n"
           "  drop       drop CHANNEL: free a closed channel and its versions\n"
           "             now (refused while it is open or leased; its\n"
           "             publisher's uid, root or the daemon's uid only)\n"
@@ -387,6 +391,112 @@ static int cmd_waits(tb_client *c, int json) {
   return 0;
 }
 
+/* "cpu", "cuda:1", "cuda-host", "-" (none given), else "TYPE:ID". */
+static void fmt_device(char *buf, size_t len, int32_t type, int32_t id) {
+  switch (type) {
+  case 0:
+    snprintf(buf, len, "-");
+    break;
+  case kDLCPU:
+    snprintf(buf, len, "cpu");
+    break;
+  case kDLCUDA:
+    snprintf(buf, len, "cuda:%" PRId32, id);
+    break;
+  case kDLCUDAHost:
+    snprintf(buf, len, "cuda-host");
+    break;
+  default:
+    snprintf(buf, len, "%" PRId32 ":%" PRId32, type, id);
+    break;
+  }
+}
+
+/* A device uuid in hex, "" when it is all zero (host memory). */
+static void fmt_uuid(char *buf, size_t len, const uint8_t *u, size_t n) {
+  size_t used = 0, zero = 0;
+
+  buf[0] = '\0';
+  for (size_t i = 0; i < n; i++)
+    zero += u[i] == 0;
+  if (zero == n)
+    return;
+  for (size_t i = 0; i < n && used + 3 <= len; i++)
+    used += (size_t)snprintf(buf + used, len - used, "%02x", u[i]);
+}
+
+/* Append word to the space-separated words in buf. */
+static void add_note(char *buf, size_t len, const char *word) {
+  size_t used = strlen(buf);
+
+  snprintf(buf + used, len - used, "%s%s", used > 0 ? " " : "", word);
+}
+
+static int cmd_buffers(tb_client *c, int json) {
+  struct tb_buffer_entry *b = NULL;
+  size_t n = 0;
+  int rc = tb_buffer_list(c, sizeof(*b), &b, &n), wn = 4;
+
+  if (rc < 0)
+    return fail(c, "buffers", rc);
+  if (json) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) {
+      cJSON *j = cJSON_CreateObject();
+      char dev[32], uuid[40];
+      fmt_device(dev, sizeof(dev), b[i].device_type, b[i].device_id);
+      fmt_uuid(uuid, sizeof(uuid), b[i].device_uuid,
+               sizeof(b[i].device_uuid));
+      cJSON_AddNumberToObject(j, "buffer_id", (double)b[i].buffer_id);
+      cJSON_AddStringToObject(j, "memory_kind", kind_name(b[i].memory_kind));
+      cJSON_AddNumberToObject(j, "size", (double)b[i].size);
+      cJSON_AddStringToObject(j, "device", dev);
+      cJSON_AddNumberToObject(j, "device_type", b[i].device_type);
+      cJSON_AddNumberToObject(j, "device_id", b[i].device_id);
+      cJSON_AddStringToObject(j, "device_uuid", uuid);
+      cJSON_AddNumberToObject(j, "session_id", (double)b[i].session_id);
+      cJSON_AddNumberToObject(j, "pid", b[i].pid);
+      cJSON_AddNumberToObject(j, "uid", b[i].uid);
+      cJSON_AddStringToObject(j, "session_name", b[i].session_name);
+      cJSON_AddBoolToObject(j, "retired", b[i].retired);
+      cJSON_AddNumberToObject(j, "versions", b[i].versions);
+      cJSON_AddNumberToObject(j, "leases", b[i].leases);
+      cJSON_AddBoolToObject(j, "writable", b[i].writable);
+      cJSON_AddNumberToObject(j, "signal_offset", (double)b[i].signal_offset);
+      cJSON_AddBoolToObject(j, "survives_producer", b[i].survives_producer);
+      cJSON_AddItemToArray(a, j);
+    }
+    tb_free(b);
+    return print_json(a);
+  }
+  for (size_t i = 0; i < n; i++)
+    wn = col_width(wn, b[i].session_name);
+  printf("%7s %-9s %10s %-9s %7s %8s %6s %-*s %8s %6s %s\n", "BUFFER", "KIND",
+         "SIZE", "DEVICE", "SESSION", "PID", "UID", wn, "NAME", "VERSIONS",
+         "LEASES", "NOTES");
+  for (size_t i = 0; i < n; i++) {
+    char size[32], dev[32], notes[96] = "";
+    fmt_bytes(size, sizeof(size), b[i].size);
+    fmt_device(dev, sizeof(dev), b[i].device_type, b[i].device_id);
+    if (b[i].retired)
+      add_note(notes, sizeof(notes), "retired");
+    if (b[i].writable)
+      add_note(notes, sizeof(notes), "writable");
+    if (b[i].signal_offset != 0)
+      add_note(notes, sizeof(notes), "signals");
+    if (!b[i].survives_producer)
+      add_note(notes, sizeof(notes), "dies-with-producer");
+    printf("%7" PRIu64 " %-9s %10s %-9s %7" PRIu64 " %8" PRIu32 " %6" PRIu32
+           " %-*s %8" PRIu32 " %6" PRIu32 " %s\n",
+           b[i].buffer_id, kind_name(b[i].memory_kind), size, dev,
+           b[i].session_id, b[i].pid, b[i].uid, wn,
+           b[i].session_name[0] ? b[i].session_name : "-", b[i].versions,
+           b[i].leases, notes[0] ? notes : "-");
+  }
+  tb_free(b);
+  return 0;
+}
+
 static int cmd_drop(tb_client *c, const char *channel, int json) {
   int rc = tb_channel_drop(c, channel);
 
@@ -418,8 +528,8 @@ static int cmd_metrics(tb_client *c) {
 }
 
 static const char *const commands[] = {"status", "channels", "sessions",
-                                       "leases", "waits", "drop", "metrics",
-                                       NULL};
+                                       "leases", "waits", "buffers", "drop",
+                                       "metrics", NULL};
 
 /* The arguments the command takes after its name. */
 static int command_args(const char *cmd) {
@@ -438,6 +548,8 @@ static int run_command(tb_client *c, const char *cmd, char **args,
     return cmd_leases(c, json);
   if (strcmp(cmd, "waits") == 0)
     return cmd_waits(c, json);
+  if (strcmp(cmd, "buffers") == 0)
+    return cmd_buffers(c, json);
   if (strcmp(cmd, "metrics") == 0)
     return cmd_metrics(c);
   return cmd_drop(c, args[0], json);

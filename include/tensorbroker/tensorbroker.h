@@ -112,9 +112,9 @@ TB_EXPORT int tb_contract_parse(const char *name, int *out);
 
 /* ---- memory kinds ------------------------------------------------------- */
 
-/* What memory a buffer is (the memory_kind fields of struct tb_lease_info
- * and struct tb_lease_entry, which are int so that their size is fixed);
- * the values are the protocol's MemoryKind. */
+/* What memory a buffer is (the memory_kind fields of struct tb_lease_info,
+ * struct tb_lease_entry and struct tb_buffer_entry, which are int so that
+ * their size is fixed); the values are the protocol's MemoryKind. */
 enum tb_memory_kind {
   TB_MEMORY_NONE = 0,
   TB_MEMORY_HOST = 1,     /* a sealed memfd every process maps */
@@ -764,6 +764,33 @@ struct tb_wait_entry {
   int in_history;
 };
 
+/* One buffer held in the daemon (tb_buffer_list): registered, or retired
+ * (its producer destroyed it, or ended) while versions of it are held. */
+struct tb_buffer_entry {
+  uint64_t buffer_id;
+  int memory_kind;           /* enum tb_memory_kind */
+  uint64_t size;             /* bytes */
+  int32_t device_type;       /* DLDeviceType, as registered */
+  int32_t device_id;
+  uint8_t device_uuid[16];   /* a CUDA device's UUID; zero for host memory */
+  /* The session that registered it: 0 and "" once that session ended.
+   * pid and uid stay: its producer's. */
+  uint64_t session_id;
+  uint32_t pid, uid;
+  char session_name[64];
+  int retired;               /* no new publish: it goes with its last
+                              * version */
+  uint32_t versions;         /* versions of it held: in a channel's
+                              * history, or leased */
+  uint32_t leases;           /* leases of those versions (tb_lease_list
+                              * names them) */
+  int writable;              /* consumers may write it */
+  uint64_t signal_offset;    /* where its signal area starts (0: none) */
+  /* Its versions may still be granted once its producer ended (host and
+   * VMM memory; not CUDA IPC memory, which dies with its producer). */
+  int survives_producer;
+};
+
 /* Lists: *out is an array of *count entries allocated by the library,
  * struct_size bytes apart (the struct_size rules at the top of this file);
  * free it with tb_free(). It is never NULL on success, also when *count is
@@ -790,6 +817,15 @@ TB_EXPORT int tb_lease_list(tb_client *c, size_t struct_size,
  * tb_lease_list(). */
 TB_EXPORT int tb_wait_list(tb_client *c, size_t struct_size,
                            struct tb_wait_entry **out, size_t *count);
+
+/* Every buffer the daemon holds, ascending by buffer id: its kind, size,
+ * device and producer, and the versions and leases that hold it; retired
+ * ones too while versions of them are held. Unless the daemon's access
+ * rules say `default = open`, a caller that is not root, the daemon's uid
+ * or an operator is shown its own uid's buffers only. TB_ENOTSUP from a
+ * daemon older than the buffers view (no FEATURE_BUFFER_LIST). */
+TB_EXPORT int tb_buffer_list(tb_client *c, size_t struct_size,
+                             struct tb_buffer_entry **out, size_t *count);
 
 /* The daemon's version and counters into the first struct_size bytes of
  * *out (sizeof(struct tb_status)); *out is written only on success. */

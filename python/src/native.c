@@ -23,6 +23,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1638,6 +1639,58 @@ static PyObject *client_waits(ClientObject *self, PyObject *unused) {
   return dict_list(we, n, sizeof(*we), wait_dict);
 }
 
+/* The device as tbctl shows it: "cpu", "cuda:1", "cuda-host", "-" (none
+ * given), else "TYPE:ID". */
+static void device_name(char *buf, size_t len, int32_t type, int32_t id) {
+  if (type == 0)
+    snprintf(buf, len, "-");
+  else if (type == kDLCPU)
+    snprintf(buf, len, "cpu");
+  else if (type == kDLCUDA)
+    snprintf(buf, len, "cuda:%d", (int)id);
+  else if (type == kDLCUDAHost)
+    snprintf(buf, len, "cuda-host");
+  else
+    snprintf(buf, len, "%d:%d", (int)type, (int)id);
+}
+
+static PyObject *buffer_dict(const void *entry) {
+  const struct tb_buffer_entry *be = entry;
+  char dev[32], uuid[2 * sizeof(be->device_uuid) + 1] = "";
+  size_t zero = 0;
+
+  device_name(dev, sizeof(dev), be->device_type, be->device_id);
+  for (size_t i = 0; i < sizeof(be->device_uuid); i++)
+    zero += be->device_uuid[i] == 0;
+  /* hex as tbctl --json writes it, "" for host memory's all-zero uuid */
+  if (zero < sizeof(be->device_uuid))
+    for (size_t i = 0; i < sizeof(be->device_uuid); i++)
+      snprintf(uuid + 2 * i, 3, "%02x", be->device_uuid[i]);
+  return Py_BuildValue(
+      "{s:K,s:s,s:K,s:s,s:i,s:i,s:s,s:K,s:I,s:I,s:s,s:O,s:I,s:I,s:O,s:K,s:O}", "buffer_id",
+      (unsigned long long)be->buffer_id, "memory_kind", memory_kind_name(be->memory_kind),
+      "size", (unsigned long long)be->size, "device", dev, "device_type", (int)be->device_type,
+      "device_id", (int)be->device_id, "device_uuid", uuid, "session_id",
+      (unsigned long long)be->session_id, "pid", be->pid, "uid", be->uid, "session_name",
+      be->session_name, "retired", be->retired ? Py_True : Py_False, "versions", be->versions,
+      "leases", be->leases, "writable", be->writable ? Py_True : Py_False, "signal_offset",
+      (unsigned long long)be->signal_offset, "survives_producer",
+      be->survives_producer ? Py_True : Py_False);
+}
+
+static PyObject *client_buffers(ClientObject *self, PyObject *unused) {
+  if (client_check(self) < 0)
+    return NULL;
+  struct tb_buffer_entry *be = NULL;
+  size_t n = 0;
+  char err[TBPY_ERRMSG_MAX] = "";
+  int rc;
+  CLIENT_CALL(self, rc, err, tb_buffer_list(c_, sizeof(*be), &be, &n));
+  if (rc < 0)
+    return raise_tb(rc, err);
+  return dict_list(be, n, sizeof(*be), buffer_dict);
+}
+
 static PyObject *client_drop(ClientObject *self, PyObject *args) {
   const char *channel;
   if (!PyArg_ParseTuple(args, "s", &channel))
@@ -1701,6 +1754,7 @@ static PyMethodDef client_methods[] = {
     {"sessions", (PyCFunction)client_sessions, METH_NOARGS, NULL},
     {"leases", (PyCFunction)client_leases, METH_NOARGS, NULL},
     {"waits", (PyCFunction)client_waits, METH_NOARGS, NULL},
+    {"buffers", (PyCFunction)client_buffers, METH_NOARGS, NULL},
     {"drop", (PyCFunction)client_drop, METH_VARARGS, NULL},
     {"status", (PyCFunction)client_status, METH_NOARGS, NULL},
     {"metrics", (PyCFunction)client_metrics, METH_NOARGS, NULL},

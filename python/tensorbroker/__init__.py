@@ -425,6 +425,17 @@ class Client:
         "wait-free")."""
         return self._c.waits()
 
+    def buffers(self):
+        """Every buffer the daemon holds, as dicts (``tbctl buffers
+        --json``): buffer_id, memory_kind, size, device ("cpu", "cuda:N",
+        "cuda-host"), device_type, device_id, device_uuid (hex, "" for
+        host memory), session_id, pid, uid, session_name (0 and "" once
+        that session ended), retired, versions, leases, writable, signal_offset,
+        survives_producer. Retired buffers are listed while versions of
+        them are held. Raises tensorbroker.Error TB_ENOTSUP from a daemon
+        older than the buffers view."""
+        return self._c.buffers()
+
     def drop(self, channel):
         """Free closed channel ``channel`` and its versions now
         (``tbctl drop``); raises tensorbroker.Error when it is open, leased,

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Access control at the registry (daemon/acl.c, daemon/access.c): the rule
  * syntax and its errors, the owner default, prefix rules with groups, every
- * request that names a channel, ids of other sessions, write grants, and
- * rules replaced under live sessions. Sessions carry made-up uids and
+ * request that names a channel, ids of other sessions, write grants,
+ * rules replaced under live sessions, and what the operator's views
+ * (leases, waits, buffers) show whom. Sessions carry made-up uids and
  * groups, as the server would take them from SO_PEERCRED and
  * SO_PEERGROUPS; tests/integration/test_access.c does it with real uids. */
 #include <fcntl.h>
@@ -817,6 +818,225 @@ static void test_operator_views(void **state) {
   tbt_registry_free(r);
 }
 
+/* ListBuffers from s after buffer id after: the reply (the caller frees
+ * it). */
+static struct tbt_cap *list_buffers(struct tbd_registry *r,
+                                    struct tbd_session *s, uint64_t after) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__ListBuffers lb = TENSORBROKER__V1__LIST_BUFFERS__INIT;
+  struct tbt_cap *c;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_BUFFERS;
+  q.list_buffers = &lb;
+  lb.after_buffer_id = after;
+  assert_tb_ok(tbt_req_send(r, s, &q, NULL, 0, &c));
+  assert_non_null(c->m->reply->list_buffers);
+  return c;
+}
+
+/* The ids s is shown, joined by spaces ("" for none), in the order sent;
+ * and the entry of id want (NULL when it is not shown) into *out, which
+ * the caller frees with tbt_cap_free(*cap). */
+static const Tensorbroker__V1__BufferEntryInfo *
+buffers_seen(struct tbd_registry *r, struct tbd_session *s, uint64_t want,
+             char *ids, size_t len, struct tbt_cap **cap) {
+  const Tensorbroker__V1__ListBuffersReply *lr;
+  const Tensorbroker__V1__BufferEntryInfo *found = NULL;
+
+  *cap = list_buffers(r, s, 0);
+  lr = (*cap)->m->reply->list_buffers;
+  assert_false(lr->more);
+  ids[0] = '\0';
+  for (size_t i = 0; i < lr->n_buffers; i++) {
+    snprintf(ids + strlen(ids), len - strlen(ids), "%s%llu", i ? " " : "",
+             (unsigned long long)lr->buffers[i]->buffer_id);
+    if (lr->buffers[i]->buffer_id == want)
+      found = lr->buffers[i];
+  }
+  return found;
+}
+
+/* The buffers view: a host buffer of alice and a CUDA IPC buffer of bob,
+ * each published and leased, listed with their kind, size, device, owner
+ * and counts; each uid sees its own, an operator both; a buffer retired
+ * while leased stays listed as retired, without its session but with its
+ * producer's pid and uid, until its last version goes; the pages come
+ * after the cursor, ascending, each with more while entries are left. */
+static void test_buffer_list(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *alice = session(r, ALICE), *alice2 = session(r, ALICE);
+  struct tbd_session *bob = session(r, BOB), *root = session(r, 0);
+  const Tensorbroker__V1__BufferEntryInfo *e;
+  struct tbt_fake_cuda f;
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  struct tbt_cap *c;
+  struct acq held, cuda_held;
+  uint64_t hb, cb, alice_pid = tbd_session_pid(alice);
+  char ids[256], want[64];
+
+  (void)state;
+  hb = buffer_ex(r, alice, true, NULL);
+  tbt_fake_cuda_init(&f, 9);
+  f.dev.id = 1;
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_BUFFER_REGISTER;
+  q.buffer_register = &f.reg;
+  assert_tb_ok(tbt_req_send(r, bob, &q, NULL, 0, &c));
+  cb = c->m->reply->buffer_register->buffer_id;
+  tbt_cap_free(c);
+  assert_true(cb > hb);
+
+  /* nothing published yet: listed, with no versions */
+  e = buffers_seen(r, root, hb, ids, sizeof(ids), &c);
+  snprintf(want, sizeof(want), "%llu %llu", (unsigned long long)hb,
+           (unsigned long long)cb);
+  assert_string_equal(ids, want);
+  assert_int_equal(e->versions, 0);
+  assert_int_equal(e->leases, 0);
+  tbt_cap_free(c);
+
+  /* alice's version 1 leased by alice2, then version 2 (depth 1: version
+   * 1 leaves the history but is held); bob's version leased by root */
+  assert_tb_ok(publish(r, alice, "a", hb));
+  assert_tb_ok(acquire(r, alice2, "a", &held));
+  close(held.fd);
+  assert_tb_ok(publish(r, alice, "a", hb));
+  assert_tb_ok(publish_dev(r, bob, "cuda/b", cb, 0, kDLCUDA));
+  assert_tb_ok(acquire(r, root, "cuda/b", &cuda_held));
+
+  /* root (an operator) sees both, ascending, each as registered */
+  e = buffers_seen(r, root, hb, ids, sizeof(ids), &c);
+  assert_string_equal(ids, want);
+  assert_int_equal(e->kind,
+                   TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_HOST_MEMFD);
+  assert_int_equal(e->size, 4096);
+  assert_int_equal(e->session_id, tbd_session_id(alice));
+  assert_int_equal(e->pid, alice_pid);
+  assert_int_equal(e->uid, ALICE);
+  assert_string_equal(e->session_name, "acl");
+  assert_int_equal(e->versions, 2);
+  assert_int_equal(e->leases, 1);
+  assert_false(e->retired);
+  assert_true(e->writable);
+  assert_true(e->survives_producer);
+  assert_int_equal(e->signal_offset, 0);
+  tbt_cap_free(c);
+  e = buffers_seen(r, root, cb, ids, sizeof(ids), &c);
+  assert_int_equal(e->kind,
+                   TENSORBROKER__V1__MEMORY_KIND__MEMORY_KIND_CUDA_IPC);
+  assert_int_equal(e->size, 4096);
+  assert_non_null(e->device);
+  assert_int_equal(e->device->type, kDLCUDA);
+  assert_int_equal(e->device->id, 1);
+  assert_int_equal(e->device->uuid.len, 16);
+  assert_int_equal(e->device->uuid.data[0], 7);
+  assert_int_equal(e->session_id, tbd_session_id(bob));
+  assert_int_equal(e->uid, BOB);
+  assert_int_equal(e->versions, 1);
+  assert_int_equal(e->leases, 1);
+  assert_false(e->writable);
+  assert_false(e->survives_producer); /* CUDA IPC dies with bob */
+  tbt_cap_free(c);
+
+  /* each uid sees its own buffers only (default = owner) */
+  assert_null(buffers_seen(r, alice2, cb, ids, sizeof(ids), &c));
+  snprintf(want, sizeof(want), "%llu", (unsigned long long)hb);
+  assert_string_equal(ids, want);
+  tbt_cap_free(c);
+  assert_null(buffers_seen(r, bob, hb, ids, sizeof(ids), &c));
+  snprintf(want, sizeof(want), "%llu", (unsigned long long)cb);
+  assert_string_equal(ids, want);
+  tbt_cap_free(c);
+
+  /* after the cursor: only the later buffer */
+  c = list_buffers(r, root, hb);
+  assert_int_equal(c->m->reply->list_buffers->n_buffers, 1);
+  assert_int_equal(c->m->reply->list_buffers->buffers[0]->buffer_id, cb);
+  tbt_cap_free(c);
+  c = list_buffers(r, root, cb);
+  assert_int_equal(c->m->reply->list_buffers->n_buffers, 0);
+  tbt_cap_free(c);
+
+  /* alice unregisters her buffer: retired, still hers while she lives;
+   * then she goes: still listed while its versions are held, for her uid
+   * and the operators, without a session */
+  assert_tb_ok(unregister(r, alice, hb));
+  e = buffers_seen(r, root, hb, ids, sizeof(ids), &c);
+  assert_true(e->retired);
+  assert_int_equal(e->session_id, tbd_session_id(alice));
+  assert_string_equal(e->session_name, "acl");
+  tbt_cap_free(c);
+  tbd_session_close(r, alice);
+  e = buffers_seen(r, alice2, hb, ids, sizeof(ids), &c);
+  assert_non_null(e);
+  assert_true(e->retired);
+  assert_int_equal(e->session_id, 0);
+  assert_string_equal(e->session_name, "");
+  assert_int_equal(e->pid, alice_pid);
+  assert_int_equal(e->uid, ALICE);
+  assert_int_equal(e->versions, 2);
+  assert_int_equal(e->leases, 1);
+  tbt_cap_free(c);
+  assert_null(buffers_seen(r, bob, hb, ids, sizeof(ids), &c));
+  tbt_cap_free(c);
+  assert_tb_ok(tbt_req_release(r, alice2, held.lease, 0, true));
+  e = buffers_seen(r, root, hb, ids, sizeof(ids), &c);
+  assert_int_equal(e->versions, 1); /* version 2, in the closed history */
+  assert_int_equal(e->leases, 0);
+  tbt_cap_free(c);
+
+  /* bob goes: his CUDA IPC memory died with him; the buffer stays,
+   * retired, while root's lease holds its version, then goes */
+  tbd_session_close(r, bob);
+  e = buffers_seen(r, root, cb, ids, sizeof(ids), &c);
+  assert_non_null(e);
+  assert_true(e->retired);
+  assert_int_equal(e->leases, 1);
+  assert_int_equal(e->session_id, 0);
+  assert_int_equal(e->uid, BOB);
+  tbt_cap_free(c);
+  assert_tb_ok(tbt_req_release(r, root, cuda_held.lease, 0, true));
+  assert_null(buffers_seen(r, root, cb, ids, sizeof(ids), &c));
+  tbt_cap_free(c);
+  tbt_registry_free(r);
+}
+
+/* More buffers than one page holds: each page fits the message, says
+ * more while buffers are left, and goes on after its cursor; together
+ * they list every buffer once, ascending. */
+static void test_buffer_list_pages(void **state) {
+  enum { N = 40 };
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *carol = session(r, CAROL);
+  uint64_t ids[N], after = 0;
+  size_t got = 0, pages = 0;
+  bool more = true;
+
+  (void)state;
+  for (int i = 0; i < N; i++)
+    ids[i] = buffer(r, carol);
+  r->lim.max_message = 1024; /* about eight entries a page */
+  while (more) {
+    struct tbt_cap *c = list_buffers(r, carol, after);
+    const Tensorbroker__V1__ListBuffersReply *lr = c->m->reply->list_buffers;
+
+    assert_true(tensorbroker__v1__server_message__get_packed_size(c->m) <=
+                1024);
+    assert_true(lr->n_buffers > 0);
+    for (size_t i = 0; i < lr->n_buffers; i++) {
+      assert_true(got < N);
+      assert_int_equal(lr->buffers[i]->buffer_id, ids[got]);
+      got++;
+    }
+    after = lr->buffers[lr->n_buffers - 1]->buffer_id;
+    more = lr->more;
+    pages++;
+    tbt_cap_free(c);
+  }
+  assert_int_equal(got, N);
+  assert_true(pages >= 3);
+  tbt_registry_free(r);
+}
+
 /* Metrics over the socket name only the channels the caller may list. */
 static void test_metrics_filtered(void **state) {
   struct tbd_registry *r = reg_new(NULL);
@@ -868,6 +1088,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_rules_replaced_live, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_operator_views, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_buffer_list, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_buffer_list_pages, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_hello_latest, setup, teardown),
       cmocka_unit_test_setup_teardown(test_metrics_filtered, setup,
                                       teardown),

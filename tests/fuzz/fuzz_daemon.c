@@ -311,6 +311,7 @@ static void structured(int k, struct tbf_in *in) {
   Tensorbroker__V1__ListLeases ll = TENSORBROKER__V1__LIST_LEASES__INIT;
   Tensorbroker__V1__ListWaits lw = TENSORBROKER__V1__LIST_WAITS__INIT;
   Tensorbroker__V1__DropChannel dc = TENSORBROKER__V1__DROP_CHANNEL__INIT;
+  Tensorbroker__V1__ListBuffers lb = TENSORBROKER__V1__LIST_BUFFERS__INIT;
   static uint8_t handle[80], meta[128]; /* handles of 0..79 bytes */
   uint8_t uuid[UUID_CAP];
   char *chans[3];
@@ -320,7 +321,7 @@ static void structured(int k, struct tbf_in *in) {
   long n;
 
   q.request_id = tbf_u8(in);
-  switch (kind % 21) {
+  switch (kind % 22) {
   case 0:
     b = tbf_u8(in);
     q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
@@ -505,6 +506,11 @@ static void structured(int k, struct tbf_in *in) {
     q.body_case = TENSORBROKER__V1__REQUEST__BODY_DROP_CHANNEL;
     q.drop_channel = &dc;
     dc.channel = pick_name(in);
+    break;
+  case 20:
+    q.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_BUFFERS;
+    q.list_buffers = &lb;
+    lb.after_buffer_id = tbf_u8(in) & 1 ? pick_id(in, ID_BUFFER) : 0;
     break;
   default: /* a body this daemon does not know: field 99 */
     q.body_case = 99;

@@ -99,6 +99,7 @@ static void test_every_new_name(void **state) {
   struct tb_session_info *si = NULL;
   struct tb_lease_entry *le = NULL;
   struct tb_wait_entry *we = NULL;
+  struct tb_buffer_entry *be = NULL;
   struct waiter w = {.channel = "api/later"};
   DLManagedTensorVersioned *m = NULL;
   tb_client *p, *c, *bad = NULL;
@@ -189,6 +190,21 @@ static void test_every_new_name(void **state) {
   assert_null(tb_wait_what_name(99));
   assert_string_equal(we[0].channel, "api/later");
   tb_free(we);
+  assert_tb_ok(tb_buffer_list(c, sizeof(*be), &be, &n));
+  assert_int_equal(n, 1);
+  assert_int_equal(be[0].buffer_id, tb_buffer_id(b));
+  assert_int_equal(be[0].memory_kind, TB_MEMORY_HOST);
+  assert_int_equal(be[0].size, 4096);
+  assert_int_equal(be[0].device_type, kDLCPU);
+  assert_int_equal(be[0].session_id, tb_client_session_id(p));
+  assert_string_equal(be[0].session_name, "api-producer");
+  assert_int_equal(be[0].pid, getpid());
+  assert_int_equal(be[0].uid, getuid());
+  assert_int_equal(be[0].versions, 1);
+  assert_int_equal(be[0].leases, 1);
+  assert_false(be[0].retired);
+  assert_true(be[0].survives_producer);
+  tb_free(be);
   assert_tb_ok(tb_channel_list(c, sizeof(*ci), &ci, &n));
   assert_int_equal(n, 2);
   assert_string_equal(ci[0].name, "api/later");
@@ -274,7 +290,7 @@ static void test_every_new_name(void **state) {
 static struct {
   tb_client *p, *c;
   pid_t daemon_pid;
-  uint64_t v1, v2, lease_id, next_notice;
+  uint64_t v1, v2, lease_id, next_notice, buffer_id;
   const char *sock;
 } g;
 
@@ -474,6 +490,25 @@ static void check_wait(const unsigned char *e, size_t i, size_t known) {
   assert_int_equal(we->version, 0);
 }
 
+static int list_buffers(tb_client *c, size_t sz, void **out, size_t *n) {
+  return tb_buffer_list(c, sz, (struct tb_buffer_entry **)out, n);
+}
+static void check_buffer(const unsigned char *e, size_t i, size_t known) {
+  const struct tb_buffer_entry *be = (const void *)e;
+  (void)i;
+  (void)known;
+  assert_int_equal(be->buffer_id, g.buffer_id);
+  assert_int_equal(be->memory_kind, TB_MEMORY_HOST);
+  assert_int_equal(be->size, 4096);
+  assert_int_equal(be->session_id, tb_client_session_id(g.p));
+  assert_string_equal(be->session_name, "size-producer");
+  assert_int_equal(be->pid, getpid());
+  /* api/s: version 2 leased and version 4 in the history; api/s2's 1 */
+  assert_int_equal(be->versions, 3);
+  assert_int_equal(be->leases, 1);
+  assert_true(be->survives_producer);
+}
+
 static void test_struct_size(void **state) {
   struct tbt_daemon *d = *state;
   struct tb_publish_options po;
@@ -493,6 +528,7 @@ static void test_struct_size(void **state) {
   assert_tb_ok(tbt_connect(d, "size-consumer", &g.c));
   assert_tb_ok(tb_channel_subscribe(g.c, "api/s"));
   assert_tb_ok(tb_buffer_create_host(g.p, 4096, 0, &b));
+  g.buffer_id = tb_buffer_id(b);
   u8_tensor(&t, tb_buffer_data(b), shape, 16);
   tb_publish_options_init(&po);
   po.metadata = "v1";
@@ -538,6 +574,9 @@ static void test_struct_size(void **state) {
   check_list(list_waits, sizeof(struct tb_wait_entry),
              sizeof(struct tb_wait_entry), alignof(struct tb_wait_entry), 1,
              check_wait);
+  check_list(list_buffers, sizeof(struct tb_buffer_entry),
+             sizeof(struct tb_buffer_entry), alignof(struct tb_buffer_entry),
+             1, check_buffer);
   /* the older list names take a size too: one so large that the array's
    * size would overflow is refused, not multiplied (it wrapped before) */
   {
@@ -551,6 +590,8 @@ static void test_struct_size(void **state) {
     assert_tb_err(tb_list_channels_sized(g.c, huge,
                                          (struct tb_channel_info **)&out, &n),
                   TB_EINVAL);
+    assert_tb_err(tb_buffer_list(g.c, huge, (struct tb_buffer_entry **)&out,
+                                 &n), TB_EINVAL);
     assert_null(out);
     assert_int_equal(n, 7);
   }

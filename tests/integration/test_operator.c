@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The operator's view, as an operator uses it: tbctl leases, waits,
- * channels and drop (text and --json) against a daemon where real
+ * buffers, channels and drop (text and --json) against a daemon where real
  * processes hold leases, wait for versions and wait for their versions to
- * be freed; the C API's lists, their pages, struct_size, and an older
- * daemon. */
+ * be freed; the C API's lists, their pages, struct_size, and older
+ * daemons. */
 #include "tb_test.h"
 
 #include <dirent.h>
@@ -204,6 +204,7 @@ static void test_views(void **state) {
   cJSON *a, *e, *wf, *wa;
   double age1, tmo1, fage1;
   char line[64];
+  pid_t ppid;
 
   assert_int_equal(tbt_child_start(&prod, producer_child, d), 0);
   assert_int_equal(tbt_recv(prod.rd, line, sizeof(line), TBT_TIMEOUT_MS), 0);
@@ -288,6 +289,28 @@ static void test_views(void **state) {
   assert_int_equal((int)num(e, "leases"), 1);
   cJSON_Delete(a);
 
+  /* buffers: the producer's one, its two versions held (1 leased, 2 in
+   * the history), the lease */
+  a = tbctl_json(d, "buffers");
+  assert_int_equal(cJSON_GetArraySize(a), 1);
+  e = cJSON_GetArrayItem(a, 0);
+  assert_true(num(e, "buffer_id") == (double)li.buffer_id);
+  assert_string_equal(str(e, "memory_kind"), "host");
+  assert_int_equal((int)num(e, "size"), 4096);
+  assert_string_equal(str(e, "device"), "cpu");
+  assert_string_equal(str(e, "device_uuid"), "");
+  assert_true(num(e, "session_id") == (double)psid);
+  assert_int_equal((int)num(e, "pid"), (int)prod.pid);
+  assert_int_equal((int)num(e, "uid"), (int)getuid());
+  assert_string_equal(str(e, "session_name"), "op-producer");
+  assert_int_equal((int)num(e, "versions"), 2);
+  assert_int_equal((int)num(e, "leases"), 1);
+  assert_false(flag(e, "retired"));
+  assert_false(flag(e, "writable"));
+  assert_true(flag(e, "survives_producer"));
+  assert_int_equal((int)num(e, "signal_offset"), 0);
+  cJSON_Delete(a);
+
   /* time passes (nothing is sent to c: no notice comes) */
   assert_tb_err(tb_client_poll_notice(c, &nt, 60), TB_EAGAIN);
   a = tbctl_json(d, "leases");
@@ -313,6 +336,10 @@ static void test_views(void **state) {
   assert_non_null(strstr(g_out, "1 lease"));
   assert_int_equal(tbctl(d, 0, "channels", NULL, NULL), 0);
   assert_non_null(strstr(g_out, "waiting"));
+  assert_int_equal(tbctl(d, 0, "buffers", NULL, NULL), 0);
+  if (strstr(g_out, "BUFFER") == NULL || strstr(g_out, "op-producer") == NULL ||
+      strstr(g_out, " host ") == NULL || strstr(g_out, "4.0 KiB") == NULL)
+    fail_msg("tbctl buffers: %s", g_out);
 
   /* the release frees version 1: the producer's wait ends, its row goes */
   assert_tb_ok(tb_release(t, NULL));
@@ -326,8 +353,25 @@ static void test_views(void **state) {
   assert_int_equal(cJSON_GetArraySize(a), 0);
   cJSON_Delete(a);
 
+  ppid = prod.pid; /* tbt_child_wait clears it */
   assert_int_equal(tbt_send(prod.wr, "bye"), 0);
   assert_int_equal(tbt_child_wait(&prod, TBT_TIMEOUT_MS), 0);
+  /* the producer went: its buffer stays, retired, for version 2 in the
+   * closed channel's history, with the producer's pid and no session */
+  assert_tb_ok(tbt_wait_session_gone(c, psid));
+  a = tbctl_json(d, "buffers");
+  assert_int_equal(cJSON_GetArraySize(a), 1);
+  e = cJSON_GetArrayItem(a, 0);
+  assert_true(num(e, "buffer_id") == (double)li.buffer_id);
+  assert_true(flag(e, "retired"));
+  assert_int_equal((int)num(e, "session_id"), 0);
+  assert_string_equal(str(e, "session_name"), "");
+  assert_int_equal((int)num(e, "pid"), (int)ppid);
+  assert_int_equal((int)num(e, "versions"), 1);
+  assert_int_equal((int)num(e, "leases"), 0);
+  cJSON_Delete(a);
+  assert_int_equal(tbctl(d, 0, "buffers", NULL, NULL), 0);
+  assert_non_null(strstr(g_out, "retired"));
   tbt_child_kill(&waiter);
   tb_client_disconnect(c);
 }
@@ -605,6 +649,98 @@ static void test_pages(void **state) {
   tbt_daemon_cleanup(&d);
 }
 
+/* More buffers than one message holds (--max-message 4096: about 70
+ * entries a page): the daemon's pages fit, each says more while buffers
+ * are left; tb_buffer_list and tbctl list them whole, once each,
+ * ascending; struct_size spaces the entries. */
+static void test_buffer_pages(void **state) {
+  static const char *const extra[] = {"--max-message", "4096",
+                                      "--max-metadata", "0", NULL};
+  enum { NBUF = 160 };
+  struct tbt_daemon d;
+  tb_buffer *b[NBUF];
+  struct tb_buffer_entry *be = NULL;
+  size_t n = 0;
+  tb_client *p;
+  cJSON *a;
+  int fd;
+  (void)state;
+
+  memset(&d, 0, sizeof(d));
+  assert_int_equal(tbt_daemon_start(&d, extra), 0);
+  assert_tb_ok(tbt_connect(&d, "pages-producer", &p));
+  for (int i = 0; i < NBUF; i++)
+    assert_tb_ok(tb_buffer_create_host(p, 64, 0, &b[i]));
+
+  /* the daemon's pages */
+  fd = raw_connect(&d);
+  (void)raw_hello(fd);
+  {
+    Tensorbroker__V1__ListBuffers lb = TENSORBROKER__V1__LIST_BUFFERS__INIT;
+    tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+    size_t pages = 0, got = 0;
+    int more = 1;
+
+    r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_BUFFERS;
+    r.list_buffers = &lb;
+    while (more) {
+      const Tensorbroker__V1__ListBuffersReply *lr;
+      tb__server_message *m = raw_ok(fd, &r, 10 + pages);
+      lr = m->reply->list_buffers;
+      assert_non_null(lr);
+      assert_true(tensorbroker__v1__server_message__get_packed_size(m) <=
+                  4096);
+      assert_true(lr->n_buffers > 0);
+      for (size_t i = 0; i < lr->n_buffers; i++)
+        assert_int_equal(lr->buffers[i]->buffer_id,
+                         tb_buffer_id(b[got + i]));
+      got += lr->n_buffers;
+      more = lr->more;
+      lb.after_buffer_id = lr->buffers[lr->n_buffers - 1]->buffer_id;
+      tb__server_message_free(m);
+      pages++;
+    }
+    assert_int_equal(got, NBUF);
+    assert_true(pages >= 2);
+  }
+  close(fd);
+
+  assert_tb_ok(tb_buffer_list(p, sizeof(*be), &be, &n));
+  assert_int_equal(n, NBUF);
+  for (size_t i = 0; i < n; i++) {
+    assert_int_equal(be[i].buffer_id, tb_buffer_id(b[i]));
+    assert_int_equal(be[i].size, 64);
+  }
+  tb_free(be);
+  /* a later, larger struct: entries that far apart, the rest zero */
+  {
+    size_t sz = sizeof(struct tb_buffer_entry) + 16;
+    unsigned char *raw = NULL;
+    assert_tb_ok(tb_buffer_list(p, sz, (struct tb_buffer_entry **)&raw, &n));
+    assert_int_equal(n, NBUF);
+    for (size_t i = 0; i < n; i++) {
+      const struct tb_buffer_entry *x = (const void *)(raw + i * sz);
+      assert_int_equal(x->buffer_id, tb_buffer_id(b[i]));
+      assert_string_equal(x->session_name, "pages-producer");
+      for (size_t k = sizeof(*x); k < sz; k++)
+        assert_int_equal(raw[i * sz + k], 0);
+    }
+    tb_free(raw);
+  }
+  a = tbctl_json(&d, "buffers");
+  assert_int_equal(cJSON_GetArraySize(a), NBUF);
+  for (int i = 0; i < NBUF; i++)
+    assert_true(num(cJSON_GetArrayItem(a, i), "buffer_id") ==
+                (double)tb_buffer_id(b[i]));
+  cJSON_Delete(a);
+
+  for (int i = 0; i < NBUF; i++)
+    assert_tb_ok(tb_buffer_destroy(b[i]));
+  tb_client_disconnect(p);
+  assert_int_equal(tbt_daemon_stop(&d), 0);
+  tbt_daemon_cleanup(&d);
+}
+
 /* A daemon without the operator's view: TB_ENOTSUP, saying why, and the
  * connection goes on (an unknown request would have ended it). */
 static void test_older_daemon(void **state) {
@@ -627,12 +763,54 @@ static void test_older_daemon(void **state) {
   tb_client_disconnect(c);
 }
 
+/* A daemon with the operator's view but older than the buffers view (the
+ * features of the release before it): tb_buffer_list is TB_ENOTSUP,
+ * saying why, nothing is sent, and the connection goes on; the leases
+ * still come. */
+static void test_older_daemon_buffers(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tb_buffer_entry *be = NULL;
+  struct tb_lease_entry *le = NULL;
+  uint64_t before, after;
+  char msg[512];
+  size_t n = 7;
+  tb_client *c;
+
+  assert_tb_ok(tbt_connect(d, "old-buffers", &c));
+  tb__client_set_features(c,
+                          TENSORBROKER__V1__FEATURE__FEATURE_ACQUIRE_RELEASE |
+                              TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE |
+                              TENSORBROKER__V1__FEATURE__FEATURE_OPERATOR_VIEW |
+                              TENSORBROKER__V1__FEATURE__FEATURE_METRICS |
+                              TENSORBROKER__V1__FEATURE__FEATURE_CUDA_HOST |
+                              TENSORBROKER__V1__FEATURE__FEATURE_CUDA_VMM);
+  assert_tb_ok(tbt_own_requests(c, &before));
+  assert_tb_err(tb_buffer_list(c, sizeof(*be), &be, &n), TB_ENOTSUP);
+  assert_null(be);
+  assert_int_equal(n, 7);
+  tb_client_last_error(c, msg, sizeof(msg));
+  if (strstr(msg, "does not list buffers") == NULL ||
+      strstr(msg, "older than") == NULL ||
+      strstr(msg, "FEATURE_BUFFER_LIST") == NULL)
+    fail_msg("no clear reason: %s", msg);
+  /* nothing went to the daemon: one request since, tbt_own_requests' */
+  assert_tb_ok(tbt_own_requests(c, &after));
+  assert_int_equal(after, before + 1);
+  assert_tb_ok(tb_lease_list(c, sizeof(*le), &le, &n));
+  assert_int_equal(n, 0);
+  tb_free(le);
+  tb_client_disconnect(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_views, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_drop, tbt_setup, tbt_teardown),
       cmocka_unit_test(test_pages),
+      cmocka_unit_test(test_buffer_pages),
       cmocka_unit_test_setup_teardown(test_older_daemon, tbt_setup,
+                                      tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_older_daemon_buffers, tbt_setup,
                                       tbt_teardown),
   };
   return cmocka_run_group_tests_name("operator", tests, NULL, NULL);

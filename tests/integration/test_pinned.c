@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
 #include <cmocka.h>
 
 #include "cuda/driver.h"
@@ -191,10 +192,29 @@ static void exchange(void **state) {
     char out[8192], *text = NULL;
     size_t len = 0;
 
+    cJSON *a, *e;
+
     tbctl(d, "leases", out, sizeof(out));
     if (strstr(out, "\"memory_kind\"") == NULL ||
         strstr(out, "\"cuda-host\"") == NULL)
       fail_msg("tbctl leases --json does not say cuda-host:\n%s", out);
+    /* tbctl buffers: the one buffer, pinned, version 2 leased twice */
+    tbctl(d, "buffers", out, sizeof(out));
+    a = cJSON_Parse(out);
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 1)
+      fail_msg("tbctl buffers --json: not one buffer:\n%s", out);
+    e = cJSON_GetArrayItem(a, 0);
+    if (cJSON_GetNumberValue(cJSON_GetObjectItem(e, "buffer_id")) !=
+            (double)tb_buffer_id(b) ||
+        strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(e, "memory_kind")),
+               "cuda-host") != 0 ||
+        strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(e, "device")),
+               "cuda-host") != 0 ||
+        cJSON_GetNumberValue(cJSON_GetObjectItem(e, "size")) != (double)n ||
+        cJSON_GetNumberValue(cJSON_GetObjectItem(e, "versions")) != 1 ||
+        cJSON_GetNumberValue(cJSON_GetObjectItem(e, "leases")) != 2)
+      fail_msg("tbctl buffers --json: not the pinned buffer:\n%s", out);
+    cJSON_Delete(a);
     assert_int_equal(tb_daemon_get_metrics(p, &text, &len), 0);
     /* by kind, named as tbctl names it */
     if (strstr(text, "\ntensorbroker_buffers_by_kind{kind=\"cuda-host\"} 1\n") ==

@@ -10,7 +10,8 @@
  * consumer connection and buffer (a second acquire reuses the mapping);
  * a buffer the daemon retires is unmapped once; after the producer is
  * SIGKILLed a new consumer still imports and reads the last version, and
- * TB_ECLOSED comes only for a version that is not kept;
+ * TB_ECLOSED comes only for a version that is not kept, and the buffers
+ * view lists the buffer (cuda-vmm, retired, its producer's pid);
  * vmm_producer_restart: a producer killed and started again on its
  * channel, its consumers carrying on (a held version still whole, the
  * next one the new producer's, the last one readable in between); a
@@ -315,6 +316,28 @@ static void vmm_lifecycle(void **state) {
   ao.version = 2;
   ao.timeout_ms = 0;
   assert_int_equal(tb_acquire(c2, CH, &ao, &t), TB_ECLOSED);
+
+  /* the buffers view: buffer 2 outlived its producer, retired, with the
+   * producer's pid, its signal area and version 2 (buffer 1 is gone) */
+  {
+    struct tb_buffer_entry *be = NULL;
+    size_t nb = 0;
+    assert_int_equal(tb_buffer_list(c2, sizeof(*be), &be, &nb), 0);
+    assert_int_equal(nb, 1);
+    assert_int_equal(be[0].memory_kind, TB_MEMORY_CUDA_VMM);
+    assert_string_equal(tb_memory_kind_name(be[0].memory_kind), "cuda-vmm");
+    assert_int_equal(be[0].size, VMM_SIZE);
+    assert_int_equal(be[0].device_type, kDLCUDA);
+    assert_int_equal(be[0].device_id, 0);
+    assert_true(be[0].retired);
+    assert_true(be[0].survives_producer);
+    assert_int_equal(be[0].session_id, 0);
+    assert_int_equal(be[0].pid, p);
+    assert_int_equal(be[0].versions, 1);
+    assert_int_equal(be[0].leases, 0); /* c2's released (a round trip ago) */
+    assert_true(be[0].signal_offset > 0 && be[0].signal_offset < VMM_SIZE);
+    tb_free(be);
+  }
 
   /* a consumer whose driver cannot import POSIX descriptors: told so,
    * naming the kind, and nothing mapped */

@@ -455,6 +455,12 @@ def test_operator_view_and_drop():
         assert le["session_id"] == cons.session_id and le["session_name"] == "op-cons"
         assert (le["channel"], le["version"], le["bytes"]) == ("op/a", 1, 1024)
         assert le["memory_kind"] == "host" and le["pid"] == os.getpid()
+        (bf,) = [b for b in cons.buffers() if b["buffer_id"] == le["buffer_id"]]
+        assert bf["memory_kind"] == "host" and bf["device"] == "cpu" and bf["device_uuid"] == ""
+        # published as a copy: its buffer is retired at once, its session named
+        assert bf["session_id"] == prod.session_id and bf["session_name"] == "op-prod"
+        assert (bf["versions"], bf["leases"]) == (1, 1)
+        assert bf["size"] >= 1024 and bf["survives_producer"]
         got = []
         t = threading.Thread(target=lambda: got.append(waiter.acquire("op/none", timeout=30)))
         t.start()
@@ -470,6 +476,9 @@ def test_operator_view_and_drop():
         expect_error(lambda: cons.drop("op/a"), "TB_EBUSY")           # open
         prod.close()
         assert channel_closed_reason(cons, "op/a") == "publisher disconnected"
+        (bf,) = [b for b in cons.buffers() if b["buffer_id"] == le["buffer_id"]]
+        assert bf["retired"] and bf["session_id"] == 0 and bf["session_name"] == ""
+        assert bf["leases"] == 1 and bf["pid"] == os.getpid()
         e = expect_error(lambda: cons.drop("op/a"), "TB_EBUSY")       # leased
         assert "lease %d" % le["lease_id"] in e.message, e.message
         expect_error(lambda: cons.drop("op/b"), "TB_ENOTFOUND")
