@@ -49,8 +49,15 @@ static const struct {
     T(WAIT_FREE, "wait_free"),
     T(GOODBYE, "goodbye"),
     T(METRICS, "metrics"),
+    T(LIST_LEASES, "list_leases"),
+    T(LIST_WAITS, "list_waits"),
+    T(DROP_CHANNEL, "drop_channel"),
+    T(LIST_BUFFERS, "list_buffers"),
 #undef T
 };
+_Static_assert(TENSORBROKER__V1__REQUEST__BODY_LIST_BUFFERS < TBD_REQUEST_TYPES,
+               "a Request.body case beyond tensorbroker_requests_total's "
+               "counters: raise TBD_REQUEST_TYPES");
 
 struct tbd_metrics_name {
   char name[64];

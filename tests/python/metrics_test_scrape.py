@@ -316,6 +316,9 @@ def test_scrapes_agree_with_what_clients_did():
             bad.s.send(b"\xff\xff\xff\xff")   # does not decode
             assert eof(bad.s, data_ok=True)   # a TB_EPROTO reply, then the end
             bad.close()
+            assert len(cons.leases()) == 1     # the operator's views, each
+            assert len(cons.waits()) == 0      # counted by its own type
+            assert len(cons.buffers()) == 2
 
             via_unix = parse(scrape(unix(mpath)))
             via_tbctl = parse(tbctl_metrics(sock))
@@ -334,6 +337,8 @@ def test_scrapes_agree_with_what_clients_did():
             assert value(m, "tensorbroker_sessions_dropped_total") == 1
             assert value(m, "tensorbroker_requests_total", type="publish") == 3
             assert value(m, "tensorbroker_requests_total", type="unknown") == 0
+            for view in ("list_leases", "list_waits", "list_buffers"):
+                assert value(m, "tensorbroker_requests_total", type=view) == 1, view
             assert value(m, "tensorbroker_requests_total", type="hello") == 5
             assert channel_values(m, "tensorbroker_channel_versions") == {"m/a": 2, "m/b": 1}
             assert channel_values(m, "tensorbroker_channel_leases") == {"m/a": 1, "m/b": 0}
