@@ -281,7 +281,7 @@ int tbd__list_buffers(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
   /* access control: a buffer belongs to no one channel; buffers of other
    * uids are left out unless s sees every session */
-  for (b = r->buffers; b != NULL; b = b->hh.next)
+  for (b = r->buffers; b != NULL && nall < r->nbuffers; b = b->hh.next)
     if (b->id > after && tbd__access_sees_uid(r, s, b->u->uid, NULL))
       all[nall++] = b;
   qsort(all, nall, sizeof(*all), buffer_cmp);
