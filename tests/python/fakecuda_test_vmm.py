@@ -11,7 +11,9 @@ filled through the fake's cuMemcpyHtoD, published, and read back by a
 consumer process-side client (lease.memory_kind 3, cuda-vmm in the channel
 list), the data checked through cuMemcpyDtoH. A driver without POSIX
 descriptor support gives TB_ENOTSUP, and a bad dtype or device a clear
-error. A consumer in a container of its own (unshare, a tmpfs /dev/shm;
+error. A producer process killed and started again: a held tensor, a
+consumer in between and one waiting across the restart lose nothing. A
+consumer in a container of its own (unshare, a tmpfs /dev/shm;
 root only), where CUDA interprocess events do not reach: its stream waits
 for the buffer's ready signal of a version published with work in flight,
 it reads a finished one, and its release with a read queued writes a done
@@ -252,3 +254,88 @@ def test_consumer_in_another_container():
         assert want in log and "(unmet)" not in log, log
         assert "ipc-open-event" not in log, log
         p.close()
+
+
+# A producer process as a user writes one: a VMM buffer from
+# Client.empty(device="cuda"), filled, published, then left running until
+# it is killed (argv: socket, tests dir, fill base).
+PRODUCER = r"""
+import ctypes, sys
+sys.path.insert(0, sys.argv[2])
+from fakecuda import cu, check, make_context_current
+import tensorbroker as tb
+make_context_current()
+c = tb.Client(socket=sys.argv[1], name="py-vmm-producer")
+a = c.empty((%d,), "uint32", device="cuda")
+base = int(sys.argv[3])
+host = (ctypes.c_uint32 * %d)(*[base + i for i in range(%d)])
+check(cu.cuMemcpyHtoD_v2(a.data_ptr, host, ctypes.sizeof(host)), "fill")
+v = c.publish("py/restart", a, stream=1)
+print(v, flush=True)
+sys.stdin.read()  # until killed
+""" % (N, N, N)
+
+
+def test_producer_killed_and_restarted():
+    # a pipeline whose producer process dies and is started again: its
+    # consumers lose nothing. A tensor held across the death still reads
+    # the dead producer's frame; a consumer that comes while no producer
+    # runs reads that last version (VMM memory outlives its producer; a
+    # legacy CUDA IPC version would be TB_ECLOSED); a consumer waiting for
+    # the next version across the restart gets the new producer's.
+    import signal
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def start(base):
+        p = subprocess.Popen([sys.executable, "-c", PRODUCER, sock, here, str(base)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = p.stdout.readline()
+        assert line.strip().isdigit(), (line, p.poll())
+        return p, int(line)
+
+    def read(lease):
+        m = from_dlpack(lease)
+        got = words(m.contents.dl_tensor.data + m.contents.dl_tensor.byte_offset)
+        return m, got
+
+    with daemon() as sock:
+        first, v1 = start(1000)
+        steady = tb.Client(socket=sock, name="steady")
+        steady.subscribe("py/restart")
+        held = steady.acquire("py/restart", exact=v1)
+        hm, got = read(held)
+        assert got == [1000 + i for i in range(N)], got[:4]
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        while True:  # the daemon has seen the producer go
+            n = steady.poll_notice(timeout=20)
+            assert n is not None, "no channel_closed notice after the kill"
+            if n["type"] == "channel_closed":
+                break
+
+        between = tb.Client(socket=sock, name="in-between")
+        lease = between.acquire("py/restart", timeout=0)
+        assert lease.version == v1 and lease.memory_kind == 3
+        m, got = read(lease)
+        assert got == [1000 + i for i in range(N)], got[:4]
+        DELETER(m.contents.deleter)(m)
+        lease.release()
+
+        second, v2 = start(2000)
+        try:
+            lease = steady.acquire("py/restart", after=v1, timeout=20)
+            assert lease.version == v2 > v1
+            m, got = read(lease)
+            assert got == [2000 + i for i in range(N)], got[:4]
+            DELETER(m.contents.deleter)(m)
+            lease.release()
+            got = words(hm.contents.dl_tensor.data + hm.contents.dl_tensor.byte_offset)
+            assert got == [1000 + i for i in range(N)], "the held frame changed"
+            DELETER(hm.contents.deleter)(hm)
+            held.release()
+        finally:
+            second.kill()
+            second.wait(timeout=30)
+        between.close()
+        steady.close()
