@@ -170,6 +170,8 @@ run_pipeline() {
 
   say "tbctl sessions (while they are connected)"
   "$TBCTL" sessions 6>&- || true
+  say "tbctl buffers (each buffer's memory kind)"
+  "$TBCTL" buffers 6>&- || true
 
   wait "$c1" || rc=1
   wait "$c2" || rc=1
