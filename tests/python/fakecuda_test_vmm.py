@@ -315,6 +315,13 @@ def test_producer_killed_and_restarted():
                 break
 
         between = tb.Client(socket=sock, name="in-between")
+        # the operator's view: the dead producer's buffer, held by the
+        # versions it published, says its kind and that it outlived it
+        (bf,) = between.buffers()
+        assert (bf["memory_kind"], bf["retired"], bf["survives_producer"],
+                bf["pid"], bf["session_id"], bf["device"]) == \
+            ("cuda-vmm", True, True, first.pid, 0, "cuda:0"), bf
+        assert bf["versions"] == 1 and bf["leases"] == 1, bf  # steady's held
         lease = between.acquire("py/restart", timeout=0)
         assert lease.version == v1 and lease.memory_kind == 3
         m, got = read(lease)
