@@ -295,6 +295,10 @@ static int on_event_register(struct tbd_registry *r, struct tbd_session *s,
     return tbd__reply_status(r, s, id, TB_EINVAL,
                              "cuda_ipc_event_handle must be %d bytes",
                              TB__CUDA_IPC_HANDLE_SIZE);
+  if (m->device != NULL && m->device->type != kDLCUDA)
+    return tbd__reply_status(r, s, id, TB_EINVAL, "an interprocess event "
+                             "on device type %d: CUDA events are on "
+                             "kDLCUDA (2)", (int)m->device->type);
   if (tbd__limit_check(r, s, s->u, TBD_RES_EVENTS, TBD_SCOPE_ALL, why,
                        sizeof(why), NULL) < 0)
     return tbd__reply_status(r, s, id, TB_ELIMIT, "%s", why);
@@ -310,13 +314,6 @@ static int on_event_register(struct tbd_registry *r, struct tbd_session *s,
                   e->info.uuid, &e->info.uuid_len, why, sizeof(why)) < 0) {
     tbd_free(e);
     return tbd__reply_status(r, s, id, TB_EINVAL, "%s", why);
-  }
-  if (e->info.dev_type != kDLCUDA) {
-    int type = e->info.dev_type;
-    tbd_free(e);
-    return tbd__reply_status(r, s, id, TB_EINVAL, "an interprocess event "
-                             "on device type %d: CUDA events are on "
-                             "kDLCUDA (2)", type);
   }
   rc = tbd__event_add(r, s, e);
   if (rc < 0) {

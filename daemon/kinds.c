@@ -89,7 +89,7 @@ const struct tbd_kind *tbd_kind_at(size_t i) {
 }
 
 const struct tbd_kind *tbd_kind_find(int kind) {
-  for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+  for (size_t i = 0; i < tbd_kind_count(); i++)
     if (kinds[i].kind == kind)
       return &kinds[i];
   return NULL;

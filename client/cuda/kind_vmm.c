@@ -220,16 +220,21 @@ static int vmm_owns(struct tb_client *c, uintptr_t start) {
   return vmm_find(c, start) != NULL;
 }
 
-static int vmm_has_buffer(struct tb_client *c, uint64_t buffer_id) {
+/* c's VMM buffer of daemon id buffer_id, or NULL. */
+static struct vmm_buffer *vmm_by_id(struct tb_client *c, uint64_t buffer_id) {
   struct tb_buffer *b;
 
   if (C_VMM(c) == NULL)
-    return 0;
+    return NULL;
   DL_FOREACH(C_VMM(c)->buffers, b) {
     if (b->id == buffer_id)
-      return 1;
+      return (struct vmm_buffer *)b;
   }
-  return 0;
+  return NULL;
+}
+
+static int vmm_has_buffer(struct tb_client *c, uint64_t buffer_id) {
+  return vmm_by_id(c, buffer_id) != NULL;
 }
 
 /* kind.h, publish: the buffer holding start (owns found it), the ready
@@ -256,25 +261,19 @@ static int vmm_publish(struct tb_client *c, const DLTensor *t,
 /* tb__signal_word_fn: the word of done slot slot of c's buffer. */
 static int signal_word(struct tb_client *c, uint64_t buffer_id, uint32_t slot,
                        tb_cu_deviceptr *word, char *why, size_t whylen) {
-  struct tb_buffer *b;
+  struct vmm_buffer *vb = vmm_by_id(c, buffer_id);
 
-  if (C_VMM(c) == NULL)
+  if (vb == NULL)
     return 1;
-  DL_FOREACH(C_VMM(c)->buffers, b) {
-    struct vmm_buffer *vb = (struct vmm_buffer *)b;
-    if (b->id != buffer_id)
-      continue;
-    if (vb->signal_offset == 0 || slot == 0 ||
-        (uint64_t)slot >= (vb->mem.size - vb->signal_offset) / 8) {
-      snprintf(why, whylen, "the daemon named done slot %u of buffer %llu, "
-               "which has no such slot", (unsigned)slot,
-               (unsigned long long)buffer_id);
-      return TB_EPROTO;
-    }
-    *word = vb->mem.va + vb->signal_offset + 8ull * slot;
-    return 0;
+  if (vb->signal_offset == 0 || slot == 0 ||
+      (uint64_t)slot >= (vb->mem.size - vb->signal_offset) / 8) {
+    snprintf(why, whylen, "the daemon named done slot %u of buffer %llu, "
+             "which has no such slot", (unsigned)slot,
+             (unsigned long long)buffer_id);
+    return TB_EPROTO;
   }
-  return 1;
+  *word = vb->mem.va + vb->signal_offset + 8ull * slot;
+  return 0;
 }
 
 /* kind.h, done_wait: the consumers' done events, and the done signals of

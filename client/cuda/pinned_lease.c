@@ -149,13 +149,14 @@ int tb__pinned_done_wait(struct tb_client *c, const struct tb__freed *f,
   char why[256] = "";
   int rc;
 
+  /* A stream that writes the buffer (a device-to-host copy into it) waits
+   * on the GPU, as for device memory (which refuses unreachable readers
+   * first). */
+  if (stream != NULL)
+    return tb__cuda_wait_done(c, f, stream);
   rc = tb__ci_done_unreachable(c, f);
   if (rc < 0)
     return rc;
-  /* A stream that writes the buffer (a device-to-host copy into it) waits
-   * on the GPU, as for device memory. */
-  if (stream != NULL)
-    return tb__cuda_wait_done(c, f, stream);
   /* NULL: the host writes it, so the host waits. */
   for (size_t i = 0; i < f->n_done; i++) {
     rc = done_sync(c->conn, &f->done[i], why, sizeof(why));
