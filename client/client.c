@@ -414,6 +414,7 @@ static int client_connect(const struct tb_connect_options *opts,
   pthread_mutex_init(&c->call_lock, NULL);
   k->refs = 1;
   k->fd = fd;
+  tb__fork_track(k);
   k->contract = o.stream_contract;
   c->conn = k;
   c->next_request_id = 1;
@@ -488,26 +489,43 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
   return rc;
 }
 
+/* The client's own memory (not its connection's). */
+static void client_free(struct tb_client *c) {
+  free(c->notices);
+  free(c->rbuf);
+  free(c->sbuf);
+  for (int i = 0; i < TB__ARENAS; i++) {
+    tb__arena_fini(&c->arena[i]);
+    tb__keep_fini(&c->keep[i]);
+  }
+  free(c);
+}
+
 void tb_client_disconnect(tb_client *c) {
   struct tb__conn *k;
 
   if (c == NULL)
     return;
   k = c->conn;
-  tb__buffers_free_all(c);
-  tb__kinds_client_free(c);
   tb__hints_free(c);
   tb__freed_free_all(c);
+  if (tb__conn_forked(k)) {
+    /* inherited across fork(): the socket is closed already (rpc.c); the
+     * parent's session, buffers, leases and locks are left as they are,
+     * and this process's copies of the mappings stay until it exits */
+    client_free(c);
+    return;
+  }
+  tb__buffers_free_all(c);
+  tb__kinds_client_free(c);
   pthread_mutex_lock(&k->lock);
-  if (c->pid == getpid())
-    tb__leases_end_all_locked(k);
+  tb__leases_end_all_locked(k);
   if ((c->features & TENSORBROKER__V1__FEATURE__FEATURE_GOODBYE) &&
-      c->pid == getpid() && !k->closed && k->fd >= 0 &&
+      !k->closed && k->fd >= 0 &&
       !__atomic_load_n(&k->dead, __ATOMIC_ACQUIRE)) {
     /* closing on purpose: a session that ends without this one crashed
-     * or was killed, and its consumers are told so (not from a forked
-     * child, which only lets go of its copy of the socket). Never waits:
-     * a daemon that does not read gets no Goodbye. */
+     * or was killed, and its consumers are told so. Never waits: a daemon
+     * that does not read gets no Goodbye. */
     Tensorbroker__V1__Goodbye gb = TENSORBROKER__V1__GOODBYE__INIT;
     tb__request r = TENSORBROKER__V1__REQUEST__INIT;
     uint8_t buf[16];
@@ -522,21 +540,11 @@ void tb_client_disconnect(tb_client *c) {
   tb__map_drop_unused_locked(k);
   /* Closing the socket ends the session: the daemon releases its leases.
    * Deleters that run later see closed and send nothing. */
-  if (k->fd >= 0) {
-    close(k->fd);
-    k->fd = -1;
-  }
+  tb__fork_close(k);
   pthread_mutex_unlock(&k->lock);
   tb__conn_unref(k);
   pthread_mutex_destroy(&c->call_lock);
-  free(c->notices);
-  free(c->rbuf);
-  free(c->sbuf);
-  for (int i = 0; i < TB__ARENAS; i++) {
-    tb__arena_fini(&c->arena[i]);
-    tb__keep_fini(&c->keep[i]);
-  }
-  free(c);
+  client_free(c);
 }
 
 int tb_client_contract(const tb_client *c) {
@@ -553,6 +561,8 @@ int tb_client_poll_notice(tb_client *c, struct tb_notice *out,
   if (c == NULL || out == NULL)
     return TB_EINVAL;
   deadline = timeout_ms < 0 ? UINT64_MAX : tb__now_ms() + (uint64_t)timeout_ms;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   tb__leases_retry(c->conn);
   pthread_mutex_lock(&c->call_lock);
   for (;;) {
@@ -590,6 +600,8 @@ static int sub_call(tb_client *c, const char *channel, int subscribe) {
 
   if (c == NULL)
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   if (tb__name_check(channel, TB_NAME_MAX) < 0) {

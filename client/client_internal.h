@@ -83,7 +83,27 @@ struct tb__conn {
    * hint that there is something to retry). */
   struct tb__lease *leases;
   struct tb__lease *later;
+  /* rpc.c: the process that connected, the fork count then (another
+   * count: this process is a forked child that inherited the connection),
+   * and the list of open sockets a child closes (under rpc.c's fork_lock) */
+  pid_t pid;
+  unsigned fork_gen;
+  int fork_tracked;
+  struct tb__conn *fork_prev, *fork_next;
 };
+
+/* rpc.c, "the socket across fork()". Track k's socket, just opened (a
+ * forked child closes it); close it and stop tracking it. */
+void tb__fork_track(struct tb__conn *k);
+void tb__fork_close(struct tb__conn *k);
+extern unsigned tb__fork_generation; /* __atomic; the child's handler adds 1 */
+
+/* Nonzero when k was inherited across fork(): nothing may be sent, locked,
+ * recorded or waited for on it (rpc.c says why). */
+static inline int tb__conn_forked(const struct tb__conn *k) {
+  return k->fork_gen !=
+         __atomic_load_n(&tb__fork_generation, __ATOMIC_ACQUIRE);
+}
 
 /* Take / drop a reference. The last drop frees the mapping cache and the
  * kinds' state; the socket was closed by tb_client_disconnect(). */
@@ -157,7 +177,6 @@ struct tb_client {
   uint32_t max_ndim;
   uint32_t max_metadata;
   uint32_t features; /* HelloReply.features: what the daemon implements */
-  pid_t pid;         /* the process that connected (fork: not its child) */
   uint8_t *rbuf; /* TB__RECV_CAP bytes */
   uint8_t *sbuf; /* TB__RECV_CAP bytes */
   /* Replies are decoded into one of these (a call made while a reply is

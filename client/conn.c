@@ -39,8 +39,7 @@ void tb__conn_unref(struct tb__conn *k) {
 void tb__conn_free(struct tb__conn *k) {
   free(k->spare_lease);
   tb__kinds_conn_free(k);
-  if (k->fd >= 0)
-    close(k->fd);
+  tb__fork_close(k);
   pthread_mutex_destroy(&k->lock);
   free(k);
 }

@@ -78,6 +78,8 @@ int tb_host_buffer_create(tb_client *c, size_t size, unsigned flags,
 
   if (c == NULL || out == NULL)
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   if (size == 0 || size > (size_t)INT64_MAX || (flags & ~KNOWN_FLAGS) != 0) {
@@ -194,6 +196,8 @@ int tb_buffer_destroy(tb_buffer *b) {
   if (b == NULL)
     return 0;
   c = b->c;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED; /* the parent's buffer */
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   rc = tb__buffer_destroy(c, b);

@@ -165,7 +165,8 @@ static void later_retry_locked(struct tb__conn *k, int give_up) {
 }
 
 void tb__leases_retry(struct tb__conn *k) {
-  if (__atomic_load_n(&k->later, __ATOMIC_ACQUIRE) == NULL)
+  if (__atomic_load_n(&k->later, __ATOMIC_ACQUIRE) == NULL ||
+      tb__conn_forked(k))
     return;
   pthread_mutex_lock(&k->lock);
   later_retry_locked(k, 0);
@@ -204,6 +205,8 @@ static int lease_end(struct tb__lease *l, void *stream,
   struct tb__conn *k = l->conn;
   int rc = 0, last;
 
+  if (tb__conn_forked(k))
+    return 0; /* the parent's lease: nothing here to end (rpc.c, fork) */
   if (l->copied) {
     /* a copy: its lease ended when the copy was enqueued */
     rc = l->ops->copy_free(k, l->state, stream);
@@ -252,6 +255,8 @@ int tb_lease_wait(const DLManagedTensorVersioned *t, void *stream) {
     return TB_EINVAL;
   /* the tensor stays const to the caller; its lease records the stream */
   l = (struct tb__lease *)(uintptr_t)t;
+  if (tb__conn_forked(l->conn))
+    return TB_EFORKED;
   if (l->ops->ready_wait == NULL)
     return 0; /* host memory is ready when published */
   return l->ops->ready_wait(l->conn, l->state, &l->m.dl_tensor, stream);
@@ -264,6 +269,8 @@ int tb_lease_use(const DLManagedTensorVersioned *t, void *stream) {
   if (t == NULL || t->deleter != tb__lease_deleter)
     return TB_EINVAL;
   l = (struct tb__lease *)(uintptr_t)t;
+  if (tb__conn_forked(l->conn))
+    return TB_EFORKED;
   if (l->ops->use_locked == NULL)
     return 0;
   pthread_mutex_lock(&l->conn->lock);
@@ -440,6 +447,8 @@ int tb_acquire(tb_client *c, const char *channel,
       o.release_stream = NULL;
   }
   memset(&ka, 0, sizeof(ka));
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   tb__leases_retry(c->conn);

@@ -159,6 +159,8 @@ static int list_channels(tb_client *c, size_t stride, int waiting,
   size_t n = 0, cap = 0;
   int rc = 0, more = 1;
 
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_CHANNELS;
@@ -267,6 +269,8 @@ int tb_list_sessions(tb_client *c, struct tb_session_info **out,
 
   if (c == NULL || out == NULL || count == NULL)
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_SESSIONS;
@@ -285,6 +289,8 @@ int tb_daemon_status(tb_client *c, struct tb_status *out) {
 
   if (c == NULL || out == NULL)
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_STATUS;
@@ -372,6 +378,8 @@ int tb_list_leases(tb_client *c, size_t struct_size,
   if (c == NULL || out == NULL || count == NULL ||
       !stride_ok(struct_size, sizeof(struct tb_lease_entry), sizeof(uint64_t)))
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   rc = need_operator_view(c, "list leases");
@@ -422,6 +430,8 @@ int tb_list_waits(tb_client *c, size_t struct_size,
   if (c == NULL || out == NULL || count == NULL ||
       !stride_ok(struct_size, sizeof(struct tb_wait_entry), sizeof(uint64_t)))
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   rc = need_operator_view(c, "list waits");
@@ -491,6 +501,8 @@ int tb_buffer_list(tb_client *c, size_t struct_size,
   if (c == NULL || out == NULL || count == NULL ||
       !stride_ok(struct_size, BUFFER_ENTRY_V0, sizeof(uint64_t)))
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   /* an older daemon would take the request for a protocol error and end
@@ -515,6 +527,8 @@ int tb_channel_drop(tb_client *c, const char *channel) {
 
   if (c == NULL)
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   if (tb__name_check(channel, TB_NAME_MAX) < 0) {
@@ -598,6 +612,8 @@ int tb_daemon_metrics(tb_client *c, char **text, size_t *len) {
 
   if (c == NULL || text == NULL)
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   if (!(c->features & TENSORBROKER__V1__FEATURE__FEATURE_METRICS)) {

@@ -279,6 +279,8 @@ int tb_publish(tb_client *c, const char *channel, const DLTensor *t,
     return TB_EINVAL;
   if (copy_opts(opts, &o) < 0)
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   rc = check_common(c, channel, t, &o);
@@ -330,6 +332,8 @@ int tb_publish_copy(tb_client *c, const char *channel, const DLTensor *t,
     return TB_EINVAL;
   if (copy_opts(opts, &o) < 0)
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   rc = check_common(c, channel, t, &o);
@@ -399,6 +403,8 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
 
   if (c == NULL)
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   tb__leases_retry(c->conn);
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);

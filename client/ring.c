@@ -38,6 +38,8 @@ static int ring_create(tb_client *c, const char *channel, size_t slot_bytes,
 
   if (c == NULL || channel == NULL || out == NULL)
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   if (strlen(channel) > TB_NAME_MAX || nslots < 2 || nslots > 1024 ||
       slot_bytes == 0 || slot_bytes > SIZE_MAX / 2 / nslots) {
     pthread_mutex_lock(&c->call_lock);
@@ -104,6 +106,8 @@ int tb_ring_next(tb_ring *r, int timeout_ms, void *stream, void **data) {
 
   if (r == NULL || data == NULL)
     return TB_EINVAL;
+  if (tb__conn_forked(r->c->conn))
+    return TB_EFORKED;
   /* The slot handed out and not published was ordered on the stream of
    * that call: asked for again, it comes back for that stream alone (its
    * readers' done events were waited for once, there). */
@@ -167,6 +171,8 @@ int tb_ring_publish(tb_ring *r, const DLTensor *t,
 
   if (r == NULL || t == NULL)
     return TB_EINVAL;
+  if (tb__conn_forked(r->c->conn))
+    return TB_EFORKED;
   if (r->cur < 0) {
     pthread_mutex_lock(&r->c->call_lock);
     rc = tb__set_error(r->c, TB_EINVAL, "ring: tb_ring_publish without a "

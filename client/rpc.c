@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The RPC core: the connection's socket once open, the Hello, requests
- * and replies matched by request_id, one-way sends, reading datagrams with
- * timeouts (SO_RCVTIMEO, poll, busy polling), the last-error text and why a
- * connection died. It knows no feature: a notice, or a reply nobody waits
- * for, is handed up through the client's hooks (struct tb__rpc_hooks,
- * client.c). */
+/* The RPC core: the connection's socket once open (and closed in a
+ * forked child), the Hello, requests and replies matched by request_id,
+ * one-way sends, reading datagrams with timeouts (SO_RCVTIMEO, poll, busy
+ * polling), the last-error text and why a connection died. It knows no
+ * feature: a notice, or a reply nobody waits for, is handed up through the
+ * client's hooks (struct tb__rpc_hooks, client.c). */
 #include "client_internal.h"
 
 #include <errno.h>
@@ -19,7 +19,84 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <utlist.h>
+
 #include "stats.h"
+
+/* ---- the socket across fork() ----
+ *
+ * fork() hands the child a copy of every connection: the same socket, so
+ * the same session. Were the child to use it, its requests and its parent's
+ * would share one session and one stream of replies, each reading the
+ * other's; were it only to keep the socket open, the daemon would not see
+ * the parent's session end while the child lives (a killed producer's
+ * consumers would never hear of it). So:
+ *  - pthread_atfork() counts the forks of this process; a connection made
+ *    under another count was inherited (tb__conn_forked);
+ *  - the child closes the sockets of the connections it inherited, at once,
+ *    in the fork handler;
+ *  - every call on an inherited client fails with TB_EFORKED before it takes
+ *    a lock (a parent's thread may have held one at the fork, and it is not
+ *    in the child to let go), and an inherited tensor's end lets go of
+ *    nothing of the parent's: the child sends nothing and records nothing,
+ *    and its copy of the mapping stays until it exits.
+ * A socket opened by tb_client_connect() in the instant before it is
+ * tracked here is inherited open by a child forked in that instant. */
+
+/* The connections with an open socket (under fork_lock), and the forks so
+ * far. */
+static pthread_mutex_t fork_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct tb__conn *fork_conns;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+unsigned tb__fork_generation;
+
+static void before_fork(void) { pthread_mutex_lock(&fork_lock); }
+
+static void after_fork_parent(void) { pthread_mutex_unlock(&fork_lock); }
+
+/* Only close(): the child runs this before anything else, with only the
+ * forking thread. */
+static void after_fork_child(void) {
+  struct tb__conn *k, *tmp;
+
+  __atomic_add_fetch(&tb__fork_generation, 1, __ATOMIC_RELEASE);
+  DL_FOREACH_SAFE2(fork_conns, k, tmp, fork_next) {
+    DL_DELETE2(fork_conns, k, fork_prev, fork_next);
+    k->fork_tracked = 0;
+    if (k->fd >= 0)
+      close(k->fd);
+    k->fd = -1;
+  }
+  pthread_mutex_unlock(&fork_lock);
+}
+
+static void fork_handlers(void) {
+  (void)pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+void tb__fork_track(struct tb__conn *k) {
+  (void)pthread_once(&fork_once, fork_handlers);
+  k->pid = getpid();
+  pthread_mutex_lock(&fork_lock);
+  k->fork_gen = __atomic_load_n(&tb__fork_generation, __ATOMIC_ACQUIRE);
+  DL_APPEND2(fork_conns, k, fork_prev, fork_next);
+  k->fork_tracked = 1;
+  pthread_mutex_unlock(&fork_lock);
+}
+
+void tb__fork_close(struct tb__conn *k) {
+  pthread_mutex_lock(&fork_lock);
+  if (k->fork_tracked) {
+    DL_DELETE2(fork_conns, k, fork_prev, fork_next);
+    k->fork_tracked = 0;
+  }
+  /* closed under the lock: a fork either saw the socket listed, and the
+   * child closed it, or finds it closed */
+  if (k->fd >= 0)
+    close(k->fd);
+  k->fd = -1;
+  pthread_mutex_unlock(&fork_lock);
+}
 
 /* ---- errors ---- */
 
@@ -44,6 +121,20 @@ size_t tb_client_last_error(tb_client *c, char *buf, size_t len) {
 
   if (c == NULL)
     return 0;
+  if (tb__conn_forked(c->conn)) {
+    /* said without the call lock, which a thread the fork left behind
+     * may hold */
+    char why[TB__LAST_ERROR_MAX];
+    int w = snprintf(why, sizeof(why),
+                     "this client was connected by process %ld and process "
+                     "%ld is a fork of it: a forked child cannot use its "
+                     "parent's session; connect a client of its own in the "
+                     "child (tb_client_connect, or a new tensorbroker.Client)",
+                     (long)c->conn->pid, (long)getpid());
+    if (buf != NULL && len > 0)
+      snprintf(buf, len, "%s", why);
+    return w > 0 ? (size_t)w : 0;
+  }
   pthread_mutex_lock(&c->call_lock);
   n = c->last_error_len;
   if (buf != NULL && len > 0) {
@@ -361,6 +452,8 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
   long n;
   int rc;
 
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED; /* the public calls refuse before locking */
   if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
     return lost_earlier(c);
   *id = c->next_request_id++;
@@ -568,7 +661,6 @@ int tb__hello_reply(struct tb_client *c, uint64_t id,
   if (m->reply->hello->max_metadata > 0)
     c->max_metadata = m->reply->hello->max_metadata;
   c->features = m->reply->hello->features;
-  c->pid = getpid();
   *out = m;
   return 0;
 }

@@ -155,6 +155,8 @@ int tb_buffer_create_cuda(tb_client *c, size_t size, int device,
 
   if (c == NULL || out == NULL)
     return TB_EINVAL;
+  if (tb__conn_forked(c->conn))
+    return TB_EFORKED;
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   if (size == 0 || size > (size_t)INT64_MAX || device < 0 ||

@@ -13,6 +13,16 @@
  *    any thread; they are serialised by a lock inside the client.
  *  - The library never prints, never exits and never aborts on runtime
  *    errors.
+ *  - A client belongs to the process that connected it. A child made by
+ *    fork() inherits a copy that it cannot use: the library closes the
+ *    child's copy of the socket at the fork, and every call on the
+ *    inherited client (or ring, buffer or lease) returns TB_EFORKED
+ *    without sending or waiting for anything; tb_client_last_error() says
+ *    so. Releasing an inherited tensor returns 0 and ends nothing of the
+ *    parent's: the parent's lease holds, and the child's copy of the
+ *    mapping stays until it exits; tb_client_disconnect() of an inherited
+ *    client frees the child's copy of it. A child connects a client of
+ *    its own.
  *  - Strings passed in are copied; nothing passed in is kept after return
  *    unless stated.
  *  - Names are tb_<object>_<verb> (tb_lease_acquire, tb_channel_publish) or

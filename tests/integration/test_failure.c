@@ -328,6 +328,215 @@ static void test_forked_child_disconnects(void **state) {
   tb_client_disconnect(c);
 }
 
+/* A child forked from a consumer that holds a lease cannot use the client
+ * it inherited: every call fails with TB_EFORKED before it sends anything
+ * (the parent's session, its replies and its lease are the parent's), the
+ * inherited socket is closed, and letting go of the inherited tensor ends
+ * nothing. The child reads the same version through a client of its own.
+ * Returns the child's exit code. */
+static int inheriting_child(const char *sock, tb_client *c,
+                            DLManagedTensorVersioned *t, uint64_t v) {
+  struct tb_acquire_options o = acq_opts(TB_ACQUIRE_EXACT, v, 0);
+  DLManagedTensorVersioned *t2 = NULL;
+  struct tb_notice n;
+  struct tb_status st;
+  int64_t shape[1] = {8};
+  DLTensor x;
+  uint64_t w;
+  char why[512];
+  tb_client *own;
+
+  memset(&x, 0, sizeof(x));
+  x.data = t->dl_tensor.data;
+  x.device.device_type = kDLCPU;
+  x.ndim = 1;
+  x.dtype = (DLDataType){kDLUInt, 8, 1};
+  x.shape = shape;
+  TBT_CHECK_RC(tb_acquire(c, "inherited", &o, &t2), TB_EFORKED);
+  TBT_CHECK(t2 == NULL);
+  TBT_CHECK_RC(tb_channel_subscribe(c, "inherited"), TB_EFORKED);
+  TBT_CHECK_RC(tb_notice_poll(c, sizeof(n), &n, 0), TB_EFORKED);
+  TBT_CHECK_RC(tb_daemon_get_status(c, sizeof(st), &st), TB_EFORKED);
+  TBT_CHECK_RC(tb_channel_publish_copy(c, "inherited-by-child", &x, NULL, &w),
+               TB_EFORKED);
+  TBT_CHECK_RC(tb_lease_wait(t, NULL), TB_EFORKED);
+  TBT_CHECK(tb_client_fd(c) == -1);
+  TBT_CHECK(tb_client_last_error(c, why, sizeof(why)) > 0);
+  TBT_CHECK(strstr(why, "is a fork of it") != NULL);
+  /* this process's copy of the mapping stays readable */
+  for (size_t i = 0; i < 256; i++)
+    TBT_CHECK(((uint8_t *)t->dl_tensor.data)[i] == tbt_pattern(i, 5));
+  TBT_CHECK_OK(tb_lease_release(t, NULL)); /* the child's copy only */
+  tb_client_disconnect(c);
+
+  TBT_CHECK_OK(connect_child(sock, "forked-own", &own));
+  TBT_CHECK_OK(tb_acquire(own, "inherited", &o, &t2));
+  for (size_t i = 0; i < 256; i++)
+    TBT_CHECK(((uint8_t *)t2->dl_tensor.data)[i] == tbt_pattern(i, 5));
+  TBT_CHECK_OK(tb_lease_release(t2, NULL));
+  tb_client_disconnect(own);
+  return 0;
+}
+
+static void test_forked_child_inherits_lease(void **state) {
+  struct tbt_daemon *d = *state;
+  DLManagedTensorVersioned *t;
+  struct tb_acquire_options o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+  struct tb_status st;
+  tb_client *p, *c;
+  tb_buffer *b;
+  uint64_t v, w;
+  pid_t kid;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "consumer", &c));
+  assert_tb_ok(tb_buffer_create_host(p, 512, 0, &b));
+  tbt_fill(tb_buffer_data(b), 256, 5);
+  publish_at(p, b, 0, "inherited", 1, &v);
+  assert_tb_ok(tb_acquire(c, "inherited", &o, &t));
+
+  kid = fork();
+  assert_true(kid >= 0);
+  if (kid == 0)
+    _exit(inheriting_child(d->sock, c, t, v));
+  assert_int_equal(tbt_wait_pid(kid, TBT_TIMEOUT_MS), 0);
+
+  /* the parent's lease still holds the version, out of the channel's
+   * history now, its bytes unchanged */
+  publish_at(p, b, 256, "inherited", 1, &w);
+  assert_int_equal(tb_channel_wait_free(p, "inherited", v, 0, NULL),
+                   TB_EBUSY);
+  for (size_t i = 0; i < 256; i++)
+    assert_int_equal(((uint8_t *)t->dl_tensor.data)[i], tbt_pattern(i, 5));
+  /* and its client answers its own calls */
+  assert_tb_ok(tb_daemon_get_status(c, sizeof(st), &st));
+  assert_true(tb_client_fd(c) >= 0);
+  assert_tb_ok(tb_lease_release(t, NULL));
+  assert_tb_ok(tb_channel_wait_free(p, "inherited", v, TBT_TIMEOUT_MS, NULL));
+  tb_client_disconnect(c);
+  tb_buffer_destroy(b);
+  tb_client_disconnect(p);
+}
+
+/* A thread parked in a call holds the client's call lock; a fork then
+ * leaves that lock held in the child, where no thread will let go of it.
+ * The child's calls on the inherited client must fail with TB_EFORKED
+ * without waiting for it, and its disconnect must return. */
+struct parked {
+  tb_client *c;
+  int rc;
+};
+
+static void *parked_acquire(void *arg) {
+  struct parked *w = arg;
+  struct tb_acquire_options o = acq_opts(TB_ACQUIRE_LATEST, 0, TBT_TIMEOUT_MS);
+  DLManagedTensorVersioned *t = NULL;
+
+  w->rc = tb_acquire(w->c, "parked", &o, &t);
+  if (w->rc == 0)
+    w->rc = tb_lease_release(t, NULL);
+  return NULL;
+}
+
+static void test_fork_while_a_call_waits(void **state) {
+  struct tbt_daemon *d = *state;
+  struct parked w = {NULL, -1};
+  tb_client *p, *watch;
+  tb_buffer *b;
+  pthread_t th;
+  uint64_t n;
+  int code;
+  pid_t kid;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "watch", &watch));
+  assert_tb_ok(tbt_connect(d, "parked", &w.c));
+  assert_tb_ok(tbt_own_requests(w.c, &n));
+  assert_int_equal(pthread_create(&th, NULL, parked_acquire, &w), 0);
+  assert_tb_ok(tbt_wait_requests(watch, tb_client_session_id(w.c), n + 1));
+
+  kid = fork();
+  assert_true(kid >= 0);
+  if (kid == 0) {
+    struct tb_acquire_options o = acq_opts(TB_ACQUIRE_LATEST, 0, 0);
+    DLManagedTensorVersioned *t = NULL;
+    char why[512];
+
+    TBT_CHECK_RC(tb_acquire(w.c, "parked", &o, &t), TB_EFORKED);
+    TBT_CHECK(tb_client_last_error(w.c, why, sizeof(why)) > 0);
+    TBT_CHECK(strstr(why, "is a fork of it") != NULL);
+    tb_client_disconnect(w.c);
+    _exit(0);
+  }
+  code = tbt_wait_pid(kid, TBT_TIMEOUT_MS);
+  if (code == -ETIMEDOUT) {
+    kill(kid, SIGKILL);
+    tbt_wait_pid(kid, TBT_TIMEOUT_MS);
+  }
+  assert_int_equal(code, 0);
+
+  /* the parent's parked call is answered as if nothing happened */
+  assert_tb_ok(tb_buffer_create_host(p, 256, 0, &b));
+  publish_at(p, b, 0, "parked", 1, NULL);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_tb_ok(w.rc);
+  tb_client_disconnect(w.c);
+  tb_client_disconnect(watch);
+  tb_buffer_destroy(b);
+  tb_client_disconnect(p);
+}
+
+/* A producer forks a child that outlives it and never touches the client:
+ * the child closed its copy of the socket at the fork, so the producer's
+ * death still ends its session and its consumers are told. */
+static int producer_with_long_child(struct tbt_chan *ch, void *arg) {
+  tb_client *p;
+  tb_buffer *b;
+  int64_t shape[1] = {64};
+  DLTensor t;
+  char line[16];
+  pid_t kid;
+
+  TBT_CHECK_OK(connect_child(arg, "parent", &p));
+  TBT_CHECK_OK(tb_buffer_create_host(p, 64, 0, &b));
+  tbt_u8_tensor(&t, b, shape, 64);
+  TBT_CHECK_OK(tb_channel_publish(p, "outlived", &t, NULL, NULL));
+  kid = fork();
+  TBT_CHECK(kid >= 0);
+  if (kid == 0) {
+    /* lives until the test closes the pipe, long after its parent */
+    while (tbt_recv(ch->rd, line, sizeof(line), -1) == 0)
+      ;
+    _exit(0);
+  }
+  TBT_CHECK_OK(tbt_send(ch->wr, "published"));
+  tbt_recv(ch->rd, line, sizeof(line), -1); /* killed here */
+  return 0;
+}
+
+static void test_forked_child_outlives_producer(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tbt_child prod;
+  tb_client *c;
+  struct tb_notice n;
+  char line[64];
+
+  assert_tb_ok(tbt_connect(d, "watcher", &c));
+  assert_tb_ok(tb_channel_subscribe(c, "outlived"));
+  assert_tb_ok(tbt_child_start(&prod, producer_with_long_child, d->sock));
+  assert_tb_ok(tbt_recv(prod.rd, line, sizeof(line), TBT_TIMEOUT_MS));
+  assert_string_equal(line, "published");
+  /* the producer dies; its child lives on, holding the pipe open */
+  kill(prod.pid, SIGKILL);
+  assert_int_equal(tbt_wait_pid(prod.pid, TBT_TIMEOUT_MS), 128 + SIGKILL);
+  prod.pid = 0;
+  assert_tb_ok(tbt_expect_notice(c, TB_NOTICE_CHANNEL_CLOSED, "outlived", 0,
+                                 TBT_TIMEOUT_MS, &n));
+  assert_string_equal(n.reason, "publisher ended without closing its session");
+  tbt_child_kill(&prod); /* closes the pipe: the child exits */
+  tb_client_disconnect(c);
+}
+
 /* ---- a CUDA IPC producer's death and restart ----
  *
  * The producers and the consumers that are granted CUDA versions speak the
@@ -730,6 +939,12 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_consumer_killed, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_producer_killed, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_producer_closes, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_forked_child_inherits_lease, tbt_setup,
+                                      tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_fork_while_a_call_waits, tbt_setup,
+                                      tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_forked_child_outlives_producer,
+                                      tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_forked_child_disconnects, tbt_setup,
                                       tbt_teardown),
       cmocka_unit_test_setup_teardown(test_cuda_producer_exits, tbt_setup,

@@ -510,6 +510,87 @@ def test_notices_and_wait_free():
         expect_error(lambda: prod.wait_free("nt/a", 99, timeout=0), "TB_ENOTFOUND")
 
 
+# What a forked worker finds of its parent's (test_forked_workers_...).
+_INHERITED = {}
+
+
+def _worker_uses_inherited(results):
+    """A worker that uses its parent's client and lease: refused, and
+    letting go of them ends nothing of the parent's."""
+    c = _INHERITED["client"]
+    try:
+        c.acquire("fk/frames", timeout=0)
+        results.put("acquire on the parent's client went through")
+        return
+    except tb.Error as e:
+        if e.name != "TB_EFORKED" or "is a fork of it" not in e.message:
+            results.put("wrong error %s: %s" % (e.name, e.message))
+            return
+    try:
+        c.channels()
+        results.put("channels() on the parent's client went through")
+        return
+    except tb.Error as e:
+        if e.name != "TB_EFORKED":
+            results.put("wrong error %s" % e.name)
+            return
+    frame = _INHERITED.pop("frame")
+    ok = frame.tolist() == list(range(16))  # this process's copy of the mapping
+    del frame
+    _INHERITED.pop("lease").release()         # the child's copy only
+    results.put("ok" if ok else "inherited frame unreadable")
+
+
+def _worker_reads(results, sock, version):
+    with tb.Client(socket=sock, name="worker") as own:
+        with own.acquire("fk/frames", exact=version) as lease:
+            results.put(np.from_dlpack(lease).tolist())
+
+
+def test_forked_workers_need_their_own_client():
+    """A stage that hands frames to worker processes (multiprocessing, fork
+    start method): a worker that uses the client and lease its parent made
+    gets TB_EFORKED, and dropping them there ends nothing of the parent's
+    (its lease still holds the frame, which stays as it was, and its own
+    calls are answered); workers that connect a client of their own read
+    the frames."""
+    import multiprocessing
+    fork = multiprocessing.get_context("fork")
+
+    def run(target, *args):
+        results = fork.SimpleQueue()
+        workers = [fork.Process(target=target, args=(results,) + args) for _ in range(2)]
+        for w in workers:
+            w.start()
+        got = [results.get() for _ in workers]
+        for w in workers:
+            w.join(30)
+            assert w.exitcode == 0, w.exitcode
+        return got
+
+    with daemon() as sock, tb.Client(socket=sock) as prod, tb.Client(socket=sock) as cons:
+        a = prod.empty((16,), np.uint8)
+        a[:] = np.arange(16)
+        v1 = prod.publish("fk/frames", a)
+        lease = cons.acquire("fk/frames")
+        frame = np.from_dlpack(lease)
+        _INHERITED.update(client=cons, lease=lease, frame=frame)
+        try:
+            assert run(_worker_uses_inherited) == ["ok", "ok"]
+        finally:
+            _INHERITED.clear()
+        b = prod.empty((16,), np.uint8)
+        b[:] = 7
+        v2 = prod.publish("fk/frames", b)   # v1 leaves the channel's history
+        expect_error(lambda: prod.wait_free("fk/frames", v1, timeout=0), "TB_EBUSY")
+        assert frame.tolist() == list(range(16))
+        assert cons.acquire("fk/frames", exact=v2, timeout=5).version == v2
+        assert run(_worker_reads, sock, v2) == [[7] * 16] * 2
+        del frame
+        lease.release()
+        prod.wait_free("fk/frames", v1, timeout=5)
+
+
 def channel_closed_reason(client, channel):
     while True:
         n = client.poll_notice(timeout=10)
