@@ -422,6 +422,7 @@ static int client_connect(const struct tb_connect_options *opts,
   c->spin_ns = (uint64_t)o.spin_us * 1000;
   c->spin_auto = spin_auto;
   c->prefetch = !o.no_prefetch;
+  c->interruptible = o.interruptible != 0;
   c->max_message = TB__DEFAULT_MAX_MESSAGE;
   c->max_ndim = TB__DEFAULT_MAX_NDIM;
   c->max_metadata = TB__DEFAULT_MAX_METADATA;
@@ -580,7 +581,9 @@ int tb_client_poll_notice(tb_client *c, struct tb_notice *out,
            : now >= deadline      ? 0
            : deadline - now > INT32_MAX ? INT32_MAX
                                         : (int)(deadline - now);
+    c->intr_wait = c->interruptible;
     rc = tb__pump(c, wait);
+    c->intr_wait = 0;
     if (rc < 0)
       break;
     if (rc == 0) {

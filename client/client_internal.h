@@ -177,6 +177,9 @@ struct tb_client {
   uint32_t max_ndim;
   uint32_t max_metadata;
   uint32_t features; /* HelloReply.features: what the daemon implements */
+  int interruptible; /* tb_connect_options.interruptible */
+  int intr_wait;     /* under call_lock: the wait in progress ends with
+                      * TB_EINTR when a signal handler interrupts it */
   uint8_t *rbuf; /* TB__RECV_CAP bytes */
   uint8_t *sbuf; /* TB__RECV_CAP bytes */
   /* Replies are decoded into one of these (a call made while a reply is
@@ -270,6 +273,12 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
                      int n_send_fds, uint64_t *id);
 int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
                     tb__server_message **out, int *fds, int *nfds);
+/* tb__await_reply for a request the daemon may park (Acquire, WaitFree):
+ * on an interruptible client whose daemon takes Cancel, a signal handler
+ * interrupting the wait ends it with TB_EINTR, and the request is
+ * cancelled (a reply already on its way is handled as a late one). */
+int tb__await_parked(struct tb_client *c, uint64_t id, long extra_ms,
+                     tb__server_message **out, int *fds, int *nfds);
 
 
 /* How many of c's waits polled before sleeping (spin_us): for tests. */

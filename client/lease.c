@@ -530,8 +530,8 @@ int tb_acquire(tb_client *c, const char *channel,
   if (c->n_hints > 0)
     tb__hint_open(c, channel);
   tb__stat_wait_begin(tb__stat_now());
-  rc = tb__await_reply(c, id, o.timeout_ms < 0 ? -1 : o.timeout_ms, &m, fds,
-                       &nfds);
+  rc = tb__await_parked(c, id, o.timeout_ms < 0 ? -1 : o.timeout_ms, &m, fds,
+                        &nfds);
   t3 = tb__stat_now();
   tb__stat_wait_end(t0, t1, t2, t3);
   if (rc < 0)

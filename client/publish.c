@@ -400,6 +400,7 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
   tb__server_message *m = NULL;
   struct tb__freed *f;
   int fds[TB__MAX_FDS], nfds = 0, rc;
+  uint64_t id = 0;
 
   if (c == NULL)
     return TB_EINVAL;
@@ -440,8 +441,10 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
     wf.timeout_ms = timeout_ms < 0 ? -1 : timeout_ms;
     r.body_case = TENSORBROKER__V1__REQUEST__BODY_WAIT_FREE;
     r.wait_free = &wf;
-    rc = tb__call(c, &r, NULL, 0, timeout_ms < 0 ? -1 : timeout_ms, &m, fds,
-                  &nfds);
+    rc = tb__send_request(c, &r, NULL, 0, &id);
+    if (rc == 0)
+      rc = tb__await_parked(c, id, timeout_ms < 0 ? -1 : timeout_ms, &m, fds,
+                            &nfds);
     if (rc < 0)
       goto out_unlock;
     for (int i = 0; i < nfds; i++)

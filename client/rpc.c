@@ -302,6 +302,9 @@ static int poll_readable(struct tb_client *c, uint64_t deadline) {
                                           : (int)(deadline - now);
     }
     rc = poll(&p, 1, wait);
+    if (rc < 0 && errno == EINTR && c->intr_wait)
+      return tb__set_error(c, TB_EINTR, "a signal interrupted the wait for "
+                                        "the daemon");
     if (rc < 0 && errno == EINTR)
       continue;
     if (rc < 0)
@@ -366,7 +369,8 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
       goto received;
   }
   TB__STAT_READ(1);
-  flags = arm_recv_timeout(c, deadline);
+  /* a blocking recv goes on after a signal; poll tells us of it */
+  flags = c->intr_wait ? -1 : arm_recv_timeout(c, deadline);
   if (flags == 0) {
     n = tb__wire_recv(c->conn->fd, c->rbuf, TB__RECV_CAP, fds, &got, 0);
     if (n == -EAGAIN || n == -EWOULDBLOCK) {
@@ -534,6 +538,29 @@ int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
     *nfds = got;
     return 0;
   }
+}
+
+int tb__await_parked(struct tb_client *c, uint64_t id, long extra_ms,
+                     tb__server_message **out, int *fds, int *nfds) {
+  Tensorbroker__V1__Cancel cancel = TENSORBROKER__V1__CANCEL__INIT;
+  tb__request r = TENSORBROKER__V1__REQUEST__INIT;
+  int rc;
+
+  if (!c->interruptible ||
+      !(c->features & TENSORBROKER__V1__FEATURE__FEATURE_CANCEL))
+    return tb__await_reply(c, id, extra_ms, out, fds, nfds);
+  c->intr_wait = 1;
+  rc = tb__await_reply(c, id, extra_ms, out, fds, nfds);
+  c->intr_wait = 0;
+  if (rc == TB_EINTR) {
+    cancel.request_id = id;
+    r.body_case = TENSORBROKER__V1__REQUEST__BODY_CANCEL;
+    r.cancel = &cancel;
+    pthread_mutex_lock(&c->conn->lock);
+    (void)tb__conn_send_oneway_locked(c->conn, &r);
+    pthread_mutex_unlock(&c->conn->lock);
+  }
+  return rc;
 }
 
 int tb__call_simple(struct tb_client *c, tb__request *r) {

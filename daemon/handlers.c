@@ -164,7 +164,8 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
                 TENSORBROKER__V1__FEATURE__FEATURE_METRICS |
                 TENSORBROKER__V1__FEATURE__FEATURE_CUDA_VMM |
                 TENSORBROKER__V1__FEATURE__FEATURE_CUDA_HOST |
-                TENSORBROKER__V1__FEATURE__FEATURE_BUFFER_LIST;
+                TENSORBROKER__V1__FEATURE__FEATURE_BUFFER_LIST |
+                TENSORBROKER__V1__FEATURE__FEATURE_CANCEL;
   hr.max_name = r->lim.max_name;
   hello_latest(r, s, h, &hr, latest, ptrs);
   tbd__send_reply(r, s, &rep, NULL, 0);
@@ -819,6 +820,11 @@ static int dispatch(struct tbd_registry *r, struct tbd_session *s,
     return on_forget(r, s, q->forget->buffer_id);
   case BODY(GOODBYE):
     s->said_goodbye = true; /* one-way: the connection closes next */
+    return 0;
+  case BODY(CANCEL):
+    /* one-way: a wait already answered (or never parked) is left alone */
+    if (s->wait != NULL && s->wait->request_id == q->cancel->request_id)
+      tbd__wait_remove(r, s->wait);
     return 0;
   case BODY(METRICS):
     return tbd_metrics_request(r, s, id, q->metrics->offset);

@@ -53,9 +53,10 @@ static const struct {
     T(LIST_WAITS, "list_waits"),
     T(DROP_CHANNEL, "drop_channel"),
     T(LIST_BUFFERS, "list_buffers"),
+    T(CANCEL, "cancel"),
 #undef T
 };
-_Static_assert(TENSORBROKER__V1__REQUEST__BODY_LIST_BUFFERS < TBD_REQUEST_TYPES,
+_Static_assert(TENSORBROKER__V1__REQUEST__BODY_CANCEL < TBD_REQUEST_TYPES,
                "a Request.body case beyond tensorbroker_requests_total's "
                "counters: raise TBD_REQUEST_TYPES");
 

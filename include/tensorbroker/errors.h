@@ -35,13 +35,14 @@
   XX(ESTALE, -24, "object no longer valid (released or retired)")            \
   XX(ENOTSUP, -25, "operation not supported")                                \
   XX(ESHUTDOWN, -26, "daemon is shutting down")                              \
-  XX(EFORKED, -27, "client inherited across fork(): connect a new one")
+  XX(EFORKED, -27, "client inherited across fork(): connect a new one")    \
+  XX(EINTR, -28, "a signal interrupted the wait")
 
 enum tb_errno {
 #define TB__ERR_ENUM(name, value, text) TB_##name = (value),
   TB_ERRNO_MAP(TB__ERR_ENUM)
 #undef TB__ERR_ENUM
-  TB__ERR_LAST = -28 /* one below the lowest code; not an error */
+  TB__ERR_LAST = -29 /* one below the lowest code; not an error */
 };
 
 #endif /* TENSORBROKER_ERRORS_H */

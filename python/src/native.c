@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <tensorbroker/tensorbroker.h>
 
@@ -878,6 +879,9 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw) {
   opts.timeout_ms = timeout_ms;
   opts.spin_us = spin_us;
   opts.no_prefetch = !prefetch;
+  /* a signal ends a wait for the daemon, so that Ctrl-C (or any Python
+   * handler) runs (wait_interrupted) */
+  opts.interruptible = 1;
   if (contract != NULL && contract != Py_None) {
     if (PyLong_Check(contract)) {
       opts.stream_contract = (int)PyLong_AsLong(contract);
@@ -1279,6 +1283,33 @@ out_meta:
   return result;
 }
 
+static uint64_t monotonic_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* When a wait of tmo milliseconds (<0: forever) that starts now ends. */
+static uint64_t wait_deadline(int tmo) {
+  return tmo < 0 ? UINT64_MAX : monotonic_ms() + (uint64_t)tmo;
+}
+
+/* After TB_EINTR (the client connects interruptible: a signal ended a wait
+ * for the daemon, which forgot the request): run Python's signal handlers.
+ * -1 with the exception set when one raised (Ctrl-C: KeyboardInterrupt);
+ * else 0, with *tmo what is left of the wait that ends at deadline (at
+ * least a millisecond, so that it ends as the whole wait would have). */
+static int wait_interrupted(int *tmo, uint64_t deadline) {
+  if (PyErr_CheckSignals() < 0)
+    return -1;
+  if (deadline != UINT64_MAX) {
+    uint64_t now = monotonic_ms();
+    uint64_t left = now < deadline ? deadline - now : 1;
+    *tmo = left > INT32_MAX ? INT32_MAX : (int)left;
+  }
+  return 0;
+}
+
 static int timeout_ms_from_py(PyObject *o, int *out) {
   if (o == NULL || o == Py_None) {
     *out = -1;
@@ -1409,7 +1440,19 @@ static PyObject *client_acquire(ClientObject *self, PyObject *args, PyObject *kw
   /* held across the call: a close() meanwhile must not end the session
    * before the new lease holds it */
   struct session_ref *sess = session_get(self->sess);
-  CLIENT_CALL(self, rc, err, tb_lease_acquire(c_, channel, &opts, &mt));
+  uint64_t deadline = wait_deadline(opts.timeout_ms);
+  for (;;) {
+    CLIENT_CALL(self, rc, err, tb_lease_acquire(c_, channel, &opts, &mt));
+    if (rc != TB_EINTR)
+      break;
+    /* the release went out with the first request */
+    opts.release = NULL;
+    rel = NULL;
+    if (wait_interrupted(&opts.timeout_ms, deadline) < 0) {
+      session_put(sess);
+      return NULL;
+    }
+  }
   if (rc == TB_ENAME && rel != NULL) {
     /* refused before anything was released: the Lease stays usable */
     struct lease_core *core = malloc(sizeof(*core));
@@ -1451,7 +1494,14 @@ static PyObject *client_wait_free(ClientObject *self, PyObject *args, PyObject *
     return NULL;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
-  CLIENT_CALL(self, rc, err, tb_channel_wait_free(c_, channel, version, tmo, s));
+  uint64_t deadline = wait_deadline(tmo);
+  for (;;) {
+    CLIENT_CALL(self, rc, err, tb_channel_wait_free(c_, channel, version, tmo, s));
+    if (rc != TB_EINTR)
+      break;
+    if (wait_interrupted(&tmo, deadline) < 0)
+      return NULL;
+  }
   if (rc < 0)
     return raise_tb(rc, err);
   Py_RETURN_NONE;
@@ -1503,7 +1553,14 @@ static PyObject *client_poll_notice(ClientObject *self, PyObject *args, PyObject
   struct tb_notice n;
   char err[TBPY_ERRMSG_MAX] = "";
   int rc;
-  CLIENT_CALL(self, rc, err, tb_notice_poll(c_, sizeof(n), &n, tmo));
+  uint64_t deadline = wait_deadline(tmo);
+  for (;;) {
+    CLIENT_CALL(self, rc, err, tb_notice_poll(c_, sizeof(n), &n, tmo));
+    if (rc != TB_EINTR)
+      break;
+    if (wait_interrupted(&tmo, deadline) < 0)
+      return NULL;
+  }
   if (rc == TB_EAGAIN)
     Py_RETURN_NONE;
   if (rc < 0)

@@ -4,6 +4,7 @@ DLPack protocol on leases, lifetimes, errors. Each test starts its own
 daemon. Runs under run_tests.py (no pytest needed) or pytest."""
 import gc
 import os
+import re
 import sys
 import tempfile
 import time
@@ -589,6 +590,60 @@ def test_forked_workers_need_their_own_client():
         del frame
         lease.release()
         prod.wait_free("fk/frames", v1, timeout=5)
+
+
+def test_ctrl_c_stops_a_waiting_consumer():
+    """A consumer waiting for a frame that does not come is stopped from
+    the terminal with Ctrl-C (SIGINT: KeyboardInterrupt), in acquire() and
+    in poll_notice(); the client stays usable: the daemon forgot the wait
+    (a session parks one at a time: another acquire parks and times out
+    instead of TB_EBUSY), and the next frame arrives."""
+    import signal
+    import threading
+
+    fired = []
+
+    def on_sigint(signum, frame):
+        if not fired:       # one KeyboardInterrupt, whatever else is sent
+            fired.append(signum)
+            raise KeyboardInterrupt
+
+    def interrupted(fn):
+        """fn() under Ctrl-C pressed every 10 ms (one that comes just
+        before the wait starts is not seen by it)."""
+        stop = threading.Event()
+        main = threading.main_thread().ident
+        presser = threading.Thread(target=lambda: [
+            signal.pthread_kill(main, signal.SIGINT) for _ in iter(lambda: stop.wait(0.01), True)])
+        fired.clear()
+        old = signal.signal(signal.SIGINT, on_sigint)
+        presser.start()
+        try:
+            fn()
+        except KeyboardInterrupt:
+            return True
+        finally:
+            stop.set()
+            presser.join()
+            signal.signal(signal.SIGINT, old)
+        return False
+
+    with daemon() as sock, tb.Client(socket=sock) as prod, tb.Client(socket=sock) as cons:
+        started = time.monotonic()
+        assert interrupted(lambda: cons.acquire("cc/frames", timeout=10))
+        assert time.monotonic() - started < 5
+        expect_error(lambda: cons.acquire("cc/frames", timeout=0.05), "TB_ETIMEDOUT")
+        cancels = re.search(r'tensorbroker_requests_total\{type="cancel"\} (\d+)',
+                            prod.metrics())
+        assert cancels is not None and int(cancels.group(1)) >= 1
+        cons.subscribe("cc/frames")
+        assert interrupted(lambda: cons.poll_notice(timeout=10))
+        a = prod.empty((4,), np.uint8)
+        a[:] = 3
+        v = prod.publish("cc/frames", a)
+        with cons.acquire("cc/frames", timeout=5) as lease:
+            assert lease.version == v and np.from_dlpack(lease).tolist() == [3] * 4
+        assert cons.poll_notice(timeout=5)["version"] == v
 
 
 def channel_closed_reason(client, channel):

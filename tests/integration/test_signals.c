@@ -1,0 +1,292 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Signals and the waits that can last (tb_connect_options.interruptible):
+ * a handler that interrupts a parked acquire, a wait_free or a notice poll
+ * of an interruptible client ends it with TB_EINTR, and the daemon forgets
+ * the parked request; a client that did not ask goes on waiting. */
+#include "tb_test.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* signals handled so far; __atomic (lock-free: safe in a handler) */
+static int usr1_seen;
+
+static void on_usr1(int sig) {
+  (void)sig;
+  __atomic_add_fetch(&usr1_seen, 1, __ATOMIC_RELAXED);
+}
+
+static int usr1_count(void) {
+  return __atomic_load_n(&usr1_seen, __ATOMIC_RELAXED);
+}
+
+/* SIGUSR1 runs on_usr1, without SA_RESTART (as Python installs its
+ * handlers). */
+static void catch_usr1(void) {
+  struct sigaction sa;
+
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_usr1;
+  sigemptyset(&sa.sa_mask);
+  assert_int_equal(sigaction(SIGUSR1, &sa, NULL), 0);
+}
+
+static int connect_intr(const struct tbt_daemon *d, const char *name,
+                        int interruptible, tb_client **out) {
+  struct tb_connect_options o;
+
+  tb_connect_options_init(&o);
+  o.socket_path = d->sock;
+  o.client_name = name;
+  o.timeout_ms = TBT_TIMEOUT_MS;
+  o.interruptible = interruptible;
+  return tb_client_connect(&o, out);
+}
+
+enum waiter_call { WAIT_ACQUIRE, WAIT_FREE, WAIT_NOTICE };
+
+struct waiter {
+  tb_client *c;
+  enum waiter_call call;
+  uint64_t version; /* WAIT_FREE's */
+  int rc;
+  int done; /* __atomic */
+  uint8_t first; /* WAIT_ACQUIRE: byte 0 of what it got */
+};
+
+static void *waiter_main(void *arg) {
+  struct waiter *w = arg;
+  struct tb_acquire_options o;
+  DLManagedTensorVersioned *t = NULL;
+  struct tb_notice n;
+
+  switch (w->call) {
+  case WAIT_ACQUIRE:
+    tb_acquire_options_init(&o);
+    o.mode = TB_ACQUIRE_NEXT;
+    o.version = 0;
+    o.timeout_ms = -1;
+    w->rc = tb_lease_acquire(w->c, "intr", &o, &t);
+    if (w->rc == 0) {
+      w->first = *(uint8_t *)t->dl_tensor.data;
+      w->rc = tb_lease_release(t, NULL);
+    }
+    break;
+  case WAIT_FREE:
+    w->rc = tb_channel_wait_free(w->c, "intr", w->version, -1, NULL);
+    break;
+  case WAIT_NOTICE:
+    w->rc = tb_notice_poll(w->c, sizeof(n), &n, -1);
+    break;
+  }
+  __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* Start w on a thread and return once the daemon has its request (a
+ * notice poll sends none: then at once). */
+static void start_parked(tb_client *watch, struct waiter *w, pthread_t *th) {
+  uint64_t n = 0;
+
+  if (w->call != WAIT_NOTICE)
+    assert_tb_ok(tbt_own_requests(w->c, &n));
+  assert_int_equal(pthread_create(th, NULL, waiter_main, w), 0);
+  if (w->call != WAIT_NOTICE)
+    assert_tb_ok(tbt_wait_requests(watch, tb_client_session_id(w->c), n + 1));
+}
+
+/* Signal th until w's call returns, at most ~10 s. A signal that comes
+ * before the thread is inside its wait is not seen by it, so one is not
+ * enough; the pause only spaces them out. Returns whether it returned. */
+static int interrupt(pthread_t th, struct waiter *w) {
+  struct timespec gap = {0, 5 * 1000 * 1000};
+
+  for (int i = 0; i < 2000; i++) {
+    if (__atomic_load_n(&w->done, __ATOMIC_ACQUIRE))
+      return 1;
+    pthread_kill(th, SIGUSR1);
+    nanosleep(&gap, NULL);
+  }
+  return __atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
+}
+
+static void publish_byte(tb_client *p, tb_buffer *b, uint8_t value,
+                         uint64_t *v) {
+  int64_t shape[1] = {64};
+  DLTensor t;
+
+  memset(tb_buffer_data(b), value, 64);
+  tbt_u8_tensor(&t, b, shape, 64);
+  assert_tb_ok(tb_channel_publish(p, "intr", &t, NULL, v));
+}
+
+static void test_interrupted_acquire(void **state) {
+  struct tbt_daemon *d = *state;
+  struct waiter w = {.call = WAIT_ACQUIRE};
+  struct tb_acquire_options o;
+  struct tb_wait_entry *we;
+  DLManagedTensorVersioned *t = NULL;
+  tb_client *p, *watch;
+  tb_buffer *b;
+  pthread_t th;
+  char why[256];
+  size_t n;
+  int returned;
+
+  catch_usr1();
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "watch", &watch));
+  assert_tb_ok(connect_intr(d, "consumer", 1, &w.c));
+  assert_tb_ok(tb_buffer_create_host(p, 64, 0, &b));
+
+  start_parked(watch, &w, &th);
+  returned = interrupt(th, &w);
+  if (!returned)
+    publish_byte(p, b, 1, NULL); /* let the thread go before failing */
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_true(returned);
+  assert_int_equal(w.rc, TB_EINTR);
+  assert_true(usr1_count() > 0);
+  tb_client_last_error(w.c, why, sizeof(why));
+  assert_non_null(strstr(why, "signal"));
+
+  /* The daemon forgot the parked acquire: the session may park another
+   * (it holds one at a time: the old one would make this TB_EBUSY), which
+   * times out, and the operator's view shows no wait of it. */
+  tb_acquire_options_init(&o);
+  o.mode = TB_ACQUIRE_NEXT;
+  o.timeout_ms = 50;
+  assert_int_equal(tb_lease_acquire(w.c, "intr", &o, &t), TB_ETIMEDOUT);
+  assert_tb_ok(tb_wait_list(watch, sizeof(*we), &we, &n));
+  for (size_t i = 0; i < n; i++)
+    assert_int_not_equal(we[i].session_id, tb_client_session_id(w.c));
+  tb_free(we);
+
+  /* and the same call, made again, gets the next version */
+  w.done = 0;
+  start_parked(watch, &w, &th);
+  publish_byte(p, b, 42, NULL);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_tb_ok(w.rc);
+  assert_int_equal(w.first, 42);
+
+  tb_buffer_destroy(b);
+  tb_client_disconnect(w.c);
+  tb_client_disconnect(watch);
+  tb_client_disconnect(p);
+}
+
+static void test_interrupted_wait_free_and_notice_poll(void **state) {
+  struct tbt_daemon *d = *state;
+  struct waiter wf = {.call = WAIT_FREE}, np = {.call = WAIT_NOTICE};
+  struct tb_acquire_options o;
+  DLManagedTensorVersioned *t = NULL;
+  tb_client *c, *watch;
+  tb_buffer *b;
+  pthread_t th;
+  uint64_t v;
+  int returned;
+
+  catch_usr1();
+  assert_tb_ok(tbt_connect(d, "watch", &watch));
+  assert_tb_ok(tbt_connect(d, "consumer", &c));
+  assert_tb_ok(connect_intr(d, "producer", 1, &wf.c));
+  assert_tb_ok(connect_intr(d, "noticer", 1, &np.c));
+  assert_tb_ok(tb_channel_subscribe(np.c, "intr"));
+  assert_tb_ok(tb_buffer_create_host(wf.c, 64, 0, &b));
+  publish_byte(wf.c, b, 7, &v);
+  tb_acquire_options_init(&o);
+  o.timeout_ms = TBT_TIMEOUT_MS;
+  assert_tb_ok(tb_lease_acquire(c, "intr", &o, &t));
+  publish_byte(wf.c, b, 8, NULL); /* v leaves history, still leased */
+
+  wf.version = v;
+  start_parked(watch, &wf, &th);
+  returned = interrupt(th, &wf);
+  if (!returned)
+    assert_tb_ok(tb_lease_release(t, NULL));
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_true(returned);
+  assert_int_equal(wf.rc, TB_EINTR);
+  /* forgotten by the daemon: another wait of the session parks (the old
+   * one would make it TB_EBUSY), times out, and is answered once the
+   * lease ends */
+  assert_int_equal(tb_channel_wait_free(wf.c, "intr", v, 50, NULL),
+                   TB_ETIMEDOUT);
+  wf.done = 0;
+  start_parked(watch, &wf, &th);
+  assert_tb_ok(tb_lease_release(t, NULL));
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_tb_ok(wf.rc);
+
+  {
+    struct tb_notice n;
+    while (tb_notice_poll(np.c, sizeof(n), &n, 0) == 0)
+      ; /* the notices of the versions above */
+  }
+  start_parked(watch, &np, &th);
+  returned = interrupt(th, &np);
+  if (!returned)
+    publish_byte(wf.c, b, 9, NULL); /* a notice lets the thread go */
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_true(returned);
+  assert_int_equal(np.rc, TB_EINTR);
+
+  tb_buffer_destroy(b);
+  tb_client_disconnect(np.c);
+  tb_client_disconnect(wf.c);
+  tb_client_disconnect(c);
+  tb_client_disconnect(watch);
+}
+
+/* Without interruptible, signals do not end the wait: the acquire returns
+ * with the version published after them. */
+static void test_signals_do_not_end_waits_by_default(void **state) {
+  struct tbt_daemon *d = *state;
+  struct waiter w = {.call = WAIT_ACQUIRE};
+  struct timespec gap = {0, 5 * 1000 * 1000};
+  tb_client *p, *watch;
+  tb_buffer *b;
+  pthread_t th;
+  int seen;
+
+  catch_usr1();
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "watch", &watch));
+  assert_tb_ok(connect_intr(d, "consumer", 0, &w.c));
+  assert_tb_ok(tb_buffer_create_host(p, 64, 0, &b));
+  start_parked(watch, &w, &th);
+  seen = usr1_count();
+  for (int i = 0; i < 40; i++) {
+    pthread_kill(th, SIGUSR1);
+    nanosleep(&gap, NULL);
+  }
+  assert_true(usr1_count() > seen);
+  assert_false(__atomic_load_n(&w.done, __ATOMIC_ACQUIRE));
+  publish_byte(p, b, 9, NULL);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_tb_ok(w.rc);
+  assert_int_equal(w.first, 9);
+  tb_buffer_destroy(b);
+  tb_client_disconnect(w.c);
+  tb_client_disconnect(watch);
+  tb_client_disconnect(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_interrupted_acquire, tbt_setup,
+                                      tbt_teardown),
+      cmocka_unit_test_setup_teardown(
+          test_interrupted_wait_free_and_notice_poll, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_signals_do_not_end_waits_by_default,
+                                      tbt_setup, tbt_teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
