@@ -91,8 +91,9 @@ def _export(obj, stream, host):
     Here tensorbroker is the *consumer* of the caller's array, so for CUDA it
     passes the stream it will record the ready event on; the producer library
     (torch, CuPy, JAX) makes its pending work visible on that stream. Host
-    arrays that cannot export DLPack (bool on NumPy < 2) go through the buffer
-    protocol instead.
+    arrays that cannot export DLPack go through the buffer protocol instead,
+    or through NumPy's array protocol: bool on NumPy < 2 (BufferError) and
+    on PyTorch < 2 (RuntimeError "Bool type is not supported by dlpack").
     """
     dlpack = getattr(obj, "__dlpack__", None)
     if dlpack is None:
@@ -103,14 +104,30 @@ def _export(obj, stream, host):
             return dlpack(max_version=(1, 0), **kwargs)
         except TypeError:  # a producer from before DLPack 1.0
             return dlpack(**kwargs)
-    except BufferError:
+    except (BufferError, RuntimeError):
         if host:
-            try:
-                memoryview(obj).release()
-                return obj
-            except TypeError:
-                pass
+            view = _host_view(obj)
+            if view is not None:
+                return view
         raise
+
+
+def _host_view(obj):
+    """obj itself when it exports the buffer protocol, else the NumPy array
+    over its memory that its __array__ gives (a CPU torch.Tensor's is a
+    view, no copy), else None."""
+    try:
+        memoryview(obj).release()
+        return obj
+    except TypeError:
+        pass
+    np = _numpy()
+    if np is None or getattr(obj, "__array__", None) is None:
+        return None
+    try:
+        return np.asarray(obj)
+    except Exception:  # the library's own refusal (a tensor that requires grad)
+        return None
 
 
 def _numpy():
