@@ -333,7 +333,9 @@ class Client:
         rewritten). Device memory: stream is made to wait for the consumers'
         done events; the host does not block on the GPU. Pinned host memory
         with stream=None: the host blocks until the consumers' GPU reads of
-        it are done. Raises TimeoutError."""
+        it are done. Raises TimeoutError when the wait runs out, and
+        tensorbroker.Error TB_EBUSY at once for timeout=0 on a version
+        still read."""
         self._c.wait_free(channel, version, timeout, _stream_int(stream))
         self._pins.pop((channel, version), None)
 
@@ -672,10 +674,10 @@ class Ring:
         """The next slot's array, once the version last published from it is
         free: wait_free(timeout, stream), so for device memory stream waits
         on the GPU and for pinned host memory (stream None) the host waits.
-        Raises TimeoutError when the wait runs out; the same slot comes
-        next time. For device memory, write the slot on that stream and
-        publish with the same one (ValueError otherwise): the reuse is
-        ordered on it alone."""
+        Raises TimeoutError when the wait runs out (TB_EBUSY for
+        timeout=0); the same slot comes next time. For device memory,
+        write the slot on that stream and publish with the same one
+        (ValueError otherwise): the reuse is ordered on it alone."""
         if self._cur is not None:
             # handed out and not published: ordered on that call's stream
             # alone (its readers were waited for once, there)
