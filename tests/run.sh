@@ -24,6 +24,7 @@ packages=(libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev
           clang libclang-rt-14-dev # libFuzzer (Debian 12's clang is 14)
           scdoc python3-venv python3-setuptools python3-wheel python3-yaml
           python3-prometheus-client # python_metrics parses the exposition
+          python3-torch # python_torch_host: Debian's CPU PyTorch (1.13) on both sides
           build-essential debhelper dh-python lintian adduser
           # the daemon's systemd support; systemd-socket-activate and
           # systemd-analyze for its tests
@@ -125,9 +126,13 @@ if build "asan+ubsan" "$root/build-ci-asan" -DTB_WERROR=ON -DTB_SANITIZE=ON; the
     run_ctest "asan+ubsan" "$root/build-ci-asan" -LE python
   # The Python tests load the instrumented extension into an uninstrumented
   # interpreter: the ASan runtime must be preloaded, and CPython's own
-  # by-design leaks at exit are not ours to report.
+  # by-design leaks at exit are not ours to report. libstdc++ is preloaded
+  # with it so that ASan's __cxa_throw interceptor finds the real one: a
+  # C++ exception in PyTorch (torch.from_dlpack refusing a dtype) otherwise
+  # fails ASan's CHECK "real___cxa_throw != 0" and aborts the test.
   libasan=$(${CC:-gcc} -print-file-name=libasan.so)
-  LD_PRELOAD=$libasan \
+  libstdcxx=$(${CC:-gcc} -print-file-name=libstdc++.so.6)
+  LD_PRELOAD="$libasan $libstdcxx" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest "asan+ubsan python" "$root/build-ci-asan" -L python

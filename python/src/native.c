@@ -8,7 +8,9 @@
  * Objects:
  *  - Client: one tb_client. Calls release the GIL while they wait.
  *  - Buffer: a broker host buffer (tb_buffer_create_host) exposed through the
- *    buffer protocol, writable; empty() in Python views it with NumPy.
+ *    buffer protocol, writable; empty() in Python views it with NumPy. It
+ *    also exports DLPack (dlpack()): a CUDA VMM buffer only that way, a host
+ *    buffer that way for dtypes NumPy lacks (bfloat16).
  *  - Lease: one acquired version. It hands out DLPack capsules (versioned or
  *    legacy) and read-only buffer views. The tensor from tb_lease_acquire
  *    lives in a reference-counted core: the Lease holds one reference and
@@ -1893,9 +1895,10 @@ static PyObject *buffer_get_pinned(BufferObject *self, void *c) {
   return PyBool_FromLong(tb_buffer_pinned(self->b));
 }
 
-/* A DLPack export of a CUDA buffer: keeps the Buffer (and so the memory
- * and its connection) alive until the framework's tensor dies. */
-struct cuda_export {
+/* A DLPack export of a buffer (a CUDA VMM buffer's device memory, or a
+ * host buffer's mapping): keeps the Buffer (and so the memory and its
+ * connection) alive until the framework's tensor dies. */
+struct buffer_export {
   union {
     DLManagedTensorVersioned v;
     DLManagedTensor l;
@@ -1904,24 +1907,29 @@ struct cuda_export {
   int64_t shape[];
 };
 
-static void cuda_export_free(struct cuda_export *e) {
+/* A framework may drop its tensor on any thread, without the GIL. */
+static void buffer_export_free(struct buffer_export *e) {
   PyGILState_STATE g = PyGILState_Ensure();
   Py_XDECREF(e->owner);
   PyGILState_Release(g);
   free(e);
 }
 
-static void cuda_export_v_deleter(DLManagedTensorVersioned *t) {
-  cuda_export_free(t->manager_ctx);
+static void buffer_export_v_deleter(DLManagedTensorVersioned *t) {
+  buffer_export_free(t->manager_ctx);
 }
 
-static void cuda_export_l_deleter(DLManagedTensor *t) {
-  cuda_export_free(t->manager_ctx);
+static void buffer_export_l_deleter(DLManagedTensor *t) {
+  buffer_export_free(t->manager_ctx);
 }
 
-/* dlpack(shape, code, bits, lanes=1, versioned=True, read_only=False) ->
- * capsule over the whole shape from byte 0 (row-major, no strides). A new
- * buffer has no pending work: no stream waits. */
+/* dlpack(shape, code, bits, lanes=1, versioned=True) -> capsule over the
+ * whole shape from byte 0 (row-major, no strides), writable: kDLCUDA for a
+ * CUDA buffer (Client.empty(device="cuda"): CudaArray), kDLCPU for a host
+ * buffer (HostArray: a dtype NumPy lacks, such as bfloat16). A pinned host
+ * buffer goes out as kDLCPU too: it is this process's own memory, and a
+ * framework that does not know kDLCUDAHost (PyTorch 1.13) still takes it.
+ * A new buffer has no pending work: no stream waits. */
 static PyObject *buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"shape", "code", "bits", "lanes", "versioned", NULL};
   PyObject *shape;
@@ -1929,8 +1937,8 @@ static PyObject *buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kw)
   if (!PyArg_ParseTupleAndKeywords(args, kw, "Oii|ip:dlpack", kwlist, &shape, &code, &bits,
                                    &lanes, &versioned))
     return NULL;
-  if (!self->cuda || self->client == NULL || self->client->c == NULL) {
-    PyErr_SetString(PyExc_BufferError, "dlpack(): not a live CUDA buffer");
+  if (self->client == NULL || self->client->c == NULL) {
+    PyErr_SetString(PyExc_BufferError, "dlpack(): not a live buffer");
     return NULL;
   }
   Py_ssize_t nd = PyTuple_Check(shape) ? PyTuple_Size(shape) : -1;
@@ -1939,7 +1947,7 @@ static PyObject *buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kw)
                                       "sizes; bits and lanes > 0");
     return NULL;
   }
-  struct cuda_export *e = calloc(1, sizeof(*e) + (size_t)nd * sizeof(int64_t));
+  struct buffer_export *e = calloc(1, sizeof(*e) + (size_t)nd * sizeof(int64_t));
   if (e == NULL)
     return PyErr_NoMemory();
   uint64_t bytes = ((uint64_t)bits * (uint64_t)lanes + 7) / 8;
@@ -1964,8 +1972,8 @@ static PyObject *buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kw)
   DLTensor t;
   memset(&t, 0, sizeof(t));
   t.data = self->data;
-  t.device.device_type = kDLCUDA;
-  t.device.device_id = self->device;
+  t.device.device_type = self->cuda ? kDLCUDA : kDLCPU;
+  t.device.device_id = self->cuda ? self->device : 0;
   t.ndim = (int32_t)nd;
   t.dtype.code = (uint8_t)code;
   t.dtype.bits = (uint8_t)bits;
@@ -1977,18 +1985,18 @@ static PyObject *buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kw)
     e->t.v.version.major = TB_DLPACK_MAJOR_VERSION;
     e->t.v.version.minor = TB_DLPACK_MINOR_VERSION;
     e->t.v.manager_ctx = e;
-    e->t.v.deleter = cuda_export_v_deleter;
+    e->t.v.deleter = buffer_export_v_deleter;
     e->t.v.dl_tensor = t;
     cap = PyCapsule_New(&e->t.v, "dltensor_versioned", capsule_v_destructor);
     if (cap == NULL)
-      cuda_export_v_deleter(&e->t.v);
+      buffer_export_v_deleter(&e->t.v);
   } else {
     e->t.l.manager_ctx = e;
-    e->t.l.deleter = cuda_export_l_deleter;
+    e->t.l.deleter = buffer_export_l_deleter;
     e->t.l.dl_tensor = t;
     cap = PyCapsule_New(&e->t.l, "dltensor", capsule_l_destructor);
     if (cap == NULL)
-      cuda_export_l_deleter(&e->t.l);
+      buffer_export_l_deleter(&e->t.l);
   }
   return cap;
 }
@@ -1999,7 +2007,8 @@ static PyObject *buffer_get_device(BufferObject *self, void *c) {
 
 static PyMethodDef buffer_methods[] = {
     {"dlpack", (PyCFunction)(void (*)(void))buffer_dlpack, METH_VARARGS | METH_KEYWORDS,
-     "dlpack(shape, code, bits, lanes=1, versioned=True): a CUDA buffer's DLPack capsule"},
+     "dlpack(shape, code, bits, lanes=1, versioned=True): the buffer's DLPack capsule "
+     "(kDLCUDA for a CUDA buffer, kDLCPU for a host one)"},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef buffer_getset[] = {

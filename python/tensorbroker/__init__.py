@@ -23,8 +23,8 @@ import math
 from . import _native
 from ._native import Error, TimeoutError, PermissionError, Lease  # noqa: F401  (re-exported)
 
-__all__ = ["Client", "Lease", "Ring", "Error", "TimeoutError", "PermissionError",
-           "cuda_available", "default_socket_path", "DEVICE_CPU", "DEVICE_CUDA",
+__all__ = ["Client", "Lease", "Ring", "HostArray", "CudaArray", "Error", "TimeoutError",
+           "PermissionError", "cuda_available", "default_socket_path", "DEVICE_CPU", "DEVICE_CUDA",
            "DEVICE_CUDA_HOST"]
 __version__ = _native.library_version
 
@@ -91,8 +91,9 @@ def _export(obj, stream, host):
     Here tensorbroker is the *consumer* of the caller's array, so for CUDA it
     passes the stream it will record the ready event on; the producer library
     (torch, CuPy, JAX) makes its pending work visible on that stream. Host
-    arrays that cannot export DLPack (bool on NumPy < 2) go through the buffer
-    protocol instead.
+    arrays that cannot export DLPack go through the buffer protocol instead,
+    or through NumPy's array protocol: bool on NumPy < 2 (BufferError) and
+    on PyTorch < 2 (RuntimeError "Bool type is not supported by dlpack").
     """
     dlpack = getattr(obj, "__dlpack__", None)
     if dlpack is None:
@@ -103,14 +104,30 @@ def _export(obj, stream, host):
             return dlpack(max_version=(1, 0), **kwargs)
         except TypeError:  # a producer from before DLPack 1.0
             return dlpack(**kwargs)
-    except BufferError:
+    except (BufferError, RuntimeError):
         if host:
-            try:
-                memoryview(obj).release()
-                return obj
-            except TypeError:
-                pass
+            view = _host_view(obj)
+            if view is not None:
+                return view
         raise
+
+
+def _host_view(obj):
+    """obj itself when it exports the buffer protocol, else the NumPy array
+    over its memory that its __array__ gives (a CPU torch.Tensor's is a
+    view, no copy), else None."""
+    try:
+        memoryview(obj).release()
+        return obj
+    except TypeError:
+        pass
+    np = _numpy()
+    if np is None or getattr(obj, "__array__", None) is None:
+        return None
+    try:
+        return np.asarray(obj)
+    except Exception:  # the library's own refusal (a tensor that requires grad)
+        return None
 
 
 def _numpy():
@@ -219,8 +236,14 @@ class Client:
               pinned=False):
         """A writable array in broker memory; publishing it costs no copy.
 
+        dtype: a name ("float32", "bfloat16", ...), a NumPy dtype or a
+        framework dtype (torch.float16); TypeError for any other.
+
         device="cpu": host memory; returns a NumPy array when NumPy is
-        importable, else a memoryview. device="cuda" (or "cuda:N", (2, N)):
+        importable, else a memoryview, and a HostArray for a dtype that
+        has neither (bfloat16 always; float16 and the complex types without
+        NumPy), which frameworks take with from_dlpack (torch.from_dlpack(a))
+        without a copy. device="cuda" (or "cuda:N", (2, N)):
         a CUDA VMM buffer, which outlives this process once published
         (docs/cuda.md, "VMM buffers"); returns a CudaArray, which every
         framework takes with from_dlpack (torch.from_dlpack(a),
@@ -241,27 +264,26 @@ class Client:
         if any(n < 0 for n in shape):
             raise ValueError("negative dimension in shape")
         cuda = _cuda_ordinal(device)
+        code, bits, itemsize = _dl_dtype(dtype)
+        name = _DL_NAME_OF[(code, bits)]
+        nbytes = math.prod(shape) * itemsize
         if cuda is not None:
             if pinned:
                 raise ValueError("pinned=True is host memory; device='cuda' is a "
                                  "CUDA VMM buffer: ask for one or the other")
-            code, bits, itemsize = _dl_dtype(dtype)
-            buf = self._c.alloc_cuda(math.prod(shape) * itemsize, cuda,
-                                     consumers_may_write)
-            return CudaArray(buf, shape, code, bits, str(dtype))
+            buf = self._c.alloc_cuda(nbytes, cuda, consumers_may_write)
+            return CudaArray(buf, shape, code, bits, name)
         if device not in ("cpu", DEVICE_CPU, (DEVICE_CPU, 0)):
             _native.raise_error(_native.TB_ENOTSUP,
                                 "empty(): device must be 'cpu' or 'cuda', not %r" % (device,))
         np = _numpy()
-        count = math.prod(shape)
-        if np is not None:
-            dt = np.dtype(dtype)
-            buf = self._c.alloc(count * dt.itemsize, consumers_may_write, pinned)
-            raw = np.frombuffer(buf, dtype=np.uint8, count=count * dt.itemsize)
-            return raw.view(dt).reshape(shape)
-        fmt = str(dtype)
-        buf = self._c.alloc(count * _struct_size(fmt), consumers_may_write, pinned)
-        return memoryview(buf).cast("B").cast(fmt, shape)
+        buf = self._c.alloc(nbytes, consumers_may_write, pinned)
+        if np is not None and name in _NUMPY_NAMES:
+            raw = np.frombuffer(buf, dtype=np.uint8, count=nbytes)
+            return raw.view(np.dtype(name)).reshape(shape)
+        if np is None and (code, bits) in _DL_FORMAT:
+            return memoryview(buf).cast("B").cast(_DL_FORMAT[(code, bits)], shape)
+        return HostArray(buf, shape, code, bits, name)
 
     def publish(self, channel, obj, stream=None, metadata=None, history_depth=0):
         """Publish obj (anything with __dlpack__, or a host buffer) as the next
@@ -311,7 +333,9 @@ class Client:
         rewritten). Device memory: stream is made to wait for the consumers'
         done events; the host does not block on the GPU. Pinned host memory
         with stream=None: the host blocks until the consumers' GPU reads of
-        it are done. Raises TimeoutError."""
+        it are done. Raises TimeoutError when the wait runs out, and
+        tensorbroker.Error TB_EBUSY at once for timeout=0 on a version
+        still read."""
         self._c.wait_free(channel, version, timeout, _stream_int(stream))
         self._pins.pop((channel, version), None)
 
@@ -453,10 +477,6 @@ class Client:
         return self._c.metrics()
 
 
-_STRUCT_SIZES = {"?": 1, "b": 1, "B": 1, "h": 2, "H": 2, "i": 4, "I": 4,
-                 "q": 8, "Q": 8, "e": 2, "f": 4, "d": 8}
-
-
 def _cuda_ordinal(device):
     """The CUDA ordinal device names, or None for a host device."""
     if isinstance(device, str):
@@ -470,8 +490,8 @@ def _cuda_ordinal(device):
     return None
 
 
-# DLPack type codes (kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex, kDLBool)
-_DL_KINDS = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+# (DLPack type code, bits, bytes) by name; the codes: kDLInt 0, kDLUInt 1,
+# kDLFloat 2, kDLBfloat 4, kDLComplex 5, kDLBool 6
 _DL_NAMES = {"bfloat16": (4, 16, 2), "float16": (2, 16, 2), "float32": (2, 32, 4),
              "float64": (2, 64, 8), "int8": (0, 8, 1), "int16": (0, 16, 2),
              "int32": (0, 32, 4), "int64": (0, 64, 8), "uint8": (1, 8, 1),
@@ -479,10 +499,29 @@ _DL_NAMES = {"bfloat16": (4, 16, 2), "float16": (2, 16, 2), "float32": (2, 32, 4
              "bool": (6, 8, 1), "complex64": (5, 64, 8), "complex128": (5, 128, 16)}
 
 
+# the canonical name of each (code, bits)
+_DL_NAME_OF = {(code, bits): name for name, (code, bits, _) in _DL_NAMES.items()}
+# the names NumPy has a dtype for: all but bfloat16
+_NUMPY_NAMES = frozenset(_DL_NAMES) - {"bfloat16"}
+# struct formats of one native item (the buffer protocol's, memoryview's),
+# taken as dtypes with or without NumPy
+_FORMAT_DL = {"?": _DL_NAMES["bool"], "b": _DL_NAMES["int8"], "B": _DL_NAMES["uint8"],
+              "h": _DL_NAMES["int16"], "H": _DL_NAMES["uint16"],
+              "i": _DL_NAMES["int32"], "I": _DL_NAMES["uint32"],
+              "q": _DL_NAMES["int64"], "Q": _DL_NAMES["uint64"],
+              "e": _DL_NAMES["float16"], "f": _DL_NAMES["float32"], "d": _DL_NAMES["float64"]}
+# the formats memoryview.cast takes ("e" is not one), by (code, bits): the
+# host arrays empty() makes without NumPy
+_DL_FORMAT = {(code, bits): fmt for fmt, (code, bits, _) in _FORMAT_DL.items() if fmt != "e"}
+
+
 def _dl_dtype(dtype):
     """(DLPack code, bits, bytes per element) of dtype: a name such as
-    "float32" or "bfloat16", a NumPy dtype, or a framework dtype whose str
-    ends in such a name (torch.float16)."""
+    "float32" or "bfloat16", a struct format ("f", "B"), a NumPy dtype, or a
+    framework dtype whose str ends in such a name (torch.float16,
+    torch.bfloat16). TypeError for anything else."""
+    if isinstance(dtype, str) and dtype in _FORMAT_DL:
+        return _FORMAT_DL[dtype]
     name = str(dtype).rsplit(".", 1)[-1]
     if name in _DL_NAMES:
         return _DL_NAMES[name]
@@ -492,16 +531,18 @@ def _dl_dtype(dtype):
             dt = np.dtype(dtype)
         except TypeError:
             dt = None
-        if dt is not None and dt.kind in _DL_KINDS:
-            return (_DL_KINDS[dt.kind], dt.itemsize * 8, dt.itemsize)
-    raise TypeError("unsupported dtype %r" % (dtype,))
+        if dt is not None and dt.name in _NUMPY_NAMES:
+            if not dt.isnative:
+                raise TypeError("unsupported dtype %r: tensors are exchanged in native "
+                                "byte order, not %s" % (dtype, dt.str))
+            return _DL_NAMES[dt.name]
+    raise TypeError("unsupported dtype %r: tensorbroker takes %s, their NumPy dtypes "
+                    "and framework dtypes of those names"
+                    % (dtype, ", ".join(sorted(_DL_NAMES))))
 
 
-class CudaArray:
-    """An array in a CUDA VMM buffer (Client.empty(device="cuda")): device
-    memory that frameworks import with from_dlpack, without a copy, and
-    that tensorbroker publishes without a copy. The memory stays while this
-    object or any tensor imported from it lives."""
+class _BrokerArray:
+    """An array in a broker buffer, exported by DLPack only."""
 
     def __init__(self, buf, shape, code, bits, dtype_name):
         self._buf = buf
@@ -511,13 +552,13 @@ class CudaArray:
         self._bits = bits
 
     @property
-    def device(self):
-        return (DEVICE_CUDA, self._buf.cuda_device)
+    def data_ptr(self):
+        """The address of element 0."""
+        return self._buf.address
 
     @property
-    def data_ptr(self):
-        """The device pointer (CUdeviceptr) of element 0."""
-        return self._buf.address
+    def nbytes(self):
+        return math.prod(self.shape) * self._bits // 8
 
     @property
     def buffer_id(self):
@@ -528,13 +569,58 @@ class CudaArray:
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         if dl_device is not None and tuple(dl_device) != self.device:
-            raise BufferError("a CudaArray lives on %r; tensorbroker does not copy it to %r"
-                              % (self.device, tuple(dl_device)))
+            raise BufferError("a %s lives on %r; tensorbroker does not copy it to %r"
+                              % (type(self).__name__, self.device, tuple(dl_device)))
         if copy:
             raise BufferError("copy=True is not supported: copy in the consumer library")
         # A new buffer has no pending work: no stream needs to wait.
         versioned = max_version is not None and tuple(max_version)[0] >= 1
         return self._buf.dlpack(self.shape, self._code, self._bits, 1, versioned)
+
+    def __repr__(self):
+        return "%s(shape=%r, dtype=%r, buffer_id=%d)" % (
+            type(self).__name__, self.shape, self.dtype, self.buffer_id)
+
+
+class CudaArray(_BrokerArray):
+    """An array in a CUDA VMM buffer (Client.empty(device="cuda")): device
+    memory that frameworks import with from_dlpack, without a copy, and
+    that tensorbroker publishes without a copy. The memory stays while this
+    object or any tensor imported from it lives."""
+
+    @property
+    def device(self):
+        return (DEVICE_CUDA, self._buf.cuda_device)
+
+    @property
+    def data_ptr(self):
+        """The device pointer (CUdeviceptr) of element 0."""
+        return self._buf.address
+
+
+class HostArray(_BrokerArray):
+    """An array in a broker host buffer (Client.empty() of a dtype NumPy
+    lacks, such as bfloat16): kDLCPU memory that frameworks import with
+    from_dlpack (torch.from_dlpack(a)) without a copy, and write through;
+    tensorbroker publishes it, and any tensor imported from it, without a
+    copy. A pinned one (pinned=True) goes out as kDLCPU too: consumers get
+    kDLCUDAHost. The memory stays while this object or any tensor imported
+    from it lives."""
+
+    @property
+    def device(self):
+        return (DEVICE_CPU, 0)
+
+    @property
+    def pinned(self):
+        """This process's mapping is registered with CUDA."""
+        return self._buf.pinned
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if stream is not None:
+            raise BufferError("stream must be None for host (kDLCPU) memory, as the "
+                              "DLPack protocol says")
+        return super().__dlpack__(max_version=max_version, dl_device=dl_device, copy=copy)
 
 
 def _address(obj):
@@ -581,17 +667,17 @@ class Ring:
         self._versions = [0] * slots
         self._next = 0
         self._cur = None
-        self._cuda = self.slots[0].__dlpack_device__()[0] == DEVICE_CUDA
+        self._cuda = _device_of(self.slots[0])[0] == DEVICE_CUDA
         self._stream = None
 
     def next(self, timeout=None, stream=None):
         """The next slot's array, once the version last published from it is
         free: wait_free(timeout, stream), so for device memory stream waits
         on the GPU and for pinned host memory (stream None) the host waits.
-        Raises TimeoutError when the wait runs out; the same slot comes
-        next time. For device memory, write the slot on that stream and
-        publish with the same one (ValueError otherwise): the reuse is
-        ordered on it alone."""
+        Raises TimeoutError when the wait runs out (TB_EBUSY for
+        timeout=0); the same slot comes next time. For device memory,
+        write the slot on that stream and publish with the same one
+        (ValueError otherwise): the reuse is ordered on it alone."""
         if self._cur is not None:
             # handed out and not published: ordered on that call's stream
             # alone (its readers were waited for once, there)
@@ -636,8 +722,6 @@ class Ring:
         else:
             start, at = _address(slot), _address(obj)
             size = getattr(slot, "nbytes", None)
-            if size is None and isinstance(slot, CudaArray):
-                size = math.prod(slot.shape) * slot._bits // 8
             if start is None or at is None or size is None:
                 raise TypeError("ring.publish(obj): obj's address is unknown here; "
                                 "publish the slot itself (obj=None)")
@@ -652,8 +736,3 @@ class Ring:
         self._cur = None
         return version
 
-
-def _struct_size(fmt):
-    if fmt not in _STRUCT_SIZES:
-        raise TypeError("without NumPy, dtype must be a struct format such as 'f' or 'B'")
-    return _STRUCT_SIZES[fmt]

@@ -155,6 +155,63 @@ def test_empty_dtypes_and_shapes():
                 del got
 
 
+# A program without NumPy (import numpy fails): Client.empty() gives a
+# memoryview for what memoryview.cast can carry and a HostArray for the
+# rest (float16, bfloat16, complex); both publish without a copy, and a
+# ring of memoryviews works. Prints "ok" at the end.
+NO_NUMPY = r"""
+import array, ctypes, struct, sys
+sys.modules["numpy"] = None            # import numpy raises ImportError
+import tensorbroker as tb
+with tb.Client(socket=sys.argv[1], name="no-numpy") as c:
+    a = c.empty((2, 3), "float32")
+    assert isinstance(a, memoryview) and a.format == "f" and a.shape == (2, 3), a
+    a.cast("B").cast("f")[:] = array.array("f", [0.5, 1, 2, 3, 4, -5])
+    v = c.publish("nn/f32", a)
+    assert c.last_publish_zero_copy is True
+    with c.acquire("nn/f32", exact=v) as lease:
+        assert memoryview(lease).tolist() == [[0.5, 1, 2], [3, 4, -5]]
+    for dtype, want in (("f", "f"), ("bool", "?"), ("int64", "q"), ("uint8", "B")):
+        m = c.empty(4, dtype)
+        assert isinstance(m, memoryview) and m.format == want, (dtype, m)
+    for dtype, dl in (("float16", (2, 16, 1)), ("bfloat16", (4, 16, 1)),
+                      ("complex64", (5, 64, 1))):
+        h = c.empty((4,), dtype)
+        assert isinstance(h, tb.HostArray) and h.dtype == dtype, (dtype, h)
+        raw = bytes(range(1, h.nbytes + 1))
+        ctypes.memmove(h.data_ptr, raw, h.nbytes)
+        v = c.publish("nn/" + dtype, h)
+        assert c.last_publish_zero_copy is True, dtype
+        with c.acquire("nn/" + dtype, exact=v) as lease:
+            assert lease.dtype == dl and lease.shape == (4,), (dtype, lease.dtype)
+            if dtype == "float16":
+                assert bytes(memoryview(lease)) == raw
+    ring = c.ring("nn/ring", 8, "uint8", slots=2)
+    for f in range(3):
+        frame = ring.next(timeout=0)
+        frame[:] = bytes([f]) * 8
+        v = ring.publish()
+        with c.acquire("nn/ring", exact=v) as lease:
+            assert bytes(memoryview(lease)) == bytes([f]) * 8
+    try:
+        c.empty(2, "U4")
+    except TypeError as e:
+        assert "unsupported dtype" in str(e), e
+    else:
+        raise AssertionError("empty() took 'U4'")
+    del a, m, h, frame, ring
+print("ok")
+"""
+
+
+def test_empty_without_numpy():
+    import subprocess
+    with daemon() as sock:
+        out = subprocess.run([tbtest.PYTHON, "-c", NO_NUMPY, sock], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout == "ok\n", (out.stdout, out.stderr)
+
+
 def test_metadata_version_channel():
     with daemon() as sock, tb.Client(socket=sock) as prod, tb.Client(socket=sock) as cons:
         a = np.ones(3)
