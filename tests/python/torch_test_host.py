@@ -21,6 +21,8 @@ the data checked each time.
   libcuda.so.1, so that the consumer's lease is kDLCUDAHost: what torch
   does with it, and the fallback lease.__dlpack__(dl_device=(1, 0)).
 - dtype round trips, both through copies and through broker slots.
+- A DataLoader whose forked workers read frames: with the client their
+  parent made they get TB_EFORKED; connecting their own, they read them.
 
 Registered as python_torch_host (LD_LIBRARY_PATH puts the fake CUDA
 driver first); skips (77) where torch does not import. No sleeps: the
@@ -371,3 +373,60 @@ def test_dtype_round_trips():
                     else:
                         raise AssertionError("torch 1.x took %s" % npdt)
                 assert np.array_equal(np.from_dlpack(lease), a)
+
+
+class _Frames(torch.utils.data.Dataset):
+    """A Dataset whose items are frames in the broker, by version, read the
+    way a DataLoader's workers read them. client: one made by the process
+    that builds the DataLoader (which its forked workers inherit), or None
+    to connect one lazily in each process that reads."""
+
+    def __init__(self, sock, versions, client=None, report=False):
+        self.sock, self.versions, self.client = sock, versions, client
+        self.report = report
+
+    def __len__(self):
+        return len(self.versions)
+
+    def __getitem__(self, i):
+        if self.client is None:
+            self.client = tb.Client(socket=self.sock, name="loader-%d" % os.getpid())
+        try:
+            with self.client.acquire("dl/frames", exact=self.versions[i], timeout=10) as lease:
+                x = torch.from_dlpack(lease).clone()
+        except tb.Error as e:
+            if self.report:
+                return str(e)
+            raise
+        return "no error" if self.report else x
+
+
+def test_dataloader_workers_connect_their_own_client():
+    """A torch DataLoader with worker processes (forked, Linux's default)
+    over a Dataset that reads frames from the broker: a Dataset holding the
+    client its builder made fails in the workers with TB_EFORKED (the
+    workers cannot share their parent's session), and the builder's client
+    still works; one that connects lazily in each worker reads every frame,
+    in order."""
+    with daemon() as sock, tb.Client(socket=sock, name="producer") as prod, \
+            tb.Client(socket=sock, name="builder") as builder:
+        versions = []
+        for i in range(6):
+            slot = prod.empty((2, 3), torch.float32)
+            torch.from_dlpack(slot).copy_(values(torch.float32, (2, 3), seed=i))
+            versions.append(prod.publish("dl/frames", slot, history_depth=6))
+        # (each item says what its worker's acquire raised: a worker's
+        # exception would make torch 1.13 wait 5 s for each worker to end)
+        errors = torch.utils.data.DataLoader(
+            _Frames(sock, versions, client=builder, report=True), batch_size=None,
+            num_workers=2)
+        whys = list(errors)
+        assert len(whys) == 6, whys
+        for why in whys:
+            assert "TB_EFORKED" in why and "is a fork of it" in why, why
+        with builder.acquire("dl/frames", exact=versions[0], timeout=5) as lease:
+            assert torch.equal(torch.from_dlpack(lease), values(torch.float32, (2, 3), seed=0))
+        own = torch.utils.data.DataLoader(_Frames(sock, versions), batch_size=2, num_workers=2)
+        got = torch.cat(list(own))
+        want = torch.stack([values(torch.float32, (2, 3), seed=i) for i in range(6)])
+        assert torch.equal(got, want), got
