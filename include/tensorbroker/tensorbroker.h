@@ -10,7 +10,13 @@
  *  - Out-parameters are written only on success.
  *  - Calls are synchronous: each sends one request and waits for its reply.
  *    There are no hidden threads. All calls on one tb_client may be made from
- *    any thread; they are serialised by a lock inside the client.
+ *    any thread; they are serialised by a lock inside the client, so a call
+ *    that waits (tb_lease_acquire for a version to come,
+ *    tb_channel_wait_free, tb_notice_poll) holds up every other call on
+ *    that client until it returns. A thread that waits for the daemon
+ *    while other threads publish or acquire uses a client of its own.
+ *    Ending a lease (tb_lease_release, a DLPack deleter) never waits for
+ *    that lock.
  *  - The library never prints, never exits and never aborts on runtime
  *    errors.
  *  - A client belongs to the process that connected it. A child made by
