@@ -50,6 +50,17 @@ static struct tb__conn *fork_conns;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 unsigned tb__fork_generation;
 
+/* Stop tracking k and close its socket; fork_lock held. */
+static void fork_untrack_close_locked(struct tb__conn *k) {
+  if (k->fork_tracked) {
+    DL_DELETE2(fork_conns, k, fork_prev, fork_next);
+    k->fork_tracked = 0;
+  }
+  if (k->fd >= 0)
+    close(k->fd);
+  k->fd = -1;
+}
+
 static void before_fork(void) { pthread_mutex_lock(&fork_lock); }
 
 static void after_fork_parent(void) { pthread_mutex_unlock(&fork_lock); }
@@ -60,13 +71,8 @@ static void after_fork_child(void) {
   struct tb__conn *k, *tmp;
 
   __atomic_add_fetch(&tb__fork_generation, 1, __ATOMIC_RELEASE);
-  DL_FOREACH_SAFE2(fork_conns, k, tmp, fork_next) {
-    DL_DELETE2(fork_conns, k, fork_prev, fork_next);
-    k->fork_tracked = 0;
-    if (k->fd >= 0)
-      close(k->fd);
-    k->fd = -1;
-  }
+  DL_FOREACH_SAFE2(fork_conns, k, tmp, fork_next)
+    fork_untrack_close_locked(k);
   pthread_mutex_unlock(&fork_lock);
 }
 
@@ -85,16 +91,10 @@ void tb__fork_track(struct tb__conn *k) {
 }
 
 void tb__fork_close(struct tb__conn *k) {
-  pthread_mutex_lock(&fork_lock);
-  if (k->fork_tracked) {
-    DL_DELETE2(fork_conns, k, fork_prev, fork_next);
-    k->fork_tracked = 0;
-  }
   /* closed under the lock: a fork either saw the socket listed, and the
    * child closed it, or finds it closed */
-  if (k->fd >= 0)
-    close(k->fd);
-  k->fd = -1;
+  pthread_mutex_lock(&fork_lock);
+  fork_untrack_close_locked(k);
   pthread_mutex_unlock(&fork_lock);
 }
 

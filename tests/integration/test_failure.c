@@ -309,18 +309,27 @@ static int forking_producer(struct tbt_chan *ch, void *arg) {
   return 0;
 }
 
+/* A watcher subscribed to channel, and a producer child running fn that
+ * says "published" once it has published there. */
+static void watch_producer(struct tbt_daemon *d, const char *channel,
+                           tbt_child_fn fn, tb_client **watcher,
+                           struct tbt_child *prod) {
+  char line[64];
+
+  assert_tb_ok(tbt_connect(d, "watcher", watcher));
+  assert_tb_ok(tb_channel_subscribe(*watcher, channel));
+  assert_tb_ok(tbt_child_start(prod, fn, d->sock));
+  assert_tb_ok(tbt_recv(prod->rd, line, sizeof(line), TBT_TIMEOUT_MS));
+  assert_string_equal(line, "published");
+}
+
 static void test_forked_child_disconnects(void **state) {
   struct tbt_daemon *d = *state;
   struct tbt_child prod;
   tb_client *c;
   struct tb_notice n;
-  char line[64];
 
-  assert_tb_ok(tbt_connect(d, "watcher", &c));
-  assert_tb_ok(tb_subscribe(c, "forked"));
-  assert_tb_ok(tbt_child_start(&prod, forking_producer, d->sock));
-  assert_tb_ok(tbt_recv(prod.rd, line, sizeof(line), TBT_TIMEOUT_MS));
-  assert_string_equal(line, "published");
+  watch_producer(d, "forked", forking_producer, &c, &prod);
   tbt_child_kill(&prod);
   assert_tb_ok(tbt_expect_notice(c, TB_NOTICE_CHANNEL_CLOSED, "forked", 0,
                                  TBT_TIMEOUT_MS, &n));
@@ -519,13 +528,8 @@ static void test_forked_child_outlives_producer(void **state) {
   struct tbt_child prod;
   tb_client *c;
   struct tb_notice n;
-  char line[64];
 
-  assert_tb_ok(tbt_connect(d, "watcher", &c));
-  assert_tb_ok(tb_channel_subscribe(c, "outlived"));
-  assert_tb_ok(tbt_child_start(&prod, producer_with_long_child, d->sock));
-  assert_tb_ok(tbt_recv(prod.rd, line, sizeof(line), TBT_TIMEOUT_MS));
-  assert_string_equal(line, "published");
+  watch_producer(d, "outlived", producer_with_long_child, &c, &prod);
   /* the producer dies; its child lives on, holding the pipe open */
   kill(prod.pid, SIGKILL);
   assert_int_equal(tbt_wait_pid(prod.pid, TBT_TIMEOUT_MS), 128 + SIGKILL);
