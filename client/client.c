@@ -268,10 +268,12 @@ static int connect_refused(const char *path, int err) {
   }
 }
 
-static int open_socket(const char *path, int *out) {
+/* Open k's socket (tracked from the start: a child forked meanwhile
+ * closes its copy) and connect it to path; on failure k has none. */
+static int open_socket(const char *path, struct tb__conn *k) {
   struct sockaddr_un sa;
   size_t len = strlen(path);
-  int fd, err;
+  int err;
 
   if (len == 0 || len >= sizeof(sa.sun_path))
     return connect_fail(TB_EINVAL, "socket path '%s' is empty or longer "
@@ -280,16 +282,14 @@ static int open_socket(const char *path, int *out) {
   memset(&sa, 0, sizeof(sa));
   sa.sun_family = AF_UNIX;
   memcpy(sa.sun_path, path, len + 1);
-  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0)
+  if (tb__fork_socket(k, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0) < 0)
     return connect_fail(TB_ESYS, "cannot connect to %s: socket: %s", path,
                         strerror(errno));
-  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+  if (connect(k->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
     err = errno;
-    close(fd);
+    tb__fork_close(k);
     return connect_refused(path, err);
   }
-  *out = fd;
   return 0;
 }
 
@@ -324,7 +324,7 @@ static int client_connect(const struct tb_connect_options *opts,
   struct tb__conn *k;
   uint64_t hello_id = 0;
   size_t n_channels = 0;
-  int rc, fd = -1, spin_auto = 0;
+  int rc, spin_auto = 0;
 
   if (out == NULL)
     return TB_EINVAL;
@@ -377,22 +377,9 @@ static int client_connect(const struct tb_connect_options *opts,
     return TB_EINVAL;
   }
 
-  rc = open_socket(path, &fd);
-  if (rc < 0)
-    return rc;
-  {
-    /* Bound every send: a daemon that stops reading must not hang a
-     * deleter (which sends while holding the connection's small lock). */
-    int ms = o.timeout_ms > 0 ? o.timeout_ms : TB__DEFAULT_TIMEOUT_MS;
-    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-    (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  }
-
   c = calloc(1, sizeof(*c));
-  if (c == NULL) {
-    rc = TB_ENOMEM;
-    goto out_close;
-  }
+  if (c == NULL)
+    return TB_ENOMEM;
   k = calloc(1, sizeof(*k));
   if (k == NULL) {
     rc = TB_ENOMEM;
@@ -410,11 +397,20 @@ static int client_connect(const struct tb_connect_options *opts,
         tb__keep_init(&c->keep[i]) == 0)
       c->arena[i].keep = &c->keep[i];
   }
+  k->fd = -1;
+  rc = open_socket(path, k);
+  if (rc < 0)
+    goto out_free_conn;
+  {
+    /* Bound every send: a daemon that stops reading must not hang a
+     * deleter (which sends while holding the connection's small lock). */
+    int ms = o.timeout_ms > 0 ? o.timeout_ms : TB__DEFAULT_TIMEOUT_MS;
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    (void)setsockopt(k->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
   pthread_mutex_init(&k->lock, NULL);
   pthread_mutex_init(&c->call_lock, NULL);
   k->refs = 1;
-  k->fd = fd;
-  tb__fork_track(k);
   k->contract = o.stream_contract;
   c->conn = k;
   c->next_request_id = 1;
@@ -473,8 +469,6 @@ out_free_conn:
   free(k);
 out_free_client:
   free(c);
-out_close:
-  close(fd);
   return rc;
 }
 
@@ -581,7 +575,7 @@ int tb_client_poll_notice(tb_client *c, struct tb_notice *out,
            : now >= deadline      ? 0
            : deadline - now > INT32_MAX ? INT32_MAX
                                         : (int)(deadline - now);
-    c->intr_wait = c->interruptible;
+    c->intr_wait = c->interruptible && wait != 0;
     rc = tb__pump(c, wait);
     c->intr_wait = 0;
     if (rc < 0)

@@ -92,9 +92,10 @@ struct tb__conn {
   struct tb__conn *fork_prev, *fork_next;
 };
 
-/* rpc.c, "the socket across fork()". Track k's socket, just opened (a
- * forked child closes it); close it and stop tracking it. */
-void tb__fork_track(struct tb__conn *k);
+/* rpc.c, "the socket across fork()". Make k's socket (socket(2) with
+ * these arguments, into k->fd) and track it, so that a forked child closes
+ * its copy: 0, or -1 with errno; close it and stop tracking it. */
+int tb__fork_socket(struct tb__conn *k, int domain, int type, int protocol);
 void tb__fork_close(struct tb__conn *k);
 extern unsigned tb__fork_generation; /* __atomic; the child's handler adds 1 */
 

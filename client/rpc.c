@@ -40,8 +40,9 @@
  *    in the child to let go), and an inherited tensor's end lets go of
  *    nothing of the parent's: the child sends nothing and records nothing,
  *    and its copy of the mapping stays until it exits.
- * A socket opened by tb_client_connect() in the instant before it is
- * tracked here is inherited open by a child forked in that instant. */
+ * A connection's socket is made and tracked in one step under the lock
+ * that the fork handlers take (tb__fork_socket), so no child inherits an
+ * untracked one. */
 
 /* The connections with an open socket (under fork_lock), and the forks so
  * far. */
@@ -80,14 +81,22 @@ static void fork_handlers(void) {
   (void)pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
-void tb__fork_track(struct tb__conn *k) {
+int tb__fork_socket(struct tb__conn *k, int domain, int type, int protocol) {
+  int fd;
+
   (void)pthread_once(&fork_once, fork_handlers);
   k->pid = getpid();
+  /* made and listed in one step: no fork in between */
   pthread_mutex_lock(&fork_lock);
   k->fork_gen = __atomic_load_n(&tb__fork_generation, __ATOMIC_ACQUIRE);
-  DL_APPEND2(fork_conns, k, fork_prev, fork_next);
-  k->fork_tracked = 1;
+  fd = socket(domain, type, protocol);
+  if (fd >= 0) {
+    k->fd = fd;
+    DL_APPEND2(fork_conns, k, fork_prev, fork_next);
+    k->fork_tracked = 1;
+  }
   pthread_mutex_unlock(&fork_lock);
+  return fd < 0 ? -1 : 0;
 }
 
 void tb__fork_close(struct tb__conn *k) {
@@ -318,7 +327,10 @@ static int poll_readable(struct tb_client *c, uint64_t deadline) {
  * returned: a length, or -EAGAIN when nothing came. */
 static long spin_recv(struct tb_client *c, uint64_t now, uint64_t deadline,
                       int *fds, int *got) {
-  uint64_t end = now + c->spin_ns;
+  /* a signal that comes while polling is not seen (no call is
+   * interrupted): an interruptible wait polls for a millisecond at most */
+  uint64_t spin = c->intr_wait && c->spin_ns > 1000000u ? 1000000u : c->spin_ns;
+  uint64_t end = now + spin;
   long n;
 
   if (deadline != UINT64_MAX && deadline * 1000000u < end)
@@ -544,23 +556,38 @@ int tb__await_parked(struct tb_client *c, uint64_t id, long extra_ms,
                      tb__server_message **out, int *fds, int *nfds) {
   Tensorbroker__V1__Cancel cancel = TENSORBROKER__V1__CANCEL__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  int rc;
+  tb__server_message *m = NULL;
+  int cfds[TB__MAX_FDS], ncfds = 0, rc, crc;
+  uint64_t cid = 0;
+  char why[TB__LAST_ERROR_MAX];
 
-  if (!c->interruptible ||
+  /* timeout 0 asks and does not wait: nothing to interrupt */
+  if (!c->interruptible || extra_ms == 0 ||
       !(c->features & TENSORBROKER__V1__FEATURE__FEATURE_CANCEL))
     return tb__await_reply(c, id, extra_ms, out, fds, nfds);
   c->intr_wait = 1;
   rc = tb__await_reply(c, id, extra_ms, out, fds, nfds);
   c->intr_wait = 0;
-  if (rc == TB_EINTR) {
-    cancel.request_id = id;
-    r.body_case = TENSORBROKER__V1__REQUEST__BODY_CANCEL;
-    r.cancel = &cancel;
-    pthread_mutex_lock(&c->conn->lock);
-    (void)tb__conn_send_oneway_locked(c->conn, &r);
-    pthread_mutex_unlock(&c->conn->lock);
+  if (rc != TB_EINTR)
+    return rc;
+  /* Cancel it and read up to the daemon's answer to the Cancel (not
+   * interruptible, bounded by the client's timeout): an answer to the
+   * request that came first is read as a late one on the way (a lease
+   * given back), so nothing is left held when this returns. */
+  snprintf(why, sizeof(why), "%s", c->last_error);
+  cancel.request_id = id;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_CANCEL;
+  r.cancel = &cancel;
+  crc = tb__send_request(c, &r, NULL, 0, &cid);
+  if (crc == 0)
+    crc = tb__await_reply(c, cid, 0, &m, cfds, &ncfds);
+  if (crc == 0) {
+    close_fds(cfds, ncfds);
+    tb__msg_free(c, m);
   }
-  return rc;
+  if (crc < 0 && crc != TB_ETIMEDOUT)
+    return crc; /* the connection died meanwhile: that is what to say */
+  return tb__set_error(c, TB_EINTR, "%s", why);
 }
 
 int tb__call_simple(struct tb_client *c, tb__request *r) {

@@ -822,10 +822,11 @@ static int dispatch(struct tbd_registry *r, struct tbd_session *s,
     s->said_goodbye = true; /* one-way: the connection closes next */
     return 0;
   case BODY(CANCEL):
-    /* one-way: a wait already answered (or never parked) is left alone */
+    /* a wait already answered (or never parked) is left alone; the reply
+     * comes after that answer, which the client then takes as late */
     if (s->wait != NULL && s->wait->request_id == q->cancel->request_id)
       tbd__wait_remove(r, s->wait);
-    return 0;
+    return tbd__reply_status(r, s, id, 0, NULL);
   case BODY(METRICS):
     return tbd_metrics_request(r, s, id, q->metrics->offset);
   case BODY(WAIT_FREE):

@@ -205,12 +205,14 @@ struct tb_connect_options {
   /* 0 (default): a signal that arrives while a call waits for the daemon
    * does not end the wait (the library goes on waiting). Non-zero: the
    * waits that can last (tb_lease_acquire for a version to come,
-   * tb_channel_wait_free, tb_notice_poll) end with TB_EINTR when a signal
-   * handler interrupts them (a handler installed without SA_RESTART), so
-   * that the program can look at what its handler noted: nothing is
-   * acquired, the daemon forgets the parked request (a lease it granted
-   * meanwhile is given back), and the same call may be made again. A
-   * signal that arrives just before the wait starts is not seen by it.
+   * tb_channel_wait_free, tb_notice_poll, each with a timeout other than
+   * 0) end with TB_EINTR when a signal handler interrupts them (a handler
+   * installed without SA_RESTART), so that the program can look at what
+   * its handler noted: nothing is acquired, the daemon forgets the parked
+   * request (a lease it granted meanwhile is given back before the call
+   * returns), and the same call may be made again. A signal that arrives
+   * just before the wait starts, or while it busy-polls (spin_us, then at
+   * most a millisecond), is not seen by it.
    * The Python binding sets it, and runs Python's signal handlers then
    * (Ctrl-C raises KeyboardInterrupt). With a daemon older than Cancel
    * (FEATURE_CANCEL) only tb_notice_poll ends early. */

@@ -1304,7 +1304,7 @@ static uint64_t wait_deadline(int tmo) {
 static int wait_interrupted(int *tmo, uint64_t deadline) {
   if (PyErr_CheckSignals() < 0)
     return -1;
-  if (deadline != UINT64_MAX) {
+  if (deadline != UINT64_MAX && *tmo != 0) {
     uint64_t now = monotonic_ms();
     uint64_t left = now < deadline ? deadline - now : 1;
     *tmo = left > INT32_MAX ? INT32_MAX : (int)left;
@@ -1450,10 +1450,12 @@ static PyObject *client_acquire(ClientObject *self, PyObject *args, PyObject *kw
     /* the release went out with the first request */
     opts.release = NULL;
     rel = NULL;
-    if (wait_interrupted(&opts.timeout_ms, deadline) < 0) {
+    /* a handler may have closed the client */
+    if (wait_interrupted(&opts.timeout_ms, deadline) < 0 || client_check(self) < 0) {
       session_put(sess);
       return NULL;
     }
+    err[0] = '\0';
   }
   if (rc == TB_ENAME && rel != NULL) {
     /* refused before anything was released: the Lease stays usable */
@@ -1501,8 +1503,9 @@ static PyObject *client_wait_free(ClientObject *self, PyObject *args, PyObject *
     CLIENT_CALL(self, rc, err, tb_channel_wait_free(c_, channel, version, tmo, s));
     if (rc != TB_EINTR)
       break;
-    if (wait_interrupted(&tmo, deadline) < 0)
+    if (wait_interrupted(&tmo, deadline) < 0 || client_check(self) < 0)
       return NULL;
+    err[0] = '\0';
   }
   if (rc < 0)
     return raise_tb(rc, err);
@@ -1560,8 +1563,9 @@ static PyObject *client_poll_notice(ClientObject *self, PyObject *args, PyObject
     CLIENT_CALL(self, rc, err, tb_notice_poll(c_, sizeof(n), &n, tmo));
     if (rc != TB_EINTR)
       break;
-    if (wait_interrupted(&tmo, deadline) < 0)
+    if (wait_interrupted(&tmo, deadline) < 0 || client_check(self) < 0)
       return NULL;
+    err[0] = '\0';
   }
   if (rc == TB_EAGAIN)
     Py_RETURN_NONE;

@@ -6,9 +6,12 @@
 #include "tb_test.h"
 
 #include <errno.h>
+#include <linux/sockios.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -54,6 +57,7 @@ enum waiter_call { WAIT_ACQUIRE, WAIT_FREE, WAIT_NOTICE };
 struct waiter {
   tb_client *c;
   enum waiter_call call;
+  const char *channel; /* NULL: "intr" */
   uint64_t version; /* WAIT_FREE's */
   int rc;
   int done; /* __atomic */
@@ -72,7 +76,7 @@ static void *waiter_main(void *arg) {
     o.mode = TB_ACQUIRE_NEXT;
     o.version = 0;
     o.timeout_ms = -1;
-    w->rc = tb_lease_acquire(w->c, "intr", &o, &t);
+    w->rc = tb_lease_acquire(w->c, w->channel ? w->channel : "intr", &o, &t);
     if (w->rc == 0) {
       w->first = *(uint8_t *)t->dl_tensor.data;
       w->rc = tb_lease_release(t, NULL);
@@ -245,6 +249,119 @@ static void test_interrupted_wait_free_and_notice_poll(void **state) {
   tb_client_disconnect(watch);
 }
 
+/* Bytes c has sent that the daemon has not read yet. */
+static int unread(tb_client *c) {
+  int n = 0;
+
+  if (ioctl(tb_client_fd(c), SIOCOUTQ, &n) < 0)
+    return -1;
+  return n;
+}
+
+struct publisher {
+  tb_client *p;
+  const char *channel;
+  tb_buffer *b;
+  uint64_t v;
+  int rc;
+};
+
+static void *publisher_main(void *arg) {
+  struct publisher *pb = arg;
+  int64_t shape[1] = {64};
+  DLTensor t;
+
+  memset(tb_buffer_data(pb->b), 5, 64);
+  tbt_u8_tensor(&t, pb->b, shape, 64);
+  pb->rc = tb_channel_publish(pb->p, pb->channel, &t, NULL, &pb->v);
+  return NULL;
+}
+
+/* What on_usr1_resume does: let the stopped daemon go on, and return once
+ * its answer to the interrupted wait is there to read (async-signal-safe
+ * calls only). */
+static pid_t resume_pid;
+static int resume_fd = -1;
+
+static void on_usr1_resume(int sig) {
+  struct pollfd p = {.fd = resume_fd, .events = POLLIN};
+
+  (void)sig;
+  kill(resume_pid, SIGCONT);
+  (void)poll(&p, 1, TBT_TIMEOUT_MS);
+}
+
+/* The daemon grants the parked acquire after the signal interrupted the
+ * wait and before it reads the Cancel: the interrupted call reads that
+ * answer as a late one and gives the lease back before it returns, so the
+ * version is free at once. The daemon is stopped while the publish queues
+ * up; the handler, run inside the interrupted wait, lets it go and waits
+ * for the grant. A signal that comes before the wait starts lets the
+ * acquire succeed instead: then again, up to 20 times. */
+static void test_interrupted_acquire_granted_meanwhile(void **state) {
+  struct tbt_daemon *d = *state;
+  struct waiter w = {.call = WAIT_ACQUIRE};
+  struct timespec gap = {0, 1000 * 1000};
+  struct sigaction sa;
+  tb_client *watch;
+  tb_buffer *b;
+  int tries;
+
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_usr1_resume;
+  sigemptyset(&sa.sa_mask);
+  assert_int_equal(sigaction(SIGUSR1, &sa, NULL), 0);
+  assert_tb_ok(tbt_connect(d, "watch", &watch));
+  assert_tb_ok(connect_intr(d, "consumer", 1, &w.c));
+  resume_pid = d->pid;
+  resume_fd = tb_client_fd(w.c);
+  for (tries = 0; tries < 20; tries++) {
+    struct publisher pb = {0};
+    char channel[32];
+    pthread_t th, pt;
+    int64_t shape[1] = {64};
+    DLTensor t;
+    int queued = 0;
+
+    snprintf(channel, sizeof(channel), "late/%d", tries);
+    w.channel = pb.channel = channel;
+    assert_tb_ok(tbt_connect(d, "producer", &pb.p));
+    assert_tb_ok(tb_buffer_create_host(pb.p, 64, 0, &b));
+    pb.b = b;
+    w.done = 0;
+    start_parked(watch, &w, &th);
+    assert_int_equal(kill(d->pid, SIGSTOP), 0);
+    assert_int_equal(pthread_create(&pt, NULL, publisher_main, &pb), 0);
+    for (int i = 0; i < 10000 && !queued; i++) {
+      queued = unread(pb.p) > 0; /* the Publish waits in line */
+      if (!queued)
+        nanosleep(&gap, NULL);
+    }
+    pthread_kill(th, SIGUSR1);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(pthread_join(pt, NULL), 0);
+    assert_true(queued);
+    assert_tb_ok(pb.rc);
+    if (w.rc == TB_EINTR) {
+      /* nothing of the interrupted call holds the version, once a
+       * newer one has taken its place in the history */
+      tbt_u8_tensor(&t, b, shape, 64);
+      assert_tb_ok(tb_channel_publish(pb.p, channel, &t, NULL, NULL));
+      assert_tb_ok(tb_channel_wait_free(pb.p, channel, pb.v, TBT_TIMEOUT_MS,
+                                        NULL));
+    } else {
+      assert_tb_ok(w.rc); /* it came before the wait: got and released */
+    }
+    tb_buffer_destroy(b);
+    tb_client_disconnect(pb.p);
+    if (w.rc == TB_EINTR)
+      break;
+  }
+  assert_true(tries < 20);
+  tb_client_disconnect(w.c);
+  tb_client_disconnect(watch);
+}
+
 /* Without interruptible, signals do not end the wait: the acquire returns
  * with the version published after them. */
 static void test_signals_do_not_end_waits_by_default(void **state) {
@@ -285,6 +402,8 @@ int main(void) {
                                       tbt_teardown),
       cmocka_unit_test_setup_teardown(
           test_interrupted_wait_free_and_notice_poll, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(
+          test_interrupted_acquire_granted_meanwhile, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_signals_do_not_end_waits_by_default,
                                       tbt_setup, tbt_teardown),
   };

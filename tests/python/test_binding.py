@@ -659,10 +659,15 @@ def test_ctrl_c_stops_a_waiting_consumer():
     import threading
 
     fired = []
+    closing = []
 
     def on_sigint(signum, frame):
-        if not fired:       # one KeyboardInterrupt, whatever else is sent
-            fired.append(signum)
+        if fired:           # once, whatever else is sent
+            return
+        fired.append(signum)
+        if closing:         # a handler that closes the client instead
+            closing.pop().close()
+        else:
             raise KeyboardInterrupt
 
     def interrupted(fn):
@@ -701,6 +706,13 @@ def test_ctrl_c_stops_a_waiting_consumer():
         with cons.acquire("cc/frames", timeout=5) as lease:
             assert lease.version == v and np.from_dlpack(lease).tolist() == [3] * 4
         assert cons.poll_notice(timeout=5)["version"] == v
+        # a handler that closes the waiting client: the wait ends, TB_ESTALE
+        other = tb.Client(socket=sock)
+        closing.append(other)
+        started = time.monotonic()
+        assert not interrupted(lambda: expect_error(
+            lambda: other.acquire("cc/never", timeout=10), "TB_ESTALE"))
+        assert time.monotonic() - started < 5 and not closing
 
 
 def channel_closed_reason(client, channel):
