@@ -147,6 +147,16 @@ static int id_pages_get(struct tb_client *c, tb__request *r,
 /* The first version of struct tb_channel_info, as 0.1.0 had it. */
 #define CHANNEL_INFO_V0 offsetof(struct tb_channel_info, waiters)
 
+/* The first version of an entry struct t, which ended with field f,
+ * padded as the struct is: the smallest struct_size its list takes,
+ * however the struct grows. */
+#define ENTRY_V0(t, f)                                                         \
+  ((offsetof(t, f) + sizeof(((t *)0)->f) + alignof(t) - 1) &                  \
+   ~(alignof(t) - 1))
+#define LEASE_ENTRY_V0 ENTRY_V0(struct tb_lease_entry, died)
+#define WAIT_ENTRY_V0 ENTRY_V0(struct tb_wait_entry, in_history)
+#define BUFFER_ENTRY_V0 ENTRY_V0(struct tb_buffer_entry, survives_producer)
+
 /* The daemon answers in pages that fit one datagram; ask for the next page
  * after the last entry until it says there is no more. waiting: also the
  * names only acquires wait on (ListChannels.waiting). */
@@ -376,7 +386,7 @@ int tb_list_leases(tb_client *c, size_t struct_size,
   int rc;
 
   if (c == NULL || out == NULL || count == NULL ||
-      !stride_ok(struct_size, sizeof(struct tb_lease_entry), sizeof(uint64_t)))
+      !stride_ok(struct_size, LEASE_ENTRY_V0, sizeof(uint64_t)))
     return TB_EINVAL;
   if (tb__conn_forked(c->conn))
     return TB_EFORKED;
@@ -428,7 +438,7 @@ int tb_list_waits(tb_client *c, size_t struct_size,
   int rc;
 
   if (c == NULL || out == NULL || count == NULL ||
-      !stride_ok(struct_size, sizeof(struct tb_wait_entry), sizeof(uint64_t)))
+      !stride_ok(struct_size, WAIT_ENTRY_V0, sizeof(uint64_t)))
     return TB_EINVAL;
   if (tb__conn_forked(c->conn))
     return TB_EFORKED;
@@ -479,15 +489,6 @@ static uint64_t buffer_entry(const Tensorbroker__V1__Reply *rep, size_t i,
   x->survives_producer = bi->survives_producer != 0;
   return bi->buffer_id;
 }
-
-/* The first version of struct tb_buffer_entry (up to survives_producer,
- * padded as the struct is): the smallest struct_size tb_buffer_list takes,
- * however the struct grows. */
-#define BUFFER_ENTRY_END                                                       \
-  (offsetof(struct tb_buffer_entry, survives_producer) + sizeof(int))
-#define BUFFER_ENTRY_V0                                                        \
-  ((BUFFER_ENTRY_END + alignof(struct tb_buffer_entry) - 1) &                  \
-   ~(alignof(struct tb_buffer_entry) - 1))
 
 int tb_buffer_list(tb_client *c, size_t struct_size,
                    struct tb_buffer_entry **out, size_t *count) {
