@@ -356,7 +356,9 @@ class Client:
                 release=None, release_stream=None):
         """Lease a version of channel: the newest (default), the first newer
         than after=, or exactly exact=. timeout in seconds (None: forever,
-        0: do not wait). Returns a Lease: pass it to numpy/torch/cupy/jax
+        0: do not wait); a signal ends the wait as Python's handler says
+        (Ctrl-C: KeyboardInterrupt, the daemon forgetting the wait). Returns
+        a Lease: pass it to numpy/torch/cupy/jax
         from_dlpack, and release it (or use it as a context manager).
 
         By default no stream wait happens here: the wait is applied when the
