@@ -113,6 +113,11 @@ void tb__notice_push(struct tb_client *c, const struct tb_notice *n) {
   }
   c->notices[(c->nq_head + c->nq_len) % c->nq_cap] = *n;
   c->nq_len++;
+  if (c->notice_waiting) {
+    /* it sleeps without call_lock (rpc.c) */
+    c->notice_wakes++;
+    tb__wake(c->notice_wake);
+  }
 }
 
 static void copy_str(char *dst, size_t cap, const char *src) {
@@ -380,6 +385,7 @@ static int client_connect(const struct tb_connect_options *opts,
   c = calloc(1, sizeof(*c));
   if (c == NULL)
     return TB_ENOMEM;
+  c->park_wake = c->notice_wake = -1;
   k = calloc(1, sizeof(*k));
   if (k == NULL) {
     rc = TB_ENOMEM;
@@ -410,6 +416,8 @@ static int client_connect(const struct tb_connect_options *opts,
   }
   pthread_mutex_init(&k->lock, NULL);
   pthread_mutex_init(&c->call_lock, NULL);
+  pthread_mutex_init(&c->park_lock, NULL);
+  pthread_mutex_init(&c->notice_lock, NULL);
   k->refs = 1;
   k->contract = o.stream_contract;
   c->conn = k;
@@ -486,6 +494,7 @@ int tb_client_connect(const struct tb_connect_options *opts, tb_client **out) {
 
 /* The client's own memory (not its connection's). */
 static void client_free(struct tb_client *c) {
+  tb__client_wake_free(c);
   free(c->notices);
   free(c->rbuf);
   free(c->sbuf);
@@ -539,6 +548,8 @@ void tb_client_disconnect(tb_client *c) {
   pthread_mutex_unlock(&k->lock);
   tb__conn_unref(k);
   pthread_mutex_destroy(&c->call_lock);
+  pthread_mutex_destroy(&c->park_lock);
+  pthread_mutex_destroy(&c->notice_lock);
   client_free(c);
 }
 
@@ -559,33 +570,30 @@ int tb_client_poll_notice(tb_client *c, struct tb_notice *out,
   if (tb__conn_forked(c->conn))
     return TB_EFORKED;
   tb__leases_retry(c->conn);
+  /* one waiting poll at a time (it sleeps without call_lock: rpc.c); a
+   * poll that does not wait goes by it */
+  if (timeout_ms != 0)
+    pthread_mutex_lock(&c->notice_lock);
   pthread_mutex_lock(&c->call_lock);
-  for (;;) {
-    uint64_t now;
-    int wait;
-    if (c->nq_len > 0) {
-      *out = c->notices[c->nq_head];
-      c->nq_head = (c->nq_head + 1) % c->nq_cap;
-      c->nq_len--;
-      rc = 0;
-      break;
-    }
-    now = tb__now_ms();
-    wait = deadline == UINT64_MAX ? -1
-           : now >= deadline      ? 0
-           : deadline - now > INT32_MAX ? INT32_MAX
-                                        : (int)(deadline - now);
-    c->intr_wait = c->interruptible && wait != 0;
-    rc = tb__pump(c, wait);
-    c->intr_wait = 0;
-    if (rc < 0)
-      break;
-    if (rc == 0) {
-      rc = TB_EAGAIN;
-      break;
+  if (c->nq_len == 0) {
+    if (timeout_ms == 0) {
+      while (c->nq_len == 0 && (rc = tb__pump(c, 0)) > 0) {
+      }
+    } else {
+      rc = tb__wait_notice(c, deadline, c->interruptible);
     }
   }
+  if (c->nq_len > 0) {
+    *out = c->notices[c->nq_head];
+    c->nq_head = (c->nq_head + 1) % c->nq_cap;
+    c->nq_len--;
+    rc = 0;
+  } else if (rc >= 0) {
+    rc = TB_EAGAIN;
+  }
   pthread_mutex_unlock(&c->call_lock);
+  if (timeout_ms != 0)
+    pthread_mutex_unlock(&c->notice_lock);
   return rc;
 }
 

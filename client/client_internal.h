@@ -12,8 +12,20 @@
  *    only ever takes conn->lock, never call_lock, so it may run on any thread,
  *    also while another thread is parked in a long tb_acquire(), and after
  *    tb_client_disconnect() (then it sends nothing and only unmaps).
- * Lock order: call_lock before conn->lock; nothing blocks on the daemon while
- * holding conn->lock except a one-way sendmsg. */
+ *
+ * A call holds call_lock while it sends, reads and works on a reply, never
+ * while it sleeps for one the daemon may take long to send (rpc.c, "Waits
+ * without the call lock"): a request the daemon may park (an Acquire or a
+ * WaitFree with a timeout) is waited for in poll() on the socket and an
+ * eventfd with call_lock let go, so the other threads' calls go on
+ * meanwhile; whichever thread reads the parked request's reply keeps it
+ * for its caller (c->stash) and wakes it. The daemon parks one request per
+ * session, so the calls that may park take park_lock first and wait for
+ * each other, as they waited for call_lock before; tb_client_poll_notice
+ * waits in the same way behind notice_lock.
+ * Lock order: park_lock or notice_lock (never both), then call_lock, then
+ * conn->lock; nothing blocks on the daemon while holding conn->lock except
+ * a one-way sendmsg. */
 #ifndef TB_CLIENT_INTERNAL_H
 #define TB_CLIENT_INTERNAL_H
 
@@ -68,6 +80,12 @@ struct tb__conn {
   int dead;   /* the daemon went away: calls fail with TB_EDISCONNECTED;
                * read and written with __atomic (a deleter may set it) */
   int contract;
+  /* Set (under the client's call_lock) while a parked request is waited
+   * for without it: the mapping cache evicts nothing then (mapcache.c),
+   * as the reply may name a buffer the daemon takes for mapped here, and
+   * another thread's Forget would leave the acquire without it. Read by
+   * tb__map_insert, whose callers hold call_lock. */
+  int parked;
   struct tb__map *maps; /* mapcache.c, uthash by buffer id */
   size_t nmaps;
   uint64_t map_clock; /* LRU stamps for the mapping cache */
@@ -162,6 +180,19 @@ struct tb_buffer {
 
 struct tb_client {
   pthread_mutex_t call_lock; /* serialises request/reply and socket reads */
+  pthread_mutex_t park_lock; /* a call that may park (the top comment) */
+  pthread_mutex_t notice_lock; /* a tb_client_poll_notice that waits */
+  /* rpc.c, "Waits without the call lock": eventfds (-1 until a wait first
+   * needs one) that wake the thread waiting for a parked reply and the one
+   * waiting for a notice; the rest under call_lock. */
+  int park_wake, notice_wake;
+  uint64_t parked_id; /* the parked request waited for unlocked; 0: none */
+  int notice_waiting; /* a notice poll waits unlocked: wake it */
+  tb__server_message *stash; /* parked_id's reply read by another thread */
+  int stash_fds[TB__MAX_FDS];
+  int stash_nfds;
+  int stash_err; /* or why that reply could not be taken (< 0) */
+  uint64_t stashed, notice_wakes; /* hand-overs so far (tests read them) */
   const struct tb__rpc_hooks *hooks; /* client.c's, set at connect */
   struct tb__conn *conn;
   uint64_t next_request_id;
@@ -179,8 +210,9 @@ struct tb_client {
   uint32_t max_metadata;
   uint32_t features; /* HelloReply.features: what the daemon implements */
   int interruptible; /* tb_connect_options.interruptible */
-  int intr_wait;     /* under call_lock: the wait in progress ends with
-                      * TB_EINTR when a signal handler interrupts it */
+  int intr_wait;     /* under call_lock: the wait in progress (a locked
+                      * one) ends with TB_EINTR when a signal handler
+                      * interrupts it */
   uint8_t *rbuf; /* TB__RECV_CAP bytes */
   uint8_t *sbuf; /* TB__RECV_CAP bytes */
   /* Replies are decoded into one of these (a call made while a reply is
@@ -274,8 +306,10 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
                      int n_send_fds, uint64_t *id);
 int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
                     tb__server_message **out, int *fds, int *nfds);
-/* tb__await_reply for a request the daemon may park (Acquire, WaitFree):
- * on an interruptible client whose daemon takes Cancel, a signal handler
+/* tb__await_reply for a request the daemon may park (Acquire, WaitFree;
+ * caller holds park_lock when extra_ms != 0): call_lock is let go while it
+ * sleeps (the top comment), and held again when it returns. On an
+ * interruptible client whose daemon takes Cancel, a signal handler
  * interrupting the wait ends it with TB_EINTR, and the request is
  * cancelled (a reply already on its way is handled as a late one). */
 int tb__await_parked(struct tb_client *c, uint64_t id, long extra_ms,
@@ -284,6 +318,10 @@ int tb__await_parked(struct tb_client *c, uint64_t id, long extra_ms,
 
 /* How many of c's waits polled before sleeping (spin_us): for tests. */
 uint64_t tb__client_polled_waits(const struct tb_client *c);
+/* Replies kept for a parked call by another thread, and notices queued
+ * for a thread sleeping in tb_client_poll_notice: for tests. */
+void tb__client_handoffs(const struct tb_client *c, uint64_t *stashed,
+                         uint64_t *notice_wakes);
 /* Pretend the daemon said HelloReply.features: for tests of older daemons. */
 void tb__client_set_features(struct tb_client *c, uint32_t features);
 
@@ -327,8 +365,20 @@ static inline int tb__events_foreign(uint64_t owner_shm_id,
           owner_pidns_id != tb__pidns_id());
 }
 
-/* Queue a notice (oldest dropped beyond TB__NOTICE_QUEUE_MAX). */
+/* Queue a notice (oldest dropped beyond TB__NOTICE_QUEUE_MAX), waking a
+ * thread that waits for one in tb_client_poll_notice. */
 void tb__notice_push(struct tb_client *c, const struct tb_notice *n);
+
+/* rpc.c, "Waits without the call lock". tb__wait_notice: wait up to
+ * deadline (UINT64_MAX: forever) until a notice is queued, reading the
+ * socket meanwhile, without call_lock while it sleeps; caller holds
+ * notice_lock and call_lock. Returns 1 (one is queued), 0 (timeout),
+ * TB_EINTR (intr: a signal handler interrupted it) or an error.
+ * tb__wake: write eventfd fd (< 0: nothing). tb__client_wake_free: close
+ * the eventfds and free a kept reply (disconnect). */
+int tb__wait_notice(struct tb_client *c, uint64_t deadline, int intr);
+void tb__wake(int fd);
+void tb__client_wake_free(struct tb_client *c);
 
 /* ---- publish.c: the version-free table ---- */
 void tb__freed_add(struct tb_client *c, const Tensorbroker__V1__VersionFree *vf);

@@ -449,6 +449,11 @@ int tb_acquire(tb_client *c, const char *channel,
   memset(&ka, 0, sizeof(ka));
   if (tb__conn_forked(c->conn))
     return TB_EFORKED;
+  /* an acquire that may park waits for the one parked now, if any (the
+   * daemon parks one per session); it lets call_lock go while it waits
+   * (rpc.c, "Waits without the call lock") */
+  if (o.timeout_ms != 0)
+    pthread_mutex_lock(&c->park_lock);
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
   tb__leases_retry(c->conn);
@@ -630,5 +635,7 @@ out_free_reply:
   tb__msg_free(c, m);
 out_unlock:
   pthread_mutex_unlock(&c->call_lock);
+  if (o.timeout_ms != 0)
+    pthread_mutex_unlock(&c->park_lock);
   return rc;
 }

@@ -42,6 +42,10 @@ struct tb__map *tb__map_get(struct tb__conn *k, uint64_t id, uint32_t gen) {
 }
 
 static void evict_locked(struct tb__conn *k) {
+  /* a parked reply may name an unused entry (client_internal.h, parked):
+   * the bound is kept again by the first insert after it */
+  if (k->parked)
+    return;
   while (k->nmaps >= TB__MAPCACHE_MAX) {
     struct tb__map *m, *tmp, *victim = NULL;
     HASH_ITER(hh, k->maps, m, tmp) {

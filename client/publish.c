@@ -399,7 +399,7 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
   tb__server_message *m = NULL;
   struct tb__freed *f;
-  int fds[TB__MAX_FDS], nfds = 0, rc;
+  int fds[TB__MAX_FDS], nfds = 0, rc, parking = 0;
   uint64_t id = 0;
 
   if (c == NULL)
@@ -417,6 +417,7 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
     rc = tb__set_error(c, TB_ENOTFOUND, "version 0 is never published");
     goto out_unlock;
   }
+again:
   /* Notices already here first: an EventsGone among them takes the done
    * events of a consumer whose process died out of the entry, and a stream
    * made to wait on one would never run again. */
@@ -434,6 +435,20 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
                        (unsigned long long)version, channel,
                        TB__FREED_TABLE_MAX);
     goto out_unlock;
+  }
+  if (f == NULL && timeout_ms != 0 && !parking) {
+    /* The WaitFree may park: after the parked request of another thread,
+     * if any (rpc.c, "Waits without the call lock"). Only now, so that a
+     * wait for a version known free never waits for another thread's
+     * acquire. park_lock comes before call_lock: let go, take both, and
+     * look again. */
+    parking = 1;
+    if (pthread_mutex_trylock(&c->park_lock) != 0) {
+      pthread_mutex_unlock(&c->call_lock);
+      pthread_mutex_lock(&c->park_lock);
+      pthread_mutex_lock(&c->call_lock);
+      goto again;
+    }
   }
   if (f == NULL) {
     wf.channel = (char *)channel;
@@ -494,5 +509,7 @@ int tb_wait_free(tb_client *c, const char *channel, uint64_t version,
     f->waited = 1;
 out_unlock:
   pthread_mutex_unlock(&c->call_lock);
+  if (parking)
+    pthread_mutex_unlock(&c->park_lock);
   return rc;
 }

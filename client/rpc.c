@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -326,10 +327,10 @@ static int poll_readable(struct tb_client *c, uint64_t deadline) {
  * spin_ns pass from now or the deadline comes. Returns what the last recv
  * returned: a length, or -EAGAIN when nothing came. */
 static long spin_recv(struct tb_client *c, uint64_t now, uint64_t deadline,
-                      int *fds, int *got) {
+                      int intr, int *fds, int *got) {
   /* a signal that comes while polling is not seen (no call is
    * interrupted): an interruptible wait polls for a millisecond at most */
-  uint64_t spin = c->intr_wait && c->spin_ns > 1000000u ? 1000000u : c->spin_ns;
+  uint64_t spin = intr && c->spin_ns > 1000000u ? 1000000u : c->spin_ns;
   uint64_t end = now + spin;
   long n;
 
@@ -349,12 +350,81 @@ static long spin_recv(struct tb_client *c, uint64_t now, uint64_t deadline,
   return -EAGAIN;
 }
 
+/* Whether a wait busy-polls first: the default window only while the
+ * process may use enough CPUs; a window the caller chose always. */
+static int spin_on(struct tb_client *c) {
+  return c->spin_ns != 0 &&
+         (!c->spin_auto || tb__poll_cpus_ok(&c->spin_cpus));
+}
+
 uint64_t tb__client_polled_waits(const struct tb_client *c) {
   return c->polled_waits;
 }
 
+void tb__client_handoffs(const struct tb_client *c, uint64_t *stashed,
+                         uint64_t *notice_wakes) {
+  *stashed = c->stashed;
+  *notice_wakes = c->notice_wakes;
+}
+
 void tb__client_set_features(struct tb_client *c, uint32_t features) {
   c->features = features;
+}
+
+static int route_reply(struct tb_client *c, tb__server_message *m, int *fds,
+                       int got);
+
+/* Decode and dispatch the datagram of n bytes (or recv's error) just read
+ * into c->rbuf with got descriptors in fds: recv_one's return values. */
+static int handle_datagram(struct tb_client *c, long n, int got,
+                           tb__server_message **out, int *fds, int *nfds) {
+  tb__server_message *m;
+  int rc;
+
+  if (n == 0)
+    return mark_dead(c, "", 1);
+  if (n == -EMSGSIZE)
+    return mark_dead(c, "oversized message from the daemon", 0);
+  if (n == -ECONNRESET)
+    return mark_dead(c, "", 1);
+  if (n < 0)
+    return mark_dead(c, strerror((int)-n), 0);
+  rc = msg_decode(c, (size_t)n, &m);
+  if (rc < 0) {
+    close_fds(fds, got);
+    return mark_dead(c, "undecodable message from the daemon", 0);
+  }
+  if (got < 0) {
+    /* the daemon attached a descriptor (a buffer's memfd) this process
+     * could not take: it is out of descriptors. An acquire's lease is
+     * ended and the buffer forgotten (as for a late reply), so that the
+     * daemon attaches it again next time. The parked request's caller is
+     * told, not this one. */
+    int parked = m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY &&
+                 c->parked_id != 0 && m->reply->request_id == c->parked_id &&
+                 c->stash == NULL;
+    if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY)
+      c->hooks->stale_reply(c, m->reply);
+    tb__msg_free(c, m);
+    if (parked) {
+      c->stash_err = TB_ESYS;
+      tb__wake(c->park_wake);
+      return 2;
+    }
+    return tb__set_error(c, TB_ESYS, "a descriptor the daemon sent could "
+                                     "not be received: this process is out "
+                                     "of file descriptors (EMFILE)");
+  }
+  if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE) {
+    close_fds(fds, got); /* notices carry no descriptors */
+    c->hooks->notice(c, m->notice);
+    tb__msg_free(c, m);
+    TB__STAT_NOTICE_DONE();
+    return 2;
+  }
+  *out = m;
+  *nfds = got;
+  return 1;
 }
 
 /* Wait for one datagram until deadline (UINT64_MAX: forever), read and
@@ -365,18 +435,14 @@ void tb__client_set_features(struct tb_client *c, uint32_t features) {
  * system call per datagram. */
 static int recv_one(struct tb_client *c, uint64_t deadline,
                     tb__server_message **out, int *fds, int *nfds) {
-  tb__server_message *m;
   long n;
   int rc, got = 0, flags;
 
   if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
     return lost_earlier(c);
-  /* the default window only while the process may use enough CPUs; a
-   * window the caller chose always */
-  if (c->spin_ns != 0 &&
-      (!c->spin_auto || tb__poll_cpus_ok(&c->spin_cpus))) {
+  if (spin_on(c)) {
     c->polled_waits++;
-    n = spin_recv(c, tb__now_ns(), deadline, fds, &got);
+    n = spin_recv(c, tb__now_ns(), deadline, c->intr_wait, fds, &got);
     if (n != -EAGAIN && n != -EWOULDBLOCK)
       goto received;
   }
@@ -405,41 +471,7 @@ static int recv_one(struct tb_client *c, uint64_t deadline,
       return deadline != UINT64_MAX && tb__now_ms() >= deadline ? 0 : 2;
   }
 received:
-  if (n == 0)
-    return mark_dead(c, "", 1);
-  if (n == -EMSGSIZE)
-    return mark_dead(c, "oversized message from the daemon", 0);
-  if (n == -ECONNRESET)
-    return mark_dead(c, "", 1);
-  if (n < 0)
-    return mark_dead(c, strerror((int)-n), 0);
-  rc = msg_decode(c, (size_t)n, &m);
-  if (rc < 0) {
-    close_fds(fds, got);
-    return mark_dead(c, "undecodable message from the daemon", 0);
-  }
-  if (got < 0) {
-    /* the daemon attached a descriptor (a buffer's memfd) this process
-     * could not take: it is out of descriptors. An acquire's lease is
-     * ended and the buffer forgotten (as for a late reply), so that the
-     * daemon attaches it again next time. */
-    if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY)
-      c->hooks->stale_reply(c, m->reply);
-    tb__msg_free(c, m);
-    return tb__set_error(c, TB_ESYS, "a descriptor the daemon sent could "
-                                     "not be received: this process is out "
-                                     "of file descriptors (EMFILE)");
-  }
-  if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE) {
-    close_fds(fds, got); /* notices carry no descriptors */
-    c->hooks->notice(c, m->notice);
-    tb__msg_free(c, m);
-    TB__STAT_NOTICE_DONE();
-    return 2;
-  }
-  *out = m;
-  *nfds = got;
-  return 1;
+  return handle_datagram(c, n, got, out, fds, nfds);
 }
 
 int tb__pump(struct tb_client *c, int timeout_ms) {
@@ -450,15 +482,17 @@ int tb__pump(struct tb_client *c, int timeout_ms) {
 
   rc = recv_one(c, deadline, &m, fds, &nfds);
   if (rc == 1) {
-    /* A reply outside any call: stale (its call timed out), or the
-     * best-effort error reply to a one-way request. */
-    if (m->reply->request_id == 0 && m->reply->status < 0)
+    /* A reply outside any call: the parked request's (another thread
+     * waits for it), stale (its call timed out), or the best-effort error
+     * reply to a one-way request. */
+    if (m->reply->request_id == 0 && m->reply->status < 0) {
       tb__set_error(c, m->reply->status, "%s",
                     m->reply->message ? m->reply->message : "");
-    else
-      c->hooks->stale_reply(c, m->reply);
-    close_fds(fds, nfds);
-    tb__msg_free(c, m);
+      close_fds(fds, nfds);
+      tb__msg_free(c, m);
+    } else {
+      route_reply(c, m, fds, nfds);
+    }
   }
   return rc < 0 ? rc : rc > 0;
 }
@@ -508,6 +542,27 @@ int tb__call(struct tb_client *c, tb__request *r, const int *send_fds,
   return tb__await_reply(c, id, extra_ms, out, fds, nfds);
 }
 
+/* The reply to the caller's request, m with got descriptors in fds: into
+ * *out and *nfds, or its negative status (kept as the last error). */
+static int reply_taken(struct tb_client *c, tb__server_message *m, int *fds,
+                       int got, tb__server_message **out, int *nfds) {
+  if (m->reply->status != 0) {
+    int st = m->reply->status;
+    if (st > 0 || st <= TB__ERR_LAST)
+      st = TB_EPROTO;
+    tb__set_error(c, st, "%s",
+                  m->reply->message && m->reply->message[0]
+                      ? m->reply->message
+                      : tb_strerror(st));
+    close_fds(fds, got);
+    tb__msg_free(c, m);
+    return st;
+  }
+  *out = m;
+  *nfds = got;
+  return 0;
+}
+
 int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
                     tb__server_message **out, int *fds, int *nfds) {
   uint64_t deadline;
@@ -528,27 +583,248 @@ int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
       continue;
     if (m->reply->request_id != id) {
       /* request_id 0: the daemon refused a one-way message (it closes the
-       * connection next); any other id: a stale reply */
-      c->hooks->stale_reply(c, m->reply);
-      close_fds(fds, got);
-      tb__msg_free(c, m);
+       * connection next); the parked request's: kept for its thread; any
+       * other id: a stale reply */
+      route_reply(c, m, fds, got);
       continue;
     }
-    if (m->reply->status != 0) {
-      int st = m->reply->status;
-      if (st > 0 || st <= TB__ERR_LAST)
-        st = TB_EPROTO;
-      tb__set_error(c, st, "%s",
-                    m->reply->message && m->reply->message[0]
-                        ? m->reply->message
-                        : tb_strerror(st));
-      close_fds(fds, got);
-      tb__msg_free(c, m);
-      return st;
-    }
-    *out = m;
-    *nfds = got;
+    return reply_taken(c, m, fds, got, out, nfds);
+  }
+}
+
+/* ---- waits without the call lock ----
+ *
+ * A parked request (an Acquire waiting for a version, a WaitFree for the
+ * readers) may wait for seconds. Its thread lets call_lock go while it
+ * sleeps, so that the other threads' calls on the client go on:
+ *  - it sets c->parked_id, then polls the socket and its eventfd
+ *    (park_wake) without the lock; woken, it takes the lock again and reads
+ *    what is there without blocking;
+ *  - a thread that reads the parked request's reply meanwhile (in its own
+ *    call, a notice poll or a wait_free's pump) keeps it in c->stash with
+ *    its descriptors and writes park_wake: it is neither taken for its own
+ *    reply nor released as a stale one;
+ *  - notices are queued by whoever reads them, and a thread that waits in
+ *    tb_client_poll_notice sleeps the same way on notice_wake, which
+ *    tb__notice_push writes.
+ * Only one request of a session parks at a time (the daemon refuses a
+ * second with TB_EBUSY), and only one thread waits for notices (their
+ * locks), so each eventfd has one sleeper, which alone reads it. Both
+ * sleepers poll the socket too: a datagram wakes both, one reads it, the
+ * other finds nothing and sleeps again.
+ * A short busy-polling window (spin_us) is still spent with the lock held,
+ * before the first sleep: the hot path (the version comes within it) pays
+ * no lock hand-over. */
+
+void tb__wake(int fd) {
+  uint64_t one = 1;
+
+  if (fd >= 0)
+    (void)!write(fd, &one, sizeof(one));
+}
+
+/* The eventfd in *fd, made on first use; -1 when none can be made (the
+ * caller then waits with the lock held, as before). */
+static int wake_fd(int *fd) {
+  if (*fd < 0)
+    *fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  return *fd;
+}
+
+void tb__client_wake_free(struct tb_client *c) {
+  if (c->park_wake >= 0)
+    close(c->park_wake);
+  if (c->notice_wake >= 0)
+    close(c->notice_wake);
+  c->park_wake = c->notice_wake = -1;
+  if (c->stash != NULL) {
+    close_fds(c->stash_fds, c->stash_nfds);
+    tb__msg_free(c, c->stash);
+    c->stash = NULL;
+  }
+}
+
+/* A reply that is not the reader's own: the parked request's is kept for
+ * the thread that waits for it, which is woken; any other is stale. */
+static int route_reply(struct tb_client *c, tb__server_message *m, int *fds,
+                       int got) {
+  if (c->parked_id != 0 && m->reply->request_id == c->parked_id &&
+      c->stash == NULL && c->stash_err == 0) {
+    c->stash = m;
+    memcpy(c->stash_fds, fds, (size_t)got * sizeof(int));
+    c->stash_nfds = got;
+    c->stashed++;
+    tb__wake(c->park_wake);
     return 0;
+  }
+  c->hooks->stale_reply(c, m->reply);
+  close_fds(fds, got);
+  tb__msg_free(c, m);
+  return 0;
+}
+
+/* Milliseconds from now to deadline for poll(): -1 forever, 0 passed. */
+static int ms_left(uint64_t deadline) {
+  uint64_t now;
+
+  if (deadline == UINT64_MAX)
+    return -1;
+  now = tb__now_ms();
+  return now >= deadline              ? 0
+         : deadline - now > INT32_MAX ? INT32_MAX
+                                      : (int)(deadline - now);
+}
+
+/* Sleep without call_lock (held on entry and again on return) until the
+ * socket is readable, the eventfd wake is written or deadline passes; the
+ * eventfd is read empty. Returns 0 (go round and look), TB_EINTR (intr,
+ * and a signal handler ran) or an error. */
+static int sleep_unlocked(struct tb_client *c, int wake, uint64_t deadline,
+                          int intr) {
+  struct pollfd p[2] = {{.fd = c->conn->fd, .events = POLLIN},
+                        {.fd = wake, .events = POLLIN}};
+  int rc, err;
+
+  TB__STAT_READ(1);
+  pthread_mutex_unlock(&c->call_lock);
+  rc = poll(p, 2, ms_left(deadline));
+  err = errno;
+  pthread_mutex_lock(&c->call_lock);
+  if (rc > 0 && (p[1].revents & POLLIN)) {
+    uint64_t v;
+    (void)!read(wake, &v, sizeof(v));
+  }
+  if (rc < 0 && err == EINTR)
+    return intr ? tb__set_error(c, TB_EINTR, "a signal interrupted the wait "
+                                             "for the daemon")
+                : 0;
+  if (rc < 0)
+    return tb__set_error(c, TB_ESYS, "poll: %s", strerror(err));
+  return 0;
+}
+
+/* Read one datagram if one is there, after busy polling when spin (the
+ * client's window, as recv_one spends it): recv_one's return values, and 0
+ * when nothing came. */
+static int recv_now(struct tb_client *c, uint64_t deadline, int spin, int intr,
+                    tb__server_message **out, int *fds, int *nfds) {
+  long n;
+  int got = 0;
+
+  if (__atomic_load_n(&c->conn->dead, __ATOMIC_ACQUIRE))
+    return lost_earlier(c);
+  if (spin && spin_on(c)) {
+    c->polled_waits++;
+    n = spin_recv(c, tb__now_ns(), deadline, intr, fds, &got);
+  } else {
+    n = tb__wire_recv(c->conn->fd, c->rbuf, TB__RECV_CAP, fds, &got,
+                      MSG_DONTWAIT);
+  }
+  if (n == -EAGAIN || n == -EWOULDBLOCK)
+    return 0;
+  return handle_datagram(c, n, got, out, fds, nfds);
+}
+
+/* tb__await_reply for parked request id, sleeping without call_lock. */
+static int await_unlocked(struct tb_client *c, uint64_t id, uint64_t deadline,
+                          int intr, tb__server_message **out, int *fds,
+                          int *nfds) {
+  tb__server_message *m;
+  int rc, spin = 1, look;
+
+  /* without busy polling the first look is poll()'s: a reply is seldom
+   * here the moment the request has gone */
+  look = spin_on(c);
+  c->parked_id = id;
+  c->conn->parked = 1;
+  for (;;) {
+    int got = 0;
+    m = NULL;
+    if (c->stash != NULL) {
+      m = c->stash;
+      got = c->stash_nfds;
+      memcpy(fds, c->stash_fds, (size_t)got * sizeof(int));
+      c->stash = NULL;
+      rc = reply_taken(c, m, fds, got, out, nfds);
+      break;
+    }
+    if (c->stash_err < 0) {
+      c->stash_err = 0;
+      rc = tb__set_error(c, TB_ESYS, "a descriptor the daemon sent could "
+                                     "not be received: this process is out "
+                                     "of file descriptors (EMFILE)");
+      break;
+    }
+    rc = look ? recv_now(c, deadline, spin, intr, &m, fds, &got) : 0;
+    look = 1;
+    if (rc < 0)
+      break;
+    if (rc == 1) {
+      if (m->reply->request_id == id) {
+        rc = reply_taken(c, m, fds, got, out, nfds);
+        break;
+      }
+      route_reply(c, m, fds, got); /* stale: no other call waits now */
+    }
+    if (rc > 0) {
+      spin = 1; /* as recv_one does after each datagram */
+      continue;
+    }
+    if (deadline != UINT64_MAX && tb__now_ms() >= deadline) {
+      rc = tb__set_error(c, TB_ETIMEDOUT, "no reply from the daemon in time");
+      break;
+    }
+    rc = sleep_unlocked(c, c->park_wake, deadline, intr);
+    if (rc < 0)
+      break;
+    spin = 0; /* woken: whatever came is read at once */
+  }
+  c->parked_id = 0;
+  c->conn->parked = 0;
+  if (c->stash != NULL) {
+    /* kept by another thread while this one was interrupted: late now */
+    m = c->stash;
+    c->stash = NULL;
+    route_reply(c, m, c->stash_fds, c->stash_nfds);
+  }
+  c->stash_err = 0;
+  return rc;
+}
+
+int tb__wait_notice(struct tb_client *c, uint64_t deadline, int intr) {
+  int rc, spin = 1;
+
+  for (;;) {
+    tb__server_message *m = NULL;
+    int fds[TB__MAX_FDS], got = 0;
+    if (c->nq_len > 0)
+      return 1;
+    rc = recv_now(c, deadline, spin, intr, &m, fds, &got);
+    if (rc < 0)
+      return rc;
+    if (rc == 1)
+      route_reply(c, m, fds, got);
+    if (rc > 0) {
+      spin = 1;
+      continue;
+    }
+    if (deadline != UINT64_MAX && tb__now_ms() >= deadline)
+      return 0;
+    if (wake_fd(&c->notice_wake) < 0) {
+      /* no eventfd: wait for the socket with the lock held, as before */
+      c->intr_wait = intr;
+      rc = tb__pump(c, ms_left(deadline));
+      c->intr_wait = 0;
+      if (rc < 0)
+        return rc;
+      continue;
+    }
+    c->notice_waiting = 1;
+    rc = sleep_unlocked(c, c->notice_wake, deadline, intr);
+    c->notice_waiting = 0;
+    if (rc < 0)
+      return rc;
+    spin = 0;
   }
 }
 
@@ -557,18 +833,28 @@ int tb__await_parked(struct tb_client *c, uint64_t id, long extra_ms,
   Tensorbroker__V1__Cancel cancel = TENSORBROKER__V1__CANCEL__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
   tb__server_message *m = NULL;
-  int cfds[TB__MAX_FDS], ncfds = 0, rc, crc;
-  uint64_t cid = 0;
+  int cfds[TB__MAX_FDS], ncfds = 0, rc, crc, intr;
+  uint64_t cid = 0, deadline;
   char why[TB__LAST_ERROR_MAX];
 
-  /* timeout 0 asks and does not wait: nothing to interrupt */
-  if (!c->interruptible || extra_ms == 0 ||
-      !(c->features & TENSORBROKER__V1__FEATURE__FEATURE_CANCEL))
+  /* timeout 0 asks and does not wait: nothing to interrupt, and the
+   * daemon answers at once */
+  if (extra_ms == 0)
     return tb__await_reply(c, id, extra_ms, out, fds, nfds);
-  c->intr_wait = 1;
-  rc = tb__await_reply(c, id, extra_ms, out, fds, nfds);
-  c->intr_wait = 0;
-  if (rc != TB_EINTR)
+  intr = c->interruptible &&
+         (c->features & TENSORBROKER__V1__FEATURE__FEATURE_CANCEL);
+  if (wake_fd(&c->park_wake) >= 0) {
+    deadline = extra_ms < 0 ? UINT64_MAX
+                            : tb__now_ms() + (uint64_t)extra_ms +
+                                  (uint64_t)c->timeout_ms;
+    rc = await_unlocked(c, id, deadline, intr, out, fds, nfds);
+  } else {
+    /* no eventfd (out of descriptors): wait with the lock held */
+    c->intr_wait = intr;
+    rc = tb__await_reply(c, id, extra_ms, out, fds, nfds);
+    c->intr_wait = 0;
+  }
+  if (!intr || rc != TB_EINTR)
     return rc;
   /* Cancel it and read up to the daemon's answer to the Cancel (not
    * interruptible, bounded by the client's timeout): an answer to the

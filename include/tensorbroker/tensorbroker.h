@@ -10,13 +10,19 @@
  *  - Out-parameters are written only on success.
  *  - Calls are synchronous: each sends one request and waits for its reply.
  *    There are no hidden threads. All calls on one tb_client may be made from
- *    any thread; they are serialised by a lock inside the client, so a call
- *    that waits (tb_lease_acquire for a version to come,
- *    tb_channel_wait_free, tb_notice_poll) holds up every other call on
- *    that client until it returns. A thread that waits for the daemon
- *    while other threads publish or acquire uses a client of its own.
- *    Ending a lease (tb_lease_release, a DLPack deleter) never waits for
- *    that lock.
+ *    any thread. A call that waits for the daemon (tb_lease_acquire for a
+ *    version to come, tb_channel_wait_free, tb_notice_poll, each with a
+ *    timeout other than 0) does not hold up the other threads' calls on
+ *    that client: one thread may wait for frames while another publishes
+ *    results on the same client. Calls that may wait for the daemon in
+ *    that way wait for one another: a second tb_lease_acquire or
+ *    tb_channel_wait_free with a timeout waits until the first has its
+ *    answer (the daemon holds one waiting request per session), and so
+ *    does a second tb_notice_poll with a timeout; the other calls are
+ *    serialised by a lock inside the client only while they exchange a
+ *    request and its reply. tb_client_last_error() says what the client's
+ *    last failed call said, whichever thread made it. Ending a lease
+ *    (tb_lease_release, a DLPack deleter) never waits for that lock.
  *  - The library never prints, never exits and never aborts on runtime
  *    errors.
  *  - A client belongs to the process that connected it. A child made by

@@ -1,0 +1,380 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Threads sharing one client: a call that waits for the daemon (an acquire
+ * parked until a version comes, a notice poll with a timeout) does not hold
+ * up the other threads' calls; the reply of a parked acquire read by
+ * another thread's call reaches the parked thread; a notice read by another
+ * thread wakes the one that polls; a producer publishes while its
+ * wait-free waits; a second call that may park waits for the first
+ * instead of failing with TB_EBUSY.
+ *
+ * Every waiting thread is given a bounded timeout, so that on a library
+ * that holds other threads up the test fails (the waiter times out first)
+ * instead of hanging. */
+#include "tb_test.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* rpc.c: replies kept for a parked call by another thread, and notices
+ * queued for a sleeping poll (the static library exports them) */
+void tb__client_handoffs(const tb_client *c, uint64_t *stashed,
+                         uint64_t *notice_wakes);
+
+enum waiter_call { WAIT_ACQUIRE, WAIT_FREE, WAIT_NOTICE };
+
+struct waiter {
+  tb_client *c;
+  enum waiter_call call;
+  const char *channel;
+  uint64_t version; /* WAIT_FREE's */
+  int rc;
+  uint8_t first;          /* WAIT_ACQUIRE: byte 0 of the tensor */
+  int64_t len;            /* WAIT_ACQUIRE: its shape[0] */
+  struct tb_notice notice; /* WAIT_NOTICE's */
+  pid_t tid;              /* __atomic; 0 until the thread runs */
+  int done;               /* __atomic */
+};
+
+static void *waiter_main(void *arg) {
+  struct waiter *w = arg;
+  struct tb_acquire_options o;
+  DLManagedTensorVersioned *t = NULL;
+
+  __atomic_store_n(&w->tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
+  switch (w->call) {
+  case WAIT_ACQUIRE:
+    tb_acquire_options_init(&o);
+    o.mode = TB_ACQUIRE_NEXT;
+    o.timeout_ms = TBT_TIMEOUT_MS;
+    w->rc = tb_lease_acquire(w->c, w->channel, &o, &t);
+    if (w->rc == 0) {
+      w->first = *(uint8_t *)t->dl_tensor.data;
+      w->len = t->dl_tensor.shape[0];
+      w->rc = tb_lease_release(t, NULL);
+    }
+    break;
+  case WAIT_FREE:
+    w->rc = tb_channel_wait_free(w->c, w->channel, w->version,
+                                 TBT_TIMEOUT_MS, NULL);
+    break;
+  case WAIT_NOTICE:
+    w->rc = tb_notice_poll(w->c, sizeof(w->notice), &w->notice,
+                           TBT_TIMEOUT_MS);
+    break;
+  }
+  __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static int is_done(struct waiter *w) {
+  return __atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
+}
+
+/* A client that never busy-polls: its waits go to sleep at once. */
+static int connect_sleeper(const struct tbt_daemon *d, const char *name,
+                           tb_client **out) {
+  struct tb_connect_options o;
+
+  tb_connect_options_init(&o);
+  o.socket_path = d->sock;
+  o.client_name = name;
+  o.timeout_ms = TBT_TIMEOUT_MS;
+  o.spin_us = -1;
+  return tb_client_connect(&o, out);
+}
+
+/* Start w's call on a thread. An acquire or a wait-free: return once the
+ * daemon has its request (counted by watch). */
+static void start(tb_client *watch, struct waiter *w, pthread_t *th) {
+  uint64_t n = 0;
+
+  if (w->call != WAIT_NOTICE)
+    assert_tb_ok(tbt_own_requests(w->c, &n));
+  assert_int_equal(pthread_create(th, NULL, waiter_main, w), 0);
+  if (w->call != WAIT_NOTICE)
+    assert_tb_ok(tbt_wait_requests(watch, tb_client_session_id(w->c), n + 1));
+}
+
+/* The state letter of thread tid (/proc/self/task/TID/stat), or 0. */
+static char thread_state(pid_t tid) {
+  char path[64], buf[256], *p;
+  FILE *f;
+  size_t n;
+
+  snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+  f = fopen(path, "re");
+  if (f == NULL)
+    return 0;
+  n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  p = strrchr(buf, ')'); /* after the command name */
+  return p != NULL && p[1] == ' ' ? p[2] : 0;
+}
+
+/* Wait (bounded) until w's thread sleeps in the kernel (a poll, a lock),
+ * or its call returned. Observed, not assumed: a pause only spaces the
+ * looks at /proc out. */
+static void wait_asleep(struct waiter *w) {
+  struct timespec gap = {0, 1000 * 1000};
+  uint64_t end = tbt_now_ms() + TBT_TIMEOUT_MS;
+  pid_t tid;
+
+  while ((tid = __atomic_load_n(&w->tid, __ATOMIC_ACQUIRE)) == 0 &&
+         tbt_now_ms() < end)
+    nanosleep(&gap, NULL);
+  assert_int_not_equal(tid, 0);
+  while (!is_done(w) && thread_state(tid) != 'S' && tbt_now_ms() < end)
+    nanosleep(&gap, NULL);
+}
+
+static void publish_bytes(tb_client *p, tb_buffer *b, const char *channel,
+                          uint8_t value, int64_t len) {
+  int64_t shape[1] = {len};
+  DLTensor t;
+
+  memset(tb_buffer_data(b), value, (size_t)len);
+  tbt_u8_tensor(&t, b, shape, len);
+  assert_tb_ok(tb_channel_publish(p, channel, &t, NULL, NULL));
+}
+
+/* Thread A waits in an acquire of the next version of "in"; meanwhile the
+ * main thread, on the same client, publishes, lists channels and acquires
+ * a version that exists with timeout 0: all return while A still waits,
+ * and A then gets the version published for it. */
+static void test_calls_go_on_while_an_acquire_waits(void **state) {
+  struct tbt_daemon *d = *state;
+  struct waiter a = {.call = WAIT_ACQUIRE, .channel = "in"};
+  struct tb_acquire_options o;
+  struct tb_channel_info *chs = NULL;
+  DLManagedTensorVersioned *t = NULL;
+  tb_client *p, *watch;
+  tb_buffer *pb, *cb;
+  pthread_t th;
+  size_t n = 0;
+  uint64_t t0;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "watch", &watch));
+  assert_tb_ok(connect_sleeper(d, "stage", &a.c));
+  assert_tb_ok(tb_buffer_create_host(p, 64, 0, &pb));
+  assert_tb_ok(tb_buffer_create_host(a.c, 64, 0, &cb));
+  publish_bytes(p, pb, "ready", 5, 16);
+
+  start(watch, &a, &th);
+  t0 = tbt_now_ms();
+  publish_bytes(a.c, cb, "out", 9, 32);
+  assert_tb_ok(tb_channel_list(a.c, sizeof(*chs), &chs, &n));
+  assert_true(n >= 2);
+  tb_free(chs);
+  tb_acquire_options_init(&o);
+  o.timeout_ms = 0;
+  assert_tb_ok(tb_lease_acquire(a.c, "ready", &o, &t));
+  assert_int_equal(*(uint8_t *)t->dl_tensor.data, 5);
+  assert_tb_ok(tb_lease_release(t, NULL));
+  /* all of that while A waits */
+  assert_false(is_done(&a));
+  print_message("three calls while another thread waits: %llu ms\n",
+                (unsigned long long)(tbt_now_ms() - t0));
+
+  publish_bytes(p, pb, "in", 42, 48);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_tb_ok(a.rc);
+  assert_int_equal(a.first, 42);
+  assert_int_equal(a.len, 48);
+
+  tb_buffer_destroy(cb);
+  tb_buffer_destroy(pb);
+  tb_client_disconnect(a.c);
+  tb_client_disconnect(watch);
+  tb_client_disconnect(p);
+}
+
+/* A producer's thread waits until a version it published is free (a
+ * consumer holds it); meanwhile the producer's main thread publishes on
+ * another channel of the same client, and acquires nothing. The wait ends
+ * when the consumer lets go. */
+static void test_publish_while_a_wait_free_waits(void **state) {
+  struct tbt_daemon *d = *state;
+  struct waiter w = {.call = WAIT_FREE, .channel = "frames"};
+  struct tb_acquire_options o;
+  DLManagedTensorVersioned *t = NULL;
+  tb_client *q, *watch;
+  tb_buffer *b1, *b2;
+  pthread_t th;
+  uint64_t v = 0;
+  int64_t shape[1] = {16};
+  DLTensor dt;
+
+  assert_tb_ok(tbt_connect(d, "consumer", &q));
+  assert_tb_ok(tbt_connect(d, "watch", &watch));
+  assert_tb_ok(connect_sleeper(d, "producer", &w.c));
+  assert_tb_ok(tb_buffer_create_host(w.c, 64, 0, &b1));
+  assert_tb_ok(tb_buffer_create_host(w.c, 64, 0, &b2));
+  memset(tb_buffer_data(b1), 4, 16);
+  tbt_u8_tensor(&dt, b1, shape, 16);
+  assert_tb_ok(tb_channel_publish(w.c, "frames", &dt, NULL, &v));
+  tb_acquire_options_init(&o);
+  o.timeout_ms = 0;
+  assert_tb_ok(tb_lease_acquire(q, "frames", &o, &t));
+  publish_bytes(w.c, b2, "frames", 5, 16); /* v leaves the history */
+
+  w.version = v;
+  start(watch, &w, &th);
+  publish_bytes(w.c, b2, "results", 6, 16);
+  publish_bytes(w.c, b2, "results", 7, 16);
+  assert_false(is_done(&w));
+  assert_tb_ok(tb_lease_release(t, NULL));
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_tb_ok(w.rc);
+
+  tb_buffer_destroy(b2);
+  tb_buffer_destroy(b1);
+  tb_client_disconnect(w.c);
+  tb_client_disconnect(watch);
+  tb_client_disconnect(q);
+}
+
+/* The reply to A's parked acquire is read by the main thread: the main
+ * thread publishes the version A waits for on the same client, and the
+ * daemon answers A before it answers the Publish, while the main thread
+ * holds the call lock and reads. The reply is kept for A, not taken as a
+ * stale one (which would end its lease). */
+static void test_parked_reply_read_by_another_call(void **state) {
+  struct tbt_daemon *d = *state;
+  struct waiter a = {.call = WAIT_ACQUIRE, .channel = "loop"};
+  DLManagedTensorVersioned *t = NULL;
+  struct tb_acquire_options o;
+  tb_client *watch;
+  tb_buffer *b;
+  pthread_t th;
+  uint64_t stashed = 0, woken = 0;
+
+  assert_tb_ok(tbt_connect(d, "watch", &watch));
+  assert_tb_ok(connect_sleeper(d, "loop", &a.c));
+  assert_tb_ok(tb_buffer_create_host(a.c, 64, 0, &b));
+
+  start(watch, &a, &th);
+  wait_asleep(&a);
+  assert_false(is_done(&a));
+  publish_bytes(a.c, b, "loop", 77, 24);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_tb_ok(a.rc);
+  assert_int_equal(a.first, 77);
+  assert_int_equal(a.len, 24);
+  tb__client_handoffs(a.c, &stashed, &woken);
+  assert_int_equal(stashed, 1);
+
+  /* the lease was A's to end (it did): the version is not held, and the
+   * client goes on */
+  tb_acquire_options_init(&o);
+  o.timeout_ms = 0;
+  assert_tb_ok(tb_lease_acquire(a.c, "loop", &o, &t));
+  assert_int_equal(*(uint8_t *)t->dl_tensor.data, 77);
+  assert_tb_ok(tb_lease_release(t, NULL));
+
+  tb_buffer_destroy(b);
+  tb_client_disconnect(a.c);
+  tb_client_disconnect(watch);
+}
+
+/* Thread N polls for a notice; the main thread's call on the same client
+ * reads it (a publish on a channel the client subscribes to: the daemon
+ * sends the NewVersion before the Publish's reply) and N returns it. */
+static void test_notice_read_by_another_call_wakes_the_poll(void **state) {
+  struct tbt_daemon *d = *state;
+  struct waiter np = {.call = WAIT_NOTICE};
+  tb_client *c;
+  tb_buffer *b;
+  pthread_t th;
+  uint64_t stashed = 0, woken = 0;
+
+  assert_tb_ok(connect_sleeper(d, "noticer", &c));
+  assert_tb_ok(tb_channel_subscribe(c, "news"));
+  assert_tb_ok(tb_buffer_create_host(c, 64, 0, &b));
+  np.c = c;
+
+  start(NULL, &np, &th);
+  wait_asleep(&np);
+  assert_false(is_done(&np));
+  publish_bytes(c, b, "news", 3, 8);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_tb_ok(np.rc);
+  assert_int_equal(np.notice.type, TB_NOTICE_NEW_VERSION);
+  assert_string_equal(np.notice.channel, "news");
+  assert_int_equal(np.notice.version, 1);
+  tb__client_handoffs(c, &stashed, &woken);
+  assert_int_equal(woken, 1);
+
+  tb_buffer_destroy(b);
+  tb_client_disconnect(c);
+}
+
+/* A second call that may park, on another thread of the same client,
+ * waits until the first has its answer (the daemon parks one request per
+ * session: sent meanwhile, it would be refused with TB_EBUSY), then parks
+ * in its turn and gets its own version. */
+static void test_second_waiter_waits_for_the_first(void **state) {
+  struct tbt_daemon *d = *state;
+  struct waiter a = {.call = WAIT_ACQUIRE, .channel = "first"};
+  struct waiter b2 = {.call = WAIT_ACQUIRE, .channel = "second"};
+  tb_client *p, *watch;
+  tb_buffer *pb;
+  pthread_t th_a, th_b;
+  uint64_t n = 0;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "watch", &watch));
+  assert_tb_ok(connect_sleeper(d, "consumer", &a.c));
+  b2.c = a.c;
+  assert_tb_ok(tb_buffer_create_host(p, 64, 0, &pb));
+
+  start(watch, &a, &th_a);
+  /* a call that does not wait goes by A; the second acquire is request
+   * number n + 1 */
+  assert_tb_ok(tbt_own_requests(a.c, &n));
+  assert_int_equal(pthread_create(&th_b, NULL, waiter_main, &b2), 0);
+  wait_asleep(&b2);
+  assert_false(is_done(&b2));
+  assert_false(is_done(&a));
+
+  publish_bytes(p, pb, "first", 1, 16);
+  assert_int_equal(pthread_join(th_a, NULL), 0);
+  assert_tb_ok(a.rc);
+  assert_int_equal(a.first, 1);
+  /* the second acquire reaches the daemon only now, and parks */
+  assert_tb_ok(tbt_wait_requests(watch, tb_client_session_id(a.c), n + 1));
+  assert_false(is_done(&b2));
+  publish_bytes(p, pb, "second", 2, 16);
+  assert_int_equal(pthread_join(th_b, NULL), 0);
+  assert_tb_ok(b2.rc);
+  assert_int_equal(b2.first, 2);
+
+  tb_buffer_destroy(pb);
+  tb_client_disconnect(a.c);
+  tb_client_disconnect(watch);
+  tb_client_disconnect(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_calls_go_on_while_an_acquire_waits,
+                                      tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_publish_while_a_wait_free_waits,
+                                      tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_parked_reply_read_by_another_call,
+                                      tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(
+          test_notice_read_by_another_call_wakes_the_poll, tbt_setup,
+          tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_second_waiter_waits_for_the_first,
+                                      tbt_setup, tbt_teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
