@@ -15,14 +15,17 @@
  *    timeout other than 0) does not hold up the other threads' calls on
  *    that client: one thread may wait for frames while another publishes
  *    results on the same client. Calls that may wait for the daemon in
- *    that way wait for one another: a second tb_lease_acquire or
- *    tb_channel_wait_free with a timeout waits until the first has its
- *    answer (the daemon holds one waiting request per session), and so
- *    does a second tb_notice_poll with a timeout; the other calls are
- *    serialised by a lock inside the client only while they exchange a
- *    request and its reply. tb_client_last_error() says what the client's
- *    last failed call said, whichever thread made it. Ending a lease
- *    (tb_lease_release, a DLPack deleter) never waits for that lock.
+ *    that way wait for one another: while one thread waits in
+ *    tb_lease_acquire or tb_channel_wait_free, another thread's
+ *    tb_lease_acquire with a timeout other than 0 (even for a version that
+ *    exists), or tb_channel_wait_free that must ask the daemon, waits until
+ *    the first has its answer (the daemon holds one waiting request per
+ *    session); a second tb_notice_poll with a timeout waits until the
+ *    first returns. Other calls are serialised by a lock inside the client
+ *    only while they exchange a request and its reply (and while a waiting
+ *    call busy-polls, spin_us). tb_client_last_error() says what the
+ *    client's last failed call said, whichever thread made it. Ending a
+ *    lease (tb_lease_release, a DLPack deleter) never waits for that lock.
  *  - The library never prints, never exits and never aborts on runtime
  *    errors.
  *  - A client belongs to the process that connected it. A child made by
