@@ -28,6 +28,8 @@ void tb__client_handoffs(const tb_client *c, uint64_t *stashed,
 
 enum waiter_call { WAIT_ACQUIRE, WAIT_FREE, WAIT_NOTICE };
 
+/* Each test's waiters are static: after a failed assertion their thread
+ * may still run, and must not write into a stack frame that is gone. */
 struct waiter {
   tb_client *c;
   enum waiter_call call;
@@ -150,7 +152,8 @@ static void publish_bytes(tb_client *p, tb_buffer *b, const char *channel,
  * and A then gets the version published for it. */
 static void test_calls_go_on_while_an_acquire_waits(void **state) {
   struct tbt_daemon *d = *state;
-  struct waiter a = {.call = WAIT_ACQUIRE, .channel = "in"};
+  static struct waiter a;
+  a = (struct waiter){.call = WAIT_ACQUIRE, .channel = "in"};
   struct tb_acquire_options o;
   struct tb_channel_info *chs = NULL;
   DLManagedTensorVersioned *t = NULL;
@@ -202,7 +205,8 @@ static void test_calls_go_on_while_an_acquire_waits(void **state) {
  * when the consumer lets go. */
 static void test_publish_while_a_wait_free_waits(void **state) {
   struct tbt_daemon *d = *state;
-  struct waiter w = {.call = WAIT_FREE, .channel = "frames"};
+  static struct waiter w;
+  w = (struct waiter){.call = WAIT_FREE, .channel = "frames"};
   struct tb_acquire_options o;
   DLManagedTensorVersioned *t = NULL;
   tb_client *q, *watch;
@@ -248,7 +252,8 @@ static void test_publish_while_a_wait_free_waits(void **state) {
  * stale one (which would end its lease). */
 static void test_parked_reply_read_by_another_call(void **state) {
   struct tbt_daemon *d = *state;
-  struct waiter a = {.call = WAIT_ACQUIRE, .channel = "loop"};
+  static struct waiter a;
+  a = (struct waiter){.call = WAIT_ACQUIRE, .channel = "loop"};
   DLManagedTensorVersioned *t = NULL;
   struct tb_acquire_options o;
   tb_client *watch;
@@ -289,7 +294,8 @@ static void test_parked_reply_read_by_another_call(void **state) {
  * sends the NewVersion before the Publish's reply) and N returns it. */
 static void test_notice_read_by_another_call_wakes_the_poll(void **state) {
   struct tbt_daemon *d = *state;
-  struct waiter np = {.call = WAIT_NOTICE};
+  static struct waiter np;
+  np = (struct waiter){.call = WAIT_NOTICE};
   tb_client *c;
   tb_buffer *b;
   pthread_t th;
@@ -322,8 +328,10 @@ static void test_notice_read_by_another_call_wakes_the_poll(void **state) {
  * in its turn and gets its own version. */
 static void test_second_waiter_waits_for_the_first(void **state) {
   struct tbt_daemon *d = *state;
-  struct waiter a = {.call = WAIT_ACQUIRE, .channel = "first"};
-  struct waiter b2 = {.call = WAIT_ACQUIRE, .channel = "second"};
+  static struct waiter a;
+  a = (struct waiter){.call = WAIT_ACQUIRE, .channel = "first"};
+  static struct waiter b2;
+  b2 = (struct waiter){.call = WAIT_ACQUIRE, .channel = "second"};
   tb_client *p, *watch;
   tb_buffer *pb;
   pthread_t th_a, th_b;
