@@ -649,6 +649,39 @@ def test_forked_workers_need_their_own_client():
         prod.wait_free("fk/frames", v1, timeout=5)
 
 
+def test_publish_from_one_thread_while_another_waits():
+    """A stage with an input thread that waits for frames and a main thread
+    that publishes results, on one Client: the results go out while the
+    input thread waits (the daemon still lists its wait), and the input
+    thread then gets its frame."""
+    import threading
+
+    def input_waits(watch):
+        return [w for w in watch.waits() if w["channel"] == "st/in"]
+
+    with daemon() as sock, tb.Client(socket=sock, name="stage") as stage, \
+            tb.Client(socket=sock) as upstream, tb.Client(socket=sock) as watch:
+        got = []
+        t = threading.Thread(target=lambda: got.append(
+            np.from_dlpack(stage.acquire("st/in", timeout=10)).tolist()))
+        t.start()
+        deadline = time.monotonic() + 10
+        while not input_waits(watch):          # the acquire is parked
+            assert time.monotonic() < deadline, "the input thread never waited"
+        for i in range(3):
+            out = stage.empty((4,), np.uint8)
+            out[:] = i
+            stage.publish("st/out", out)
+        assert t.is_alive() and input_waits(watch)
+        with watch.acquire("st/out", timeout=5) as lease:
+            assert np.from_dlpack(lease).tolist() == [2] * 4
+        a = upstream.empty((4,), np.uint8)
+        a[:] = 7
+        upstream.publish("st/in", a)
+        t.join(10)
+        assert got == [[7] * 4]
+
+
 def test_ctrl_c_stops_a_waiting_consumer():
     """A consumer waiting for a frame that does not come is stopped from
     the terminal with Ctrl-C (SIGINT: KeyboardInterrupt), in acquire() and
