@@ -11,7 +11,8 @@
 # records the absolute source and build paths in carry-libs/ORIGIN so that
 # run-on-gpu.sh can rewrite ctest's files when the tree lands elsewhere.
 # Deletes the object files and static libraries (but the client's objects)
-# so that the folder fits the run tool's 64 MiB; a build folder of its own.
+# and strips the debug sections of the test and benchmark programs, so that
+# the folder fits the run tool's 64 MiB; a build folder of its own.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
@@ -45,6 +46,13 @@ printf 'src=%s\nbuild=%s\n' "$src" "$build" >"$carry/ORIGIN"
 # docs_client_layers reads (nm); the next build here makes them again
 find "$build" \( -name '*.o' -o -name '*.a' \) \
   ! -path "$build/client/CMakeFiles/tensorbroker_static.dir/*" -delete
+# and the tests' and benchmarks' programs lose their debug sections (their
+# symbols stay, for backtraces): with the source tree they were over 64 MiB
+for dir in tests bench examples; do
+  [ -d "$build/$dir" ] || continue
+  find "$build/$dir" -type f -perm -u+x \
+    -exec sh -c 'head -c 4 "$1" | grep -q ELF && strip --strip-debug "$1"' _ {} \;
+done
 echo "prepare-carry: $(ls "$carry" | tr '\n' ' ')"
 echo "prepare-carry: build folder is $(du -sh "$build" | cut -f1); carry it" \
   "(e.g. run's carry: [\"$(basename "$build")\"]) and run" \
