@@ -374,6 +374,13 @@ void tb__client_set_features(struct tb_client *c, uint32_t features) {
 static int route_reply(struct tb_client *c, tb__server_message *m, int *fds,
                        int got);
 
+/* A reply's descriptor could not be received. */
+static int out_of_fds(struct tb_client *c) {
+  return tb__set_error(c, TB_ESYS, "a descriptor the daemon sent could not "
+                                   "be received: this process is out of "
+                                   "file descriptors (EMFILE)");
+}
+
 /* Decode and dispatch the datagram of n bytes (or recv's error) just read
  * into c->rbuf with got descriptors in fds: recv_one's return values. */
 static int handle_datagram(struct tb_client *c, long n, int got,
@@ -411,9 +418,7 @@ static int handle_datagram(struct tb_client *c, long n, int got,
       tb__wake(c->park_wake);
       return 2;
     }
-    return tb__set_error(c, TB_ESYS, "a descriptor the daemon sent could "
-                                     "not be received: this process is out "
-                                     "of file descriptors (EMFILE)");
+    return out_of_fds(c);
   }
   if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_NOTICE) {
     close_fds(fds, got); /* notices carry no descriptors */
@@ -563,14 +568,19 @@ static int reply_taken(struct tb_client *c, tb__server_message *m, int *fds,
   return 0;
 }
 
+/* When a reply is late: extra_ms (the wait the call asked for; <0
+ * forever) and the client's timeout from now. */
+static uint64_t reply_deadline(const struct tb_client *c, long extra_ms) {
+  return extra_ms < 0 ? UINT64_MAX
+                      : tb__now_ms() + (uint64_t)extra_ms +
+                            (uint64_t)c->timeout_ms;
+}
+
 int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
                     tb__server_message **out, int *fds, int *nfds) {
-  uint64_t deadline;
+  uint64_t deadline = reply_deadline(c, extra_ms);
   int rc;
 
-  deadline = extra_ms < 0 ? UINT64_MAX
-                          : tb__now_ms() + (uint64_t)extra_ms +
-                                (uint64_t)c->timeout_ms;
   for (;;) {
     tb__server_message *m = NULL;
     int got = 0;
@@ -750,9 +760,7 @@ static int await_unlocked(struct tb_client *c, uint64_t id, uint64_t deadline,
     }
     if (c->stash_err < 0) {
       c->stash_err = 0;
-      rc = tb__set_error(c, TB_ESYS, "a descriptor the daemon sent could "
-                                     "not be received: this process is out "
-                                     "of file descriptors (EMFILE)");
+      rc = out_of_fds(c);
       break;
     }
     rc = look ? recv_now(c, deadline, spin, intr, &m, fds, &got) : 0;
@@ -832,9 +840,7 @@ int tb__await_parked(struct tb_client *c, uint64_t id, long extra_ms,
                      tb__server_message **out, int *fds, int *nfds) {
   Tensorbroker__V1__Cancel cancel = TENSORBROKER__V1__CANCEL__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  tb__server_message *m = NULL;
-  int cfds[TB__MAX_FDS], ncfds = 0, rc, crc, intr;
-  uint64_t cid = 0, deadline;
+  int rc, crc, intr;
   char why[TB__LAST_ERROR_MAX];
 
   /* timeout 0 asks and does not wait: nothing to interrupt, and the
@@ -844,10 +850,8 @@ int tb__await_parked(struct tb_client *c, uint64_t id, long extra_ms,
   intr = c->interruptible &&
          (c->features & TENSORBROKER__V1__FEATURE__FEATURE_CANCEL);
   if (wake_fd(&c->park_wake) >= 0) {
-    deadline = extra_ms < 0 ? UINT64_MAX
-                            : tb__now_ms() + (uint64_t)extra_ms +
-                                  (uint64_t)c->timeout_ms;
-    rc = await_unlocked(c, id, deadline, intr, out, fds, nfds);
+    rc = await_unlocked(c, id, reply_deadline(c, extra_ms), intr, out, fds,
+                        nfds);
   } else {
     /* no eventfd (out of descriptors): wait with the lock held */
     c->intr_wait = intr;
@@ -864,13 +868,7 @@ int tb__await_parked(struct tb_client *c, uint64_t id, long extra_ms,
   cancel.request_id = id;
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_CANCEL;
   r.cancel = &cancel;
-  crc = tb__send_request(c, &r, NULL, 0, &cid);
-  if (crc == 0)
-    crc = tb__await_reply(c, cid, 0, &m, cfds, &ncfds);
-  if (crc == 0) {
-    close_fds(cfds, ncfds);
-    tb__msg_free(c, m);
-  }
+  crc = tb__call_simple(c, &r);
   if (crc < 0 && crc != TB_ETIMEDOUT)
     return crc; /* the connection died meanwhile: that is what to say */
   return tb__set_error(c, TB_EINTR, "%s", why);
