@@ -20,9 +20,10 @@
  *   5 fail the Nth allocation from now (daemon/alloc.h)
  * Checks: every message the daemon emits encodes within --max-message and
  * decodes (the client could read it), with valid descriptors, and never to
- * a muted session; after every session has closed no lease, subscription,
- * wait, event or session is left and no more buffers than versions kept; after the registry is freed, no descriptor is left
- * open. ASan and UBSan check the rest. */
+ * a muted session; no reply answers a request after its Cancel was
+ * answered; after every session has closed no lease, subscription, wait,
+ * event or session is left and no more buffers than versions kept; after
+ * the registry is freed, no descriptor is left open. ASan and UBSan check the rest. */
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -55,6 +56,10 @@ static struct {
   struct tbd_session *s[NSESS];
   bool muted[NSESS];
   bool doomed[NSESS];
+  /* request ids (one byte here) whose Cancel was answered: a reply to one
+   * of them would break protocol.md's promise; cleared when the id is
+   * used again */
+  bool cancelled[NSESS][256];
   uint64_t now;
   uint64_t ids[ID_KINDS][NIDS];
   unsigned nids[ID_KINDS];
@@ -142,6 +147,11 @@ static void emit(void *ud, struct tbd_session *s, const tb__server_message *m,
                 ? back->reply->message
                 : "");
   if (back->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY &&
+      back->reply->request_id < 256 &&
+      fz.cancelled[k][back->reply->request_id])
+    tbf_fail("session %d: a reply to request %llu after its Cancel was "
+             "answered", k, (unsigned long long)back->reply->request_id);
+  if (back->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY &&
       back->reply->status == 0) {
     const Tensorbroker__V1__Reply *rep = back->reply;
     switch (rep->body_case) {
@@ -177,6 +187,7 @@ static void reap(void) {
       tbd_session_close(fz.r, fz.s[k]);
       fz.s[k] = NULL;
       fz.doomed[k] = fz.muted[k] = false;
+      memset(fz.cancelled[k], 0, sizeof(fz.cancelled[k]));
     }
   }
 }
@@ -269,7 +280,13 @@ static void deliver(int k, const uint8_t *buf, size_t len, int *fds,
     doom(k);
     return;
   }
+  if (req->request_id < 256)
+    fz.cancelled[k][req->request_id] = false;
   rc = tbd_session_request(fz.r, fz.s[k], req, fds, nfds);
+  if (rc >= 0 && req->body_case == TENSORBROKER__V1__REQUEST__BODY_CANCEL &&
+      req->cancel->request_id < 256 &&
+      req->cancel->request_id != req->request_id)
+    fz.cancelled[k][req->cancel->request_id] = true;
   tb__arena_reset(&fz.arena);
   if (rc < 0)
     doom(k);
@@ -312,6 +329,7 @@ static void structured(int k, struct tbf_in *in) {
   Tensorbroker__V1__ListWaits lw = TENSORBROKER__V1__LIST_WAITS__INIT;
   Tensorbroker__V1__DropChannel dc = TENSORBROKER__V1__DROP_CHANNEL__INIT;
   Tensorbroker__V1__ListBuffers lb = TENSORBROKER__V1__LIST_BUFFERS__INIT;
+  Tensorbroker__V1__Cancel cn = TENSORBROKER__V1__CANCEL__INIT;
   static uint8_t handle[80], meta[128]; /* handles of 0..79 bytes */
   uint8_t uuid[UUID_CAP];
   char *chans[3];
@@ -321,7 +339,7 @@ static void structured(int k, struct tbf_in *in) {
   long n;
 
   q.request_id = tbf_u8(in);
-  switch (kind % 22) {
+  switch (kind % 23) {
   case 0:
     b = tbf_u8(in);
     q.body_case = TENSORBROKER__V1__REQUEST__BODY_HELLO;
@@ -512,6 +530,11 @@ static void structured(int k, struct tbf_in *in) {
     q.list_buffers = &lb;
     lb.after_buffer_id = tbf_u8(in) & 1 ? pick_id(in, ID_BUFFER) : 0;
     break;
+  case 21: /* request ids are one byte here: a parked one, or any */
+    q.body_case = TENSORBROKER__V1__REQUEST__BODY_CANCEL;
+    q.cancel = &cn;
+    cn.request_id = tbf_u8(in);
+    break;
   default: /* a body this daemon does not know: field 99 */
     q.body_case = 99;
     q.status = &st;
@@ -554,6 +577,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memset(fz.s, 0, sizeof(fz.s));
   memset(fz.muted, 0, sizeof(fz.muted));
   memset(fz.doomed, 0, sizeof(fz.doomed));
+  memset(fz.cancelled, 0, sizeof(fz.cancelled));
   memset(fz.nids, 0, sizeof(fz.nids));
   fz.now = 1000;
   /* small limits, so that every limit can be reached */

@@ -677,7 +677,8 @@ static void layouts(void) {
 enum {
   K_HELLO, K_BREG, K_BUNREG, K_EREG, K_EUNREG, K_PUBLISH, K_ACQUIRE,
   K_RELEASE, K_SUB, K_UNSUB, K_LCHAN, K_LSESS, K_STATUS, K_FORGET,
-  K_WAITFREE, K_GOODBYE, K_UNKNOWN
+  K_WAITFREE, K_GOODBYE, K_METRICS, K_LLEASES, K_LWAITS, K_DROP, K_LBUFS,
+  K_CANCEL, K_UNKNOWN /* fuzz_daemon.c's request kinds, in its order */
 };
 
 static uint8_t next_id = 1;
@@ -952,6 +953,31 @@ static void daemon_seeds(void) {
   u8(&o, 1);
   u8(&o, 0x03);
   SAVE("memfd_seals");
+
+  {
+    uint8_t parked;
+
+    START;
+    hello(&o, 0);
+    parked = next_id;
+    acquire(&o, 0, 1, 0, -1, -1); /* parks: nothing on channel b */
+    simple(&o, 0, K_CANCEL, parked); /* dropped, the Cancel answered */
+    simple(&o, 0, K_CANCEL, parked); /* answered already: nothing */
+    simple(&o, 0, K_CANCEL, 0xee);   /* never sent */
+    parked = next_id;
+    acquire(&o, 0, 1, 0, 300, -1); /* may park again */
+    hello(&o, 1);
+    host_buffer(&o, 1);
+    publish(&o, 1, 1, 0, 0); /* answers the second acquire only */
+    simple(&o, 0, K_CANCEL, parked); /* after its answer */
+    req(&o, 1, K_WAITFREE); /* parks: session 0 holds the version */
+    u8(&o, 0x01);           /* forever */
+    u8(&o, 1);
+    u8(&o, 0);
+    clock_ms(&o, 500);
+    close_session(&o, 1, 1); /* with its WaitFree parked */
+    SAVE("acquire_cancelled");
+  }
 }
 
 int main(int argc, char **argv) {
