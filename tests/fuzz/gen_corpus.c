@@ -104,6 +104,12 @@ static void requests(void) {
   Tensorbroker__V1__Forget fg = TENSORBROKER__V1__FORGET__INIT;
   Tensorbroker__V1__WaitFree wf = TENSORBROKER__V1__WAIT_FREE__INIT;
   Tensorbroker__V1__Goodbye gb = TENSORBROKER__V1__GOODBYE__INIT;
+  Tensorbroker__V1__Metrics mt = TENSORBROKER__V1__METRICS__INIT;
+  Tensorbroker__V1__ListLeases ll = TENSORBROKER__V1__LIST_LEASES__INIT;
+  Tensorbroker__V1__ListWaits lw = TENSORBROKER__V1__LIST_WAITS__INIT;
+  Tensorbroker__V1__DropChannel dc = TENSORBROKER__V1__DROP_CHANNEL__INIT;
+  Tensorbroker__V1__ListBuffers lb = TENSORBROKER__V1__LIST_BUFFERS__INIT;
+  Tensorbroker__V1__Cancel cn = TENSORBROKER__V1__CANCEL__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
   char *chans[2] = {"cam/0", "b"};
   uint8_t meta[6] = {0, 1, 2, 0xfe, 0xff, 7};
@@ -251,6 +257,30 @@ static void requests(void) {
   r.body_case = TENSORBROKER__V1__REQUEST__BODY_GOODBYE;
   r.goodbye = &gb;
   save_req("goodbye", &r);
+  mt.offset = 4096;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_METRICS;
+  r.metrics = &mt;
+  save_req("metrics_page", &r);
+  ll.after_lease_id = 3;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_LEASES;
+  r.list_leases = &ll;
+  save_req("list_leases", &r);
+  lw.after_session_id = 2;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_WAITS;
+  r.list_waits = &lw;
+  save_req("list_waits", &r);
+  dc.channel = "cam/0";
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_DROP_CHANNEL;
+  r.drop_channel = &dc;
+  save_req("drop_channel", &r);
+  lb.after_buffer_id = UINT64_MAX;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_BUFFERS;
+  r.list_buffers = &lb;
+  save_req("list_buffers", &r);
+  cn.request_id = 41;
+  r.body_case = TENSORBROKER__V1__REQUEST__BODY_CANCEL;
+  r.cancel = &cn;
+  save_req("cancel", &r);
 
   /* forms only protobuf-c takes, or nobody */
   {
