@@ -786,8 +786,8 @@ enum tb_wait_what {
  * any thread. */
 TB_EXPORT const char *tb_wait_what_name(int what);
 
-/* One parked request in the daemon (tb_wait_list); a session has at most
- * one. */
+/* One parked request in the daemon (tb_wait_list); a session may have
+ * several (up to the daemon's --max-waits). */
 struct tb_wait_entry {
   uint64_t session_id;
   uint32_t pid, uid;
