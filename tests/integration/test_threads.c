@@ -167,6 +167,38 @@ static void publish_bytes(tb_client *p, tb_buffer *b, const char *channel,
   assert_tb_ok(tb_channel_publish(p, channel, &t, NULL, NULL));
 }
 
+/* A producer, a client that watches the daemon, and a stage: a client
+ * that never busy-polls, whose threads wait. */
+struct stage {
+  tb_client *p, *watch, *c;
+  tb_buffer *pb; /* the producer's */
+};
+
+static void stage_open(const struct tbt_daemon *d, struct stage *s) {
+  assert_tb_ok(tbt_connect(d, "producer", &s->p));
+  assert_tb_ok(tbt_connect(d, "watch", &s->watch));
+  assert_tb_ok(connect_sleeper(d, "stage", &s->c));
+  assert_tb_ok(tb_buffer_create_host(s->p, 64, 0, &s->pb));
+}
+
+static void stage_close(struct stage *s) {
+  tb_buffer_destroy(s->pb);
+  tb_client_disconnect(s->c);
+  tb_client_disconnect(s->watch);
+  tb_client_disconnect(s->p);
+}
+
+/* The producer publishes len bytes of value on w's channel: w's acquire,
+ * on thread th, returns with them. */
+static void answer(struct stage *s, struct waiter *w, pthread_t th,
+                   uint8_t value, int64_t len) {
+  publish_bytes(s->p, s->pb, w->channel, value, len);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_tb_ok(w->rc);
+  assert_int_equal(w->first, value);
+  assert_int_equal(w->len, len);
+}
+
 /* Thread A waits in an acquire of the next version of "in"; meanwhile the
  * main thread, on the same client, publishes, lists channels and acquires
  * a version that exists with timeout 0: all return while A still waits,
@@ -404,42 +436,23 @@ static void test_second_waiter_waits_for_an_old_daemon(void **state) {
  * comes first: the second thread returns with it while the first still
  * waits, and the first then gets its own. */
 static void test_two_acquires_wait_at_once(void **state) {
-  struct tbt_daemon *d = *state;
   static struct waiter a, b;
   a = (struct waiter){.call = WAIT_ACQUIRE, .channel = "in/a"};
   b = (struct waiter){.call = WAIT_ACQUIRE, .channel = "in/b"};
-  tb_client *p, *watch, *c;
-  tb_buffer *pb;
+  struct stage s;
   pthread_t th_a, th_b;
 
-  assert_tb_ok(tbt_connect(d, "producer", &p));
-  assert_tb_ok(tbt_connect(d, "watch", &watch));
-  assert_tb_ok(connect_sleeper(d, "stage", &c));
-  a.c = b.c = c;
-  assert_tb_ok(tb_buffer_create_host(p, 64, 0, &pb));
+  stage_open(*state, &s);
+  a.c = b.c = s.c;
+  start(s.watch, &a, &th_a);
+  start(s.watch, &b, &th_b);
+  assert_int_equal(waits_of(s.watch, s.c), 2);
 
-  start(watch, &a, &th_a);
-  start(watch, &b, &th_b);
-  assert_int_equal(waits_of(watch, c), 2);
-
-  publish_bytes(p, pb, "in/b", 22, 20);
-  assert_int_equal(pthread_join(th_b, NULL), 0);
-  assert_tb_ok(b.rc);
-  assert_int_equal(b.first, 22);
-  assert_int_equal(b.len, 20);
+  answer(&s, &b, th_b, 22, 20);
   assert_false(is_done(&a));
-  assert_int_equal(waits_of(watch, c), 1);
-
-  publish_bytes(p, pb, "in/a", 11, 30);
-  assert_int_equal(pthread_join(th_a, NULL), 0);
-  assert_tb_ok(a.rc);
-  assert_int_equal(a.first, 11);
-  assert_int_equal(a.len, 30);
-
-  tb_buffer_destroy(pb);
-  tb_client_disconnect(c);
-  tb_client_disconnect(watch);
-  tb_client_disconnect(p);
+  assert_int_equal(waits_of(s.watch, s.c), 1);
+  answer(&s, &a, th_a, 11, 30);
+  stage_close(&s);
 }
 
 /* A producer's thread waits until a version it published is free while
@@ -447,92 +460,62 @@ static void test_two_acquires_wait_at_once(void **state) {
  * channel: both parked. The consumer lets the version go: the wait-free
  * returns while the acquire still waits, which then gets its frame. */
 static void test_wait_free_beside_an_acquire(void **state) {
-  struct tbt_daemon *d = *state;
   static struct waiter w, a;
-  w = (struct waiter){.call = WAIT_FREE, .channel = "frames"};
+  w = (struct waiter){.call = WAIT_FREE, .channel = "frames", .version = 1};
   a = (struct waiter){.call = WAIT_ACQUIRE, .channel = "ctl"};
   struct tb_acquire_options o;
   DLManagedTensorVersioned *t = NULL;
-  tb_client *q, *watch, *c;
-  tb_buffer *b1, *b2, *qb;
+  struct stage s;
+  tb_buffer *b1, *b2;
   pthread_t th_w, th_a;
-  uint64_t v = 0;
-  int64_t shape[1] = {16};
-  DLTensor dt;
 
-  assert_tb_ok(tbt_connect(d, "consumer", &q));
-  assert_tb_ok(tbt_connect(d, "watch", &watch));
-  assert_tb_ok(connect_sleeper(d, "producer", &c));
-  w.c = a.c = c;
-  assert_tb_ok(tb_buffer_create_host(c, 64, 0, &b1));
-  assert_tb_ok(tb_buffer_create_host(c, 64, 0, &b2));
-  assert_tb_ok(tb_buffer_create_host(q, 64, 0, &qb));
-  memset(tb_buffer_data(b1), 4, 16);
-  tbt_u8_tensor(&dt, b1, shape, 16);
-  assert_tb_ok(tb_channel_publish(c, "frames", &dt, NULL, &v));
+  /* the stage publishes the frames; the other client reads one */
+  stage_open(*state, &s);
+  w.c = a.c = s.c;
+  assert_tb_ok(tb_buffer_create_host(s.c, 64, 0, &b1));
+  assert_tb_ok(tb_buffer_create_host(s.c, 64, 0, &b2));
+  publish_bytes(s.c, b1, "frames", 4, 16);
   tb_acquire_options_init(&o);
   o.timeout_ms = 0;
-  assert_tb_ok(tb_lease_acquire(q, "frames", &o, &t));
-  publish_bytes(c, b2, "frames", 5, 16); /* v leaves the history */
+  assert_tb_ok(tb_lease_acquire(s.p, "frames", &o, &t));
+  publish_bytes(s.c, b2, "frames", 5, 16); /* 1 leaves the history */
 
-  w.version = v;
-  start(watch, &w, &th_w);
-  start(watch, &a, &th_a);
-  assert_int_equal(waits_of(watch, c), 2);
+  start(s.watch, &w, &th_w);
+  start(s.watch, &a, &th_a);
+  assert_int_equal(waits_of(s.watch, s.c), 2);
 
   assert_tb_ok(tb_lease_release(t, NULL));
   assert_int_equal(pthread_join(th_w, NULL), 0);
   assert_tb_ok(w.rc);
   assert_false(is_done(&a));
+  answer(&s, &a, th_a, 8, 12);
 
-  publish_bytes(q, qb, "ctl", 8, 12);
-  assert_int_equal(pthread_join(th_a, NULL), 0);
-  assert_tb_ok(a.rc);
-  assert_int_equal(a.first, 8);
-  assert_int_equal(a.len, 12);
-
-  tb_buffer_destroy(qb);
   tb_buffer_destroy(b2);
   tb_buffer_destroy(b1);
-  tb_client_disconnect(c);
-  tb_client_disconnect(watch);
-  tb_client_disconnect(q);
+  stage_close(&s);
 }
 
 /* Of two parked acquires of one client, the one with the short timeout
  * times out while the other stays parked, and is answered later. */
 static void test_one_of_two_times_out(void **state) {
-  struct tbt_daemon *d = *state;
   static struct waiter a, b;
   a = (struct waiter){.call = WAIT_ACQUIRE, .channel = "long"};
   b = (struct waiter){.call = WAIT_ACQUIRE, .channel = "short",
                       .timeout_ms = 200};
-  tb_client *p, *watch, *c;
-  tb_buffer *pb;
+  struct stage s;
   pthread_t th_a, th_b;
 
-  assert_tb_ok(tbt_connect(d, "producer", &p));
-  assert_tb_ok(tbt_connect(d, "watch", &watch));
-  assert_tb_ok(connect_sleeper(d, "stage", &c));
-  a.c = b.c = c;
-  assert_tb_ok(tb_buffer_create_host(p, 64, 0, &pb));
-
-  start(watch, &a, &th_a);
-  start(watch, &b, &th_b);
+  stage_open(*state, &s);
+  a.c = b.c = s.c;
+  start(s.watch, &a, &th_a);
+  start(s.watch, &b, &th_b);
   assert_int_equal(pthread_join(th_b, NULL), 0);
   assert_int_equal(b.rc, TB_ETIMEDOUT);
   assert_false(is_done(&a));
-  assert_int_equal(waits_of(watch, c), 1);
+  assert_int_equal(waits_of(s.watch, s.c), 1);
 
-  publish_bytes(p, pb, "long", 3, 8);
-  assert_int_equal(pthread_join(th_a, NULL), 0);
-  assert_tb_ok(a.rc);
-  assert_int_equal(a.first, 3);
-
-  tb_buffer_destroy(pb);
-  tb_client_disconnect(c);
-  tb_client_disconnect(watch);
-  tb_client_disconnect(p);
+  answer(&s, &a, th_a, 3, 8);
+  stage_close(&s);
 }
 
 /* The daemon started with --max-waits 2: with two acquires of a client
@@ -547,50 +530,36 @@ static void test_waits_limit(void **state) {
   const char *const extra[] = {"--max-waits", "2", NULL};
   struct tb_acquire_options o;
   DLManagedTensorVersioned *t = NULL;
-  tb_client *p, *watch, *c;
-  tb_buffer *pb;
+  struct stage s;
   pthread_t th_a, th_b;
   char why[256];
 
   (void)state;
   assert_int_equal(tbt_daemon_start(&d, extra), 0);
-  assert_tb_ok(tbt_connect(&d, "producer", &p));
-  assert_tb_ok(tbt_connect(&d, "watch", &watch));
-  assert_tb_ok(connect_sleeper(&d, "stage", &c));
-  a.c = b.c = c;
-  assert_tb_ok(tb_buffer_create_host(p, 64, 0, &pb));
-  publish_bytes(p, pb, "lim/c", 1, 8);
+  stage_open(&d, &s);
+  a.c = b.c = s.c;
+  publish_bytes(s.p, s.pb, "lim/c", 1, 8);
 
-  start(watch, &a, &th_a);
-  start(watch, &b, &th_b);
+  start(s.watch, &a, &th_a);
+  start(s.watch, &b, &th_b);
   tb_acquire_options_init(&o);
   o.mode = TB_ACQUIRE_NEXT;
   o.version = 1;
   o.timeout_ms = TBT_TIMEOUT_MS;
-  assert_tb_err(tb_lease_acquire(c, "lim/c", &o, &t), TB_ELIMIT);
-  tb_client_last_error(c, why, sizeof(why));
+  assert_tb_err(tb_lease_acquire(s.c, "lim/c", &o, &t), TB_ELIMIT);
+  tb_client_last_error(s.c, why, sizeof(why));
   assert_string_equal(why, "session has 2 parked requests (--max-waits)");
-  assert_tb_err(tb_channel_wait_free(c, "lim/c", 1, TBT_TIMEOUT_MS, NULL),
+  assert_tb_err(tb_channel_wait_free(s.c, "lim/c", 1, TBT_TIMEOUT_MS, NULL),
                 TB_ELIMIT);
   o.version = 0;
   o.timeout_ms = 0;
-  assert_tb_ok(tb_lease_acquire(c, "lim/c", &o, &t));
+  assert_tb_ok(tb_lease_acquire(s.c, "lim/c", &o, &t));
   assert_tb_ok(tb_lease_release(t, NULL));
 
   /* one buffer: each read before the next publish writes it */
-  publish_bytes(p, pb, "lim/a", 5, 8);
-  assert_int_equal(pthread_join(th_a, NULL), 0);
-  assert_tb_ok(a.rc);
-  assert_int_equal(a.first, 5);
-  publish_bytes(p, pb, "lim/b", 6, 8);
-  assert_int_equal(pthread_join(th_b, NULL), 0);
-  assert_tb_ok(b.rc);
-  assert_int_equal(b.first, 6);
-
-  tb_buffer_destroy(pb);
-  tb_client_disconnect(c);
-  tb_client_disconnect(watch);
-  tb_client_disconnect(p);
+  answer(&s, &a, th_a, 5, 8);
+  answer(&s, &b, th_b, 6, 8);
+  stage_close(&s);
   assert_int_equal(tbt_daemon_stop(&d), 0);
   tbt_daemon_cleanup(&d);
 }
