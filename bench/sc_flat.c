@@ -3,7 +3,7 @@
  * trip should not grow with what else the daemon holds:
  *
  * - parked acquires on other channels: 0, 100, 1,000 and 10,000 sessions
- *   each park one acquire (a session parks at most one request) on
+ *   each park one acquire (as daemons before FEATURE_MULTI_WAIT did) on
  *   channels that do not exist yet, with deadlines an hour away, spread
  *   over 64 names; the client times an unrelated acquire (LATEST of an
  *   existing channel, released untimed) and a publish on a third channel

@@ -16,13 +16,15 @@
  * A call holds call_lock while it sends, reads and works on a reply, never
  * while it sleeps for one the daemon may take long to send (rpc.c, "Waits
  * without the call lock"): a request the daemon may park (an Acquire or a
- * WaitFree with a timeout) is waited for in poll() on the socket and an
- * eventfd with call_lock let go, so the other threads' calls go on
- * meanwhile; whichever thread reads the parked request's reply keeps it
- * for its caller (c->stash) and wakes it. The daemon parks one request per
- * session, so the calls that may park take park_lock first and wait for
- * each other, as they waited for call_lock before; tb_client_poll_notice
- * waits in the same way behind notice_lock.
+ * WaitFree with a timeout) is waited for in poll() on the socket and the
+ * waiter's own eventfd with call_lock let go, so the other threads' calls
+ * go on meanwhile; whichever thread reads a parked request's reply keeps
+ * it for its waiter (c->waiters, by request id) and wakes that one. Several
+ * threads may wait so at once, each for its own request, where the daemon
+ * parks several per session (FEATURE_MULTI_WAIT); with an older daemon,
+ * which parks one, the calls that may park take park_lock first and wait
+ * for each other (tb__park_serial). tb_client_poll_notice waits in the
+ * same way behind notice_lock.
  * Lock order: park_lock or notice_lock (never both), then call_lock, then
  * conn->lock; nothing blocks on the daemon while holding conn->lock except
  * a one-way sendmsg. */
@@ -70,6 +72,9 @@ extern _Thread_local int tb__hash_oom;
 struct tb__map;
 struct tb__lease;
 struct tb__kind_ops;
+struct tb__waiter;
+
+#define TB__WAKE_SPARE 8 /* eventfds kept for the next waiters (rpc.c) */
 
 /* ---- the refcounted connection (conn.c; its socket: rpc.c) ---- */
 struct tb__conn {
@@ -80,11 +85,11 @@ struct tb__conn {
   int dead;   /* the daemon went away: calls fail with TB_EDISCONNECTED;
                * read and written with __atomic (a deleter may set it) */
   int contract;
-  /* Set (under the client's call_lock) while a parked request is waited
-   * for without it: the mapping cache evicts nothing then (mapcache.c),
-   * as the reply may name a buffer the daemon takes for mapped here, and
-   * another thread's Forget would leave the acquire without it. Read by
-   * tb__map_insert, whose callers hold call_lock. */
+  /* The parked requests waited for without the client's call_lock (under
+   * it): the mapping cache evicts nothing while there are any
+   * (mapcache.c), as a reply may name a buffer the daemon takes for mapped
+   * here, and another thread's Forget would leave the acquire without it.
+   * Read by tb__map_insert, whose callers hold call_lock. */
   int parked;
   struct tb__map *maps; /* mapcache.c, uthash by buffer id */
   size_t nmaps;
@@ -180,18 +185,18 @@ struct tb_buffer {
 
 struct tb_client {
   pthread_mutex_t call_lock; /* serialises request/reply and socket reads */
-  pthread_mutex_t park_lock; /* a call that may park (the top comment) */
+  pthread_mutex_t park_lock; /* a call that may park, where the daemon
+                              * parks one per session (tb__park_serial) */
   pthread_mutex_t notice_lock; /* a tb_client_poll_notice that waits */
-  /* rpc.c, "Waits without the call lock": eventfds (-1 until a wait first
-   * needs one) that wake the thread waiting for a parked reply and the one
-   * waiting for a notice; the rest under call_lock. */
-  int park_wake, notice_wake;
-  uint64_t parked_id; /* the parked request waited for unlocked; 0: none */
+  /* rpc.c, "Waits without the call lock", all under call_lock: the calls
+   * waiting unlocked for their parked request's reply (each with its
+   * eventfd), eventfds kept for the next ones, and the eventfd (-1 until a
+   * wait first needs one) of the thread waiting for a notice. */
+  struct tb__waiter *waiters;
+  int wake_spare[TB__WAKE_SPARE];
+  int nwake_spare;
+  int notice_wake;
   int notice_waiting; /* a notice poll waits unlocked: wake it */
-  tb__server_message *stash; /* parked_id's reply read by another thread */
-  int stash_fds[TB__MAX_FDS];
-  int stash_nfds;
-  int stash_err; /* or why that reply could not be taken (< 0) */
   uint64_t stashed, notice_wakes; /* hand-overs so far (tests read them) */
   const struct tb__rpc_hooks *hooks; /* client.c's, set at connect */
   struct tb__conn *conn;
@@ -306,9 +311,17 @@ int tb__send_request(struct tb_client *c, tb__request *r, const int *send_fds,
                      int n_send_fds, uint64_t *id);
 int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
                     tb__server_message **out, int *fds, int *nfds);
+/* Whether the daemon parks one request per session (it lacks
+ * FEATURE_MULTI_WAIT): a call that may park then takes park_lock before
+ * call_lock, and so waits for the one parked now. */
+static inline int tb__park_serial(const struct tb_client *c) {
+  return !(c->features & TENSORBROKER__V1__FEATURE__FEATURE_MULTI_WAIT);
+}
+
 /* tb__await_reply for a request the daemon may park (Acquire, WaitFree;
- * caller holds park_lock when extra_ms != 0): call_lock is let go while it
- * sleeps (the top comment), and held again when it returns. On an
+ * caller holds park_lock when extra_ms != 0 and tb__park_serial): call_lock
+ * is let go while it sleeps (the top comment), and held again when it
+ * returns; other threads may wait so at once for their own. On an
  * interruptible client whose daemon takes Cancel, a signal handler
  * interrupting the wait ends it with TB_EINTR, and the request is
  * cancelled (a reply already on its way is handled as a late one). */
@@ -375,7 +388,7 @@ void tb__notice_push(struct tb_client *c, const struct tb_notice *n);
  * notice_lock and call_lock. Returns 1 (one is queued), 0 (timeout),
  * TB_EINTR (intr: a signal handler interrupted it) or an error.
  * tb__wake: write eventfd fd (< 0: nothing). tb__client_wake_free: close
- * the eventfds and free a kept reply (disconnect). */
+ * the eventfds (disconnect, when no call waits). */
 int tb__wait_notice(struct tb_client *c, uint64_t deadline, int intr);
 void tb__wake(int fd);
 void tb__client_wake_free(struct tb_client *c);

@@ -423,7 +423,7 @@ int tb_acquire(tb_client *c, const char *channel,
   const struct tb__kind_ops *ops;
   struct tb__kind_acq ka;
   _Alignas(max_align_t) unsigned char state[TB__KIND_LEASE_STATE];
-  int fds[TB__MAX_FDS], nfds = 0, rc;
+  int fds[TB__MAX_FDS], nfds = 0, rc, serial;
   uint64_t id = 0, t0, t1, t2, t3;
   char why[160];
 
@@ -449,10 +449,11 @@ int tb_acquire(tb_client *c, const char *channel,
   memset(&ka, 0, sizeof(ka));
   if (tb__conn_forked(c->conn))
     return TB_EFORKED;
-  /* an acquire that may park waits for the one parked now, if any (the
-   * daemon parks one per session); it lets call_lock go while it waits
-   * (rpc.c, "Waits without the call lock") */
-  if (o.timeout_ms != 0)
+  /* an acquire that may park lets call_lock go while it waits (rpc.c,
+   * "Waits without the call lock"); where the daemon parks one request per
+   * session, it first waits for the one parked now, if any */
+  serial = o.timeout_ms != 0 && tb__park_serial(c);
+  if (serial)
     pthread_mutex_lock(&c->park_lock);
   pthread_mutex_lock(&c->call_lock);
   tb__clear_error(c);
@@ -635,7 +636,7 @@ out_free_reply:
   tb__msg_free(c, m);
 out_unlock:
   pthread_mutex_unlock(&c->call_lock);
-  if (o.timeout_ms != 0)
+  if (serial)
     pthread_mutex_unlock(&c->park_lock);
   return rc;
 }

@@ -102,6 +102,10 @@ struct id_pages {
    * set); returns its id, the next cursor */
   uint64_t (*entry)(const Tensorbroker__V1__Reply *rep, size_t i, void *x);
   size_t entry_size;
+  /* a list paged by two ids (waits: session, then request), or NULL: the
+   * request's second cursor, and entry i's second id */
+  uint64_t *after_sub;
+  uint64_t (*sub)(const Tensorbroker__V1__Reply *rep, size_t i);
 };
 
 /* Ask for r's pages until the daemon says there is no more; the entries go
@@ -122,7 +126,7 @@ static int id_pages_get(struct tb_client *c, tb__request *r,
 
   while (rc == 0 && more) {
     tb__server_message *m = NULL;
-    uint64_t last = 0;
+    uint64_t last = 0, last_sub = 0;
     size_t got;
 
     rc = ask(c, r, p->reply_case, &m);
@@ -135,9 +139,15 @@ static int id_pages_get(struct tb_client *c, tb__request *r,
       entry_put(a, stride, n++, &x, p->entry_size);
     }
     if (rc == 0 && got > 0) {
-      if (last <= *p->after)
+      if (p->sub != NULL)
+        last_sub = p->sub(m->reply, got - 1);
+      if (last < *p->after ||
+          (last == *p->after &&
+           (p->sub == NULL || last_sub <= *p->after_sub)))
         rc = tb__set_error(c, TB_EPROTO, "list page out of order");
       *p->after = last;
+      if (p->sub != NULL)
+        *p->after_sub = last_sub;
     }
     tb__msg_free(c, m);
   }
@@ -274,7 +284,8 @@ int tb_list_sessions(tb_client *c, struct tb_session_info **out,
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
   const struct id_pages p = {TENSORBROKER__V1__REPLY__BODY_LIST_SESSIONS,
                              &ls.after_session_id, sessions_page,
-                             session_entry, sizeof(struct tb_session_info)};
+                             session_entry, sizeof(struct tb_session_info),
+                             NULL, NULL};
   int rc;
 
   if (c == NULL || out == NULL || count == NULL)
@@ -382,7 +393,7 @@ int tb_list_leases(tb_client *c, size_t struct_size,
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
   const struct id_pages p = {TENSORBROKER__V1__REPLY__BODY_LIST_LEASES,
                              &ll.after_lease_id, leases_page, lease_entry,
-                             sizeof(struct tb_lease_entry)};
+                             sizeof(struct tb_lease_entry), NULL, NULL};
   int rc;
 
   if (c == NULL || out == NULL || count == NULL ||
@@ -428,13 +439,18 @@ static uint64_t wait_entry(const Tensorbroker__V1__Reply *rep, size_t i,
   return wi->session_id;
 }
 
+static uint64_t wait_request(const Tensorbroker__V1__Reply *rep, size_t i) {
+  return rep->list_waits->waits[i]->request_id;
+}
+
 int tb_list_waits(tb_client *c, size_t struct_size,
                   struct tb_wait_entry **out, size_t *count) {
   Tensorbroker__V1__ListWaits lw = TENSORBROKER__V1__LIST_WAITS__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
   const struct id_pages p = {TENSORBROKER__V1__REPLY__BODY_LIST_WAITS,
                              &lw.after_session_id, waits_page, wait_entry,
-                             sizeof(struct tb_wait_entry)};
+                             sizeof(struct tb_wait_entry),
+                             &lw.after_request_id, wait_request};
   int rc;
 
   if (c == NULL || out == NULL || count == NULL ||
@@ -496,7 +512,7 @@ int tb_buffer_list(tb_client *c, size_t struct_size,
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
   const struct id_pages p = {TENSORBROKER__V1__REPLY__BODY_LIST_BUFFERS,
                              &lb.after_buffer_id, buffers_page, buffer_entry,
-                             sizeof(struct tb_buffer_entry)};
+                             sizeof(struct tb_buffer_entry), NULL, NULL};
   int rc = 0;
 
   if (c == NULL || out == NULL || count == NULL ||

@@ -436,12 +436,13 @@ again:
                        TB__FREED_TABLE_MAX);
     goto out_unlock;
   }
-  if (f == NULL && timeout_ms != 0 && !parking) {
-    /* The WaitFree may park: after the parked request of another thread,
-     * if any (rpc.c, "Waits without the call lock"). Only now, so that a
-     * wait for a version known free never waits for another thread's
-     * acquire. park_lock comes before call_lock: let go, take both, and
-     * look again. */
+  if (f == NULL && timeout_ms != 0 && !parking && tb__park_serial(c)) {
+    /* The WaitFree may park: where the daemon parks one request per
+     * session, after the parked request of another thread, if any (rpc.c,
+     * "Waits without the call lock"). Only now, so that a wait for a
+     * version known free never waits for another thread's acquire.
+     * park_lock comes before call_lock: let go, take both, and look
+     * again. */
     parking = 1;
     if (pthread_mutex_trylock(&c->park_lock) != 0) {
       pthread_mutex_unlock(&c->call_lock);

@@ -371,6 +371,21 @@ void tb__client_set_features(struct tb_client *c, uint32_t features) {
   c->features = features;
 }
 
+/* A call waiting without call_lock for its parked request's reply ("waits
+ * without the call lock", below): on c->waiters while it waits, under
+ * call_lock. */
+struct tb__waiter {
+  uint64_t id;               /* the request */
+  int wake;                  /* its eventfd, written to wake it */
+  int written;               /* wake was written: read it empty at the end */
+  tb__server_message *reply; /* its reply, read and kept by another thread */
+  int fds[TB__MAX_FDS];      /* with its descriptors */
+  int nfds;
+  int err;                   /* or why that reply could not be taken (< 0) */
+  struct tb__waiter *prev, *next;
+};
+
+static struct tb__waiter *waiter_find(struct tb_client *c, uint64_t id);
 static int route_reply(struct tb_client *c, tb__server_message *m, int *fds,
                        int got);
 
@@ -405,17 +420,19 @@ static int handle_datagram(struct tb_client *c, long n, int got,
     /* the daemon attached a descriptor (a buffer's memfd) this process
      * could not take: it is out of descriptors. An acquire's lease is
      * ended and the buffer forgotten (as for a late reply), so that the
-     * daemon attaches it again next time. The parked request's caller is
+     * daemon attaches it again next time. A parked request's waiter is
      * told, not this one. */
-    int parked = m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY &&
-                 c->parked_id != 0 && m->reply->request_id == c->parked_id &&
-                 c->stash == NULL;
+    struct tb__waiter *w =
+        m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY
+            ? waiter_find(c, m->reply->request_id)
+            : NULL;
     if (m->body_case == TENSORBROKER__V1__SERVER_MESSAGE__BODY_REPLY)
       c->hooks->stale_reply(c, m->reply);
     tb__msg_free(c, m);
-    if (parked) {
-      c->stash_err = TB_ESYS;
-      tb__wake(c->park_wake);
+    if (w != NULL) {
+      w->err = TB_ESYS;
+      w->written = 1;
+      tb__wake(w->wake);
       return 2;
     }
     return out_of_fds(c);
@@ -607,24 +624,31 @@ int tb__await_reply(struct tb_client *c, uint64_t id, long extra_ms,
  * A parked request (an Acquire waiting for a version, a WaitFree for the
  * readers) may wait for seconds. Its thread lets call_lock go while it
  * sleeps, so that the other threads' calls on the client go on:
- *  - it sets c->parked_id, then polls the socket and its eventfd
- *    (park_wake) without the lock; woken, it takes the lock again and reads
- *    what is there without blocking;
- *  - a thread that reads the parked request's reply meanwhile (in its own
- *    call, a notice poll or a wait_free's pump) keeps it in c->stash with
- *    its descriptors and writes park_wake: it is neither taken for its own
- *    reply nor released as a stale one;
+ *  - it puts a waiter on c->waiters (its request id, room for its reply,
+ *    an eventfd of its own), then polls the socket and that eventfd
+ *    without the lock; woken, it takes the lock again and reads what is
+ *    there without blocking;
+ *  - a thread that reads a reply not its own (in its own call, a notice
+ *    poll, a wait_free's pump, another waiter's look) keeps it, with its
+ *    descriptors, in the waiter of that request id and writes that
+ *    waiter's eventfd: it is neither taken for the reader's reply nor
+ *    released as a stale one. A reply no call waits for is stale;
  *  - notices are queued by whoever reads them, and a thread that waits in
  *    tb_client_poll_notice sleeps the same way on notice_wake, which
  *    tb__notice_push writes.
- * Only one request of a session parks at a time (the daemon refuses a
- * second with TB_EBUSY), and only one thread waits for notices (their
- * locks), so each eventfd has one sleeper, which alone reads it. Both
- * sleepers poll the socket too: a datagram wakes both, one reads it, the
- * other finds nothing and sleeps again.
- * A short busy-polling window (spin_us) is still spent with the lock held,
- * before the first sleep: the hot path (the version comes within it) pays
- * no lock hand-over. */
+ * Each eventfd has one sleeper, which alone reads it, so no wake-up is
+ * lost: it is written under call_lock, after its sleeper let the lock go
+ * or before it looks again, and its count stays until read. All sleepers
+ * poll the socket too: a datagram wakes them all, one reads it, the others
+ * find nothing (or their reply kept) and sleep again.
+ * Where the daemon parks several requests per session (FEATURE_MULTI_WAIT)
+ * several threads wait so at once, each for its own; an older daemon
+ * parks one, and the calls that may park then take park_lock first
+ * (tb__park_serial), as they did before: one waiter at most.
+ * The eventfds are kept for the next waiters (c->wake_spare), so a wait
+ * makes none. A short busy-polling window (spin_us) is still spent with
+ * the lock held, before the first sleep: the hot path (the version comes
+ * within it) pays no lock hand-over. */
 
 void tb__wake(int fd) {
   uint64_t one = 1;
@@ -641,30 +665,53 @@ static int wake_fd(int *fd) {
   return *fd;
 }
 
-void tb__client_wake_free(struct tb_client *c) {
-  if (c->park_wake >= 0)
-    close(c->park_wake);
-  if (c->notice_wake >= 0)
-    close(c->notice_wake);
-  c->park_wake = c->notice_wake = -1;
-  if (c->stash != NULL) {
-    close_fds(c->stash_fds, c->stash_nfds);
-    tb__msg_free(c, c->stash);
-    c->stash = NULL;
-  }
+/* An eventfd for a waiter, kept or new; -1 when none can be made. Back
+ * with wake_put, read empty. */
+static int wake_take(struct tb_client *c) {
+  if (c->nwake_spare > 0)
+    return c->wake_spare[--c->nwake_spare];
+  return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 }
 
-/* A reply that is not the reader's own: the parked request's is kept for
+static void wake_put(struct tb_client *c, int fd) {
+  if (c->nwake_spare < TB__WAKE_SPARE)
+    c->wake_spare[c->nwake_spare++] = fd;
+  else
+    close(fd);
+}
+
+void tb__client_wake_free(struct tb_client *c) {
+  while (c->nwake_spare > 0)
+    close(c->wake_spare[--c->nwake_spare]);
+  if (c->notice_wake >= 0)
+    close(c->notice_wake);
+  c->notice_wake = -1;
+}
+
+/* The waiter of request id that has nothing kept yet, or NULL. */
+static struct tb__waiter *waiter_find(struct tb_client *c, uint64_t id) {
+  struct tb__waiter *w;
+
+  DL_FOREACH(c->waiters, w) {
+    if (w->id == id)
+      return w->reply == NULL && w->err == 0 ? w : NULL;
+  }
+  return NULL;
+}
+
+/* A reply that is not the reader's own: a parked request's is kept for
  * the thread that waits for it, which is woken; any other is stale. */
 static int route_reply(struct tb_client *c, tb__server_message *m, int *fds,
                        int got) {
-  if (c->parked_id != 0 && m->reply->request_id == c->parked_id &&
-      c->stash == NULL && c->stash_err == 0) {
-    c->stash = m;
-    memcpy(c->stash_fds, fds, (size_t)got * sizeof(int));
-    c->stash_nfds = got;
+  struct tb__waiter *w = waiter_find(c, m->reply->request_id);
+
+  if (w != NULL) {
+    w->reply = m;
+    memcpy(w->fds, fds, (size_t)got * sizeof(int));
+    w->nfds = got;
+    w->written = 1;
     c->stashed++;
-    tb__wake(c->park_wake);
+    tb__wake(w->wake);
     return 0;
   }
   c->hooks->stale_reply(c, m->reply);
@@ -735,31 +782,32 @@ static int recv_now(struct tb_client *c, uint64_t deadline, int spin, int intr,
   return handle_datagram(c, n, got, out, fds, nfds);
 }
 
-/* tb__await_reply for parked request id, sleeping without call_lock. */
+/* tb__await_reply for parked request id, sleeping without call_lock on
+ * eventfd wake. */
 static int await_unlocked(struct tb_client *c, uint64_t id, uint64_t deadline,
-                          int intr, tb__server_message **out, int *fds,
-                          int *nfds) {
+                          int intr, int wake, tb__server_message **out,
+                          int *fds, int *nfds) {
+  struct tb__waiter w = {.id = id, .wake = wake};
   tb__server_message *m;
   int rc, spin = 1, look;
 
   /* without busy polling the first look is poll()'s: a reply is seldom
    * here the moment the request has gone */
   look = spin_on(c);
-  c->parked_id = id;
-  c->conn->parked = 1;
+  DL_APPEND(c->waiters, &w);
+  c->conn->parked++;
   for (;;) {
     int got = 0;
     m = NULL;
-    if (c->stash != NULL) {
-      m = c->stash;
-      got = c->stash_nfds;
-      memcpy(fds, c->stash_fds, (size_t)got * sizeof(int));
-      c->stash = NULL;
+    if (w.reply != NULL) {
+      m = w.reply;
+      got = w.nfds;
+      memcpy(fds, w.fds, (size_t)got * sizeof(int));
+      w.reply = NULL;
       rc = reply_taken(c, m, fds, got, out, nfds);
       break;
     }
-    if (c->stash_err < 0) {
-      c->stash_err = 0;
+    if (w.err < 0) {
       rc = out_of_fds(c);
       break;
     }
@@ -772,7 +820,7 @@ static int await_unlocked(struct tb_client *c, uint64_t id, uint64_t deadline,
         rc = reply_taken(c, m, fds, got, out, nfds);
         break;
       }
-      route_reply(c, m, fds, got); /* stale: no other call waits now */
+      route_reply(c, m, fds, got); /* another waiter's, or stale */
     }
     if (rc > 0) {
       spin = 1; /* as recv_one does after each datagram */
@@ -782,20 +830,22 @@ static int await_unlocked(struct tb_client *c, uint64_t id, uint64_t deadline,
       rc = tb__set_error(c, TB_ETIMEDOUT, "no reply from the daemon in time");
       break;
     }
-    rc = sleep_unlocked(c, c->park_wake, deadline, intr);
+    rc = sleep_unlocked(c, wake, deadline, intr);
     if (rc < 0)
       break;
     spin = 0; /* woken: whatever came is read at once */
   }
-  c->parked_id = 0;
-  c->conn->parked = 0;
-  if (c->stash != NULL) {
+  DL_DELETE(c->waiters, &w);
+  c->conn->parked--;
+  if (w.reply != NULL) {
     /* kept by another thread while this one was interrupted: late now */
-    m = c->stash;
-    c->stash = NULL;
-    route_reply(c, m, c->stash_fds, c->stash_nfds);
+    route_reply(c, w.reply, w.fds, w.nfds);
   }
-  c->stash_err = 0;
+  if (w.written) {
+    /* a wake it did not sleep for: not for the eventfd's next waiter */
+    uint64_t v;
+    (void)!read(wake, &v, sizeof(v));
+  }
   return rc;
 }
 
@@ -840,7 +890,7 @@ int tb__await_parked(struct tb_client *c, uint64_t id, long extra_ms,
                      tb__server_message **out, int *fds, int *nfds) {
   Tensorbroker__V1__Cancel cancel = TENSORBROKER__V1__CANCEL__INIT;
   tb__request r = TENSORBROKER__V1__REQUEST__INIT;
-  int rc, crc, intr;
+  int rc, crc, intr, wake;
   char why[TB__LAST_ERROR_MAX];
 
   /* timeout 0 asks and does not wait: nothing to interrupt, and the
@@ -849,9 +899,11 @@ int tb__await_parked(struct tb_client *c, uint64_t id, long extra_ms,
     return tb__await_reply(c, id, extra_ms, out, fds, nfds);
   intr = c->interruptible &&
          (c->features & TENSORBROKER__V1__FEATURE__FEATURE_CANCEL);
-  if (wake_fd(&c->park_wake) >= 0) {
-    rc = await_unlocked(c, id, reply_deadline(c, extra_ms), intr, out, fds,
-                        nfds);
+  wake = wake_take(c);
+  if (wake >= 0) {
+    rc = await_unlocked(c, id, reply_deadline(c, extra_ms), intr, wake, out,
+                        fds, nfds);
+    wake_put(c, wake);
   } else {
     /* no eventfd (out of descriptors): wait with the lock held */
     c->intr_wait = intr;

@@ -28,6 +28,9 @@ const struct tbd_limit_desc tbd_limit_table[] = {
     LIMIT(events, 1024, 1, 1u << 20, "events per session"),
     LIMIT(leases, 4096, 1, 1u << 20, "leases per session"),
     LIMIT(subscriptions, 1024, 1, 1u << 20, "subscriptions per session"),
+    LIMIT(waits, 64, 1, 1u << 16,
+          "parked requests per session (acquires waiting for a version, "
+          "WaitFree)"),
     LIMIT(history, 64, 1, 1u << 16, "history depth of a channel"),
     LIMIT(outq, 1u << 20, 4096, 1u << 30,
           "bytes queued for a slow session before it is dropped"),

@@ -18,6 +18,7 @@ struct tbd_limits {
   uint32_t max_events;        /* per session */
   uint32_t max_leases;        /* per session */
   uint32_t max_subscriptions; /* per session */
+  uint32_t max_waits;         /* parked requests per session */
   uint32_t max_history;
   uint32_t max_outq;          /* bytes queued per session */
   uint32_t hello_timeout_ms;  /* a new connection's time to say Hello; 0: none */

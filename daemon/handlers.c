@@ -165,7 +165,8 @@ static int on_hello(struct tbd_registry *r, struct tbd_session *s,
                 TENSORBROKER__V1__FEATURE__FEATURE_CUDA_VMM |
                 TENSORBROKER__V1__FEATURE__FEATURE_CUDA_HOST |
                 TENSORBROKER__V1__FEATURE__FEATURE_BUFFER_LIST |
-                TENSORBROKER__V1__FEATURE__FEATURE_CANCEL;
+                TENSORBROKER__V1__FEATURE__FEATURE_CANCEL |
+                TENSORBROKER__V1__FEATURE__FEATURE_MULTI_WAIT;
   hr.max_name = r->lim.max_name;
   hello_latest(r, s, h, &hr, latest, ptrs);
   tbd__send_reply(r, s, &rep, NULL, 0);
@@ -675,6 +676,13 @@ static int on_list_channels(struct tbd_registry *r, struct tbd_session *s,
   return 0;
 }
 
+/* qsort order of an array of sessions by id. */
+static int session_ptr_cmp(const void *a, const void *b) {
+  const struct tbd_session *x = *(const struct tbd_session *const *)a;
+  const struct tbd_session *y = *(const struct tbd_session *const *)b;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
 /* tbd__list_page's fill: row is a struct tbd_session *. */
 static void session_info_fill(struct tbd_registry *r, const void *row,
                               void *info) {
@@ -716,7 +724,7 @@ static int on_list_sessions(struct tbd_registry *r, struct tbd_session *s,
   for (t = r->sessions; t != NULL && nall < r->nsessions; t = t->hh.next)
     if (t->hello && t->id > after && (everyone || t->uid == s->uid))
       all[nall++] = t;
-  qsort(all, nall, sizeof(*all), tbd__session_ptr_cmp);
+  qsort(all, nall, sizeof(*all), session_ptr_cmp);
   if (tbd__list_page(r, all, nall, sizeof(*all),
                      sizeof(Tensorbroker__V1__SessionInfo), session_info_fill,
                      &page) < 0) {
@@ -824,8 +832,7 @@ static int dispatch(struct tbd_registry *r, struct tbd_session *s,
   case BODY(CANCEL):
     /* a wait already answered (or never parked) is left alone; the reply
      * comes after that answer, which the client then takes as late */
-    if (s->wait != NULL && s->wait->request_id == q->cancel->request_id)
-      tbd__wait_remove(r, s->wait);
+    tbd__wait_cancel(r, s, q->cancel->request_id);
     return tbd__reply_status(r, s, id, 0, NULL);
   case BODY(METRICS):
     return tbd_metrics_request(r, s, id, q->metrics->offset);

@@ -314,14 +314,8 @@ int tbd__acquire(struct tbd_registry *r, struct tbd_session *s,
   }
   /* Also on a channel whose producer is gone: a new one may take it over
    * within the timeout, and its versions carry on the numbering. */
-  rc = tbd__acquire_park(r, s, request_id, channel, ch, mode, version,
-                         timeout_ms);
-  if (rc == TB_EBUSY)
-    return tbd__reply_status(r, s, request_id, rc,
-                             "another request of this session is waiting");
-  if (rc < 0)
-    return tbd__reply_status(r, s, request_id, rc, "out of memory");
-  return 0;
+  return tbd__acquire_park(r, s, request_id, channel, ch, mode, version,
+                           timeout_ms);
 }
 
 int tbd__lease_release(struct tbd_registry *r, struct tbd_lease *l,

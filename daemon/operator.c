@@ -130,21 +130,26 @@ int tbd__list_leases(struct tbd_registry *r, struct tbd_session *s,
 
 /* ---- waits ---- */
 
-int tbd__session_ptr_cmp(const void *a, const void *b) {
-  const struct tbd_session *x = *(const struct tbd_session *const *)a;
-  const struct tbd_session *y = *(const struct tbd_session *const *)b;
-  return x->id < y->id ? -1 : x->id > y->id;
+/* By session id, then request id: the order ListWaits pages by. */
+static int wait_cmp(const void *a, const void *b) {
+  const struct tbd_wait *x = *(const struct tbd_wait *const *)a;
+  const struct tbd_wait *y = *(const struct tbd_wait *const *)b;
+
+  if (x->s->id != y->s->id)
+    return x->s->id < y->s->id ? -1 : 1;
+  return x->request_id < y->request_id ? -1 : x->request_id > y->request_id;
 }
 
-/* tbd__list_page's fill: row is a struct tbd_session * with a wait. */
+/* tbd__list_page's fill: row is a struct tbd_wait *. */
 static void wait_info_fill(struct tbd_registry *r, const void *row,
                            void *info) {
-  const struct tbd_wait *w = (*(struct tbd_session *const *)row)->wait;
+  const struct tbd_wait *w = *(struct tbd_wait *const *)row;
   Tensorbroker__V1__WaitInfo *wi = info;
   uint64_t now = tbd__now(r);
 
   tensorbroker__v1__wait_info__init(wi);
   wi->session_id = w->s->id;
+  wi->request_id = w->request_id;
   wi->pid = (uint32_t)w->s->pid;
   wi->uid = w->s->uid;
   wi->session_name = (char *)w->s->name;
@@ -182,21 +187,28 @@ int tbd__list_waits(struct tbd_registry *r, struct tbd_session *s,
   Tensorbroker__V1__ListWaitsReply lr =
       TENSORBROKER__V1__LIST_WAITS_REPLY__INIT;
   struct tbd_list_page page;
-  struct tbd_session *t, **all;
+  struct tbd_session *t;
+  struct tbd_wait *w, **all;
   uint64_t after = q != NULL ? q->after_session_id : 0;
+  uint64_t after_req = q != NULL ? q->after_request_id : 0;
   size_t nall = 0;
 
   all = tbd_calloc(r->nwaits + 1, sizeof(*all));
   if (all == NULL)
     return tbd__reply_status(r, s, id, TB_ENOMEM, "out of memory");
-  for (t = r->sessions; t != NULL && nall < r->nwaits; t = t->hh.next)
-    if (t->wait != NULL && t->id > after &&
-        tbd__access_sees(r, s, t,
-                         t->wait->kind == TBD_WAIT_FREE
-                             ? t->wait->v->ch
-                             : tbd__channel_find(r, t->wait->q->name)))
-      all[nall++] = t;
-  qsort(all, nall, sizeof(*all), tbd__session_ptr_cmp);
+  for (t = r->sessions; t != NULL && nall < r->nwaits; t = t->hh.next) {
+    if (t->id < after || (t->id == after && after_req == 0))
+      continue;
+    DL_FOREACH2(t->waits, w, snext) {
+      if ((t->id > after || w->request_id > after_req) && nall < r->nwaits &&
+          tbd__access_sees(r, s, t,
+                           w->kind == TBD_WAIT_FREE
+                               ? w->v->ch
+                               : tbd__channel_find(r, w->q->name)))
+        all[nall++] = w;
+    }
+  }
+  qsort(all, nall, sizeof(*all), wait_cmp);
   if (tbd__list_page(r, all, nall, sizeof(*all),
                      sizeof(Tensorbroker__V1__WaitInfo), wait_info_fill,
                      &page) < 0) {

@@ -241,6 +241,7 @@ struct tbd_wait {
   struct tbd_waitq *q;       /* ACQUIRE */
   struct tbd_version *v;     /* FREE: the version waited for */
   struct tbd_wait *next, *prev; /* q->ready, or v->free_waits */
+  struct tbd_wait *snext, *sprev; /* s->waits */
 };
 
 struct tbd_session {
@@ -282,7 +283,8 @@ struct tbd_session {
   struct tbd_sub *subs;
   struct tbd_sent *sent;
   struct tbd_told *told;      /* sessions sent its done events */
-  struct tbd_wait *wait;     /* at most one parked request */
+  struct tbd_wait *waits;    /* its parked requests, in arrival order */
+  uint32_t nwaits;           /* at most --max-waits */
   struct tbd_metrics_snap *metrics_snap; /* Metrics being paged out */
 };
 
@@ -518,11 +520,17 @@ bool tbd__wait_deadline_less(const struct tbd_heap_node *a,
 /* wait.c: the acquires parked on name, or NULL. */
 struct tbd_waitq *tbd__waitq_find(struct tbd_registry *r, const char *name);
 /* wait.c: park an acquire on channel (ch: it, or NULL when it does not
- * exist yet). Nothing changes on failure (TB_EBUSY, TB_ENOMEM). */
+ * exist yet), or reply why not (TB_ELIMIT: the session has --max-waits
+ * parked; TB_ENOMEM), changing nothing. Returns the status sent (0:
+ * parked). */
 int tbd__acquire_park(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t request_id, const char *channel,
                       const struct tbd_channel *ch, int mode, uint64_t after,
                       int64_t timeout_ms);
+/* wait.c: Cancel{request_id}: drop s's parked request of that id without
+ * a reply; nothing when there is none (answered already). */
+void tbd__wait_cancel(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t request_id);
 /* wait.c: answer the acquires parked on q that ch's new version
  * satisfies, in arrival order; q is freed with its last wait. */
 void tbd__waitq_publish(struct tbd_registry *r, struct tbd_waitq *q,
@@ -538,9 +546,6 @@ void tbd__new_version_notify(struct tbd_registry *r, struct tbd_session *s,
 /* Lists come in pages that fit one datagram (the room left for entries),
  * sorted, after a cursor; the reply says when entries were left out. */
 #define TBD_LIST_ROOM(r) ((size_t)(r)->lim.max_message - 512)
-/* qsort order of an array of sessions by id (lists of sessions, of waits:
- * one per session). */
-int tbd__session_ptr_cmp(const void *a, const void *b);
 
 /* A page of a list reply: entries (protobuf-c messages of one type) made
  * from rows, as many as fit one datagram, and pointers to them. */

@@ -235,8 +235,8 @@ void tbd_session_close(struct tbd_registry *r, struct tbd_session *s) {
     r->stats.sessions_died++;
     events_gone(r, s);
   }
-  if (s->wait != NULL)
-    tbd__wait_remove(r, s->wait);
+  while (s->waits != NULL)
+    tbd__wait_remove(r, s->waits);
   DL_FOREACH_SAFE2(s->leases, l, ltmp, snext) {
     /* no done events: a crashed consumer leaves nothing to wait on */
     tbd__lease_release(r, l, NULL, 0, 0);

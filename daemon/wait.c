@@ -80,7 +80,8 @@ void tbd__wait_remove(struct tbd_registry *r, struct tbd_wait *w) {
       waitq_free(r, q);
   }
   r->nwaits--;
-  w->s->wait = NULL;
+  DL_DELETE2(w->s->waits, w, sprev, snext);
+  w->s->nwaits--;
   tbd_free(w);
 }
 
@@ -118,11 +119,39 @@ static void wait_commit(struct tbd_registry *r, struct tbd_wait *w) {
   if (w->deadline != UINT64_MAX)
     tbd_heap_push(&r->deadlines, &w->by_deadline);
   r->nwaits++;
-  w->s->wait = w;
+  DL_APPEND2(w->s->waits, w, sprev, snext);
+  w->s->nwaits++;
 }
 
-/* Park an acquire on channel (ch: it, or NULL when it does not exist
- * yet). Nothing changes on failure (TB_EBUSY, TB_ENOMEM). */
+/* Why request_id could not park (rc: park_check's, or TB_ENOMEM), replied
+ * to it; returns rc. */
+static int park_refused(struct tbd_registry *r, struct tbd_session *s,
+                        uint64_t request_id, int rc) {
+  if (rc == TB_ELIMIT)
+    return tbd__reply_status(r, s, request_id, rc,
+                             "session has %u parked requests (--max-waits)",
+                             s->nwaits);
+  return tbd__reply_status(r, s, request_id, rc, "out of memory");
+}
+
+/* Whether s may park one more request: 0 or TB_ELIMIT. */
+static int park_check(const struct tbd_registry *r,
+                      const struct tbd_session *s) {
+  return s->nwaits >= r->lim.max_waits ? TB_ELIMIT : 0;
+}
+
+void tbd__wait_cancel(struct tbd_registry *r, struct tbd_session *s,
+                      uint64_t request_id) {
+  struct tbd_wait *w;
+
+  DL_FOREACH2(s->waits, w, snext) {
+    if (w->request_id == request_id) {
+      tbd__wait_remove(r, w);
+      return;
+    }
+  }
+}
+
 int tbd__acquire_park(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t request_id, const char *channel,
                       const struct tbd_channel *ch, int mode, uint64_t after,
@@ -133,11 +162,11 @@ int tbd__acquire_park(struct tbd_registry *r, struct tbd_session *s,
   bool later = mode == TENSORBROKER__V1__ACQUIRE_MODE__ACQUIRE_NEXT &&
                after > (ch != NULL ? ch->latest : 0);
 
-  if (s->wait != NULL)
-    return TB_EBUSY;
+  if (park_check(r, s) < 0)
+    return park_refused(r, s, request_id, TB_ELIMIT);
   w = wait_new(r, s, TBD_WAIT_ACQUIRE, request_id, mode, after, timeout_ms);
   if (w == NULL)
-    return TB_ENOMEM;
+    return park_refused(r, s, request_id, TB_ENOMEM);
   q = tbd__waitq_find(r, channel);
   if (q == NULL) {
     newq = tbd_calloc(1, sizeof(*newq));
@@ -174,21 +203,21 @@ out_free_queue:
   tbd_free(newq);
 out_free_wait:
   tbd_free(w);
-  return TB_ENOMEM;
+  return park_refused(r, s, request_id, TB_ENOMEM);
 }
 
-/* Park a WaitFree on v. Nothing changes on failure (TB_EBUSY,
- * TB_ENOMEM). */
+/* Park a WaitFree on v, or reply why not, changing nothing (as
+ * tbd__acquire_park). */
 static int free_park(struct tbd_registry *r, struct tbd_session *s,
                      uint64_t request_id, struct tbd_version *v,
                      int64_t timeout_ms) {
   struct tbd_wait *w;
 
-  if (s->wait != NULL)
-    return TB_EBUSY;
+  if (park_check(r, s) < 0)
+    return park_refused(r, s, request_id, TB_ELIMIT);
   w = wait_new(r, s, TBD_WAIT_FREE, request_id, 0, v->number, timeout_ms);
   if (w == NULL)
-    return TB_ENOMEM;
+    return park_refused(r, s, request_id, TB_ENOMEM);
   w->v = v;
   wait_commit(r, w);
   DL_APPEND(v->free_waits, w);
@@ -275,7 +304,6 @@ int tbd__wait_free(struct tbd_registry *r, struct tbd_session *s,
   struct tbd_channel *ch = tbd__channel_find(r, channel);
   struct tbd_version *v;
   char msg[512];
-  int rc;
 
   /* the producer waits for its versions; a consumer may too */
   if (ch != NULL &&
@@ -308,11 +336,5 @@ int tbd__wait_free(struct tbd_registry *r, struct tbd_session *s,
                              "version %llu of '%s' is %s",
                              (unsigned long long)version, channel,
                              v->nleases > 0 ? "leased" : "in history");
-  rc = free_park(r, s, request_id, v, timeout_ms);
-  if (rc == TB_EBUSY)
-    return tbd__reply_status(r, s, request_id, rc,
-                             "another request of this session is waiting");
-  if (rc < 0)
-    return tbd__reply_status(r, s, request_id, rc, "out of memory");
-  return 0;
+  return free_park(r, s, request_id, v, timeout_ms);
 }

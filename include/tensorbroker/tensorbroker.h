@@ -14,14 +14,15 @@
  *    version to come, tb_channel_wait_free, tb_notice_poll, each with a
  *    timeout other than 0) does not hold up the other threads' calls on
  *    that client: one thread may wait for frames while another publishes
- *    results on the same client. Calls that may wait for the daemon in
- *    that way wait for one another: while one thread waits in
- *    tb_lease_acquire or tb_channel_wait_free, another thread's
- *    tb_lease_acquire with a timeout other than 0 (even for a version that
- *    exists), or tb_channel_wait_free that must ask the daemon, waits until
- *    the first has its answer (the daemon holds one waiting request per
- *    session); a second tb_notice_poll with a timeout waits until the
- *    first returns. Other calls are serialised by a lock inside the client
+ *    results on the same client. Acquires and wait-frees of several
+ *    threads wait at once, each for its own answer, in whatever order the
+ *    answers come; the daemon holds up to --max-waits (64) such requests
+ *    per session, and one more fails with TB_ELIMIT. With a daemon older
+ *    than FEATURE_MULTI_WAIT, which holds one, they wait for one another
+ *    instead: another thread's tb_lease_acquire with a timeout other than
+ *    0, or tb_channel_wait_free that must ask the daemon, waits until the
+ *    first has its answer. A second tb_notice_poll with a timeout waits
+ *    until the first returns. Other calls are serialised by a lock inside the client
  *    only while they exchange a request and its reply (and while a waiting
  *    call busy-polls, spin_us). tb_client_last_error() says what the
  *    client's last failed call said, whichever thread made it. Ending a
@@ -429,7 +430,8 @@ TB_EXPORT int tb_channel_publish_copy(tb_client *c, const char *channel,
  * newer versions exist. TB_ELIMIT when more consumers released it with done
  * events than the daemon keeps (--max-done-events): their reads cannot be
  * waited for, so the buffer must not be rewritten (every later call on that
- * version says the same while the client remembers it; docs/limits.md). */
+ * version says the same while the client remembers it; docs/limits.md), and
+ * for a wait past the session's --max-waits waiting requests. */
 TB_EXPORT int tb_channel_wait_free(tb_client *c, const char *channel,
                                    uint64_t version, int timeout_ms,
                                    void *stream);
@@ -577,7 +579,8 @@ TB_EXPORT void tb_acquire_options_init(struct tb_acquire_options *opts);
  * that may still be granted matches: at once with timeout 0, else when the
  * timeout runs out, since a new producer may take the channel over and carry
  * on its numbering meanwhile; or EXACT of a version whose CUDA IPC memory
- * died with its producer), TB_ELIMIT (too many leases). */
+ * died with its producer), TB_ELIMIT (too many leases, or a wait past the
+ * session's --max-waits waiting requests: the file's top comment). */
 TB_EXPORT int tb_lease_acquire(tb_client *c, const char *channel,
                                const struct tb_acquire_options *opts,
                                DLManagedTensorVersioned **out);
@@ -786,8 +789,8 @@ enum tb_wait_what {
  * any thread. */
 TB_EXPORT const char *tb_wait_what_name(int what);
 
-/* One parked request in the daemon (tb_wait_list); a session has at most
- * one. */
+/* One parked request in the daemon (tb_wait_list); a session may have
+ * several (up to the daemon's --max-waits). */
 struct tb_wait_entry {
   uint64_t session_id;
   uint32_t pid, uid;

@@ -444,8 +444,8 @@ class Client:
         return self._c.leases()
 
     def waits(self):
-        """Every parked request, as dicts (``tbctl waits --json``):
-        session_id, pid, uid, session_name, what ("acquire-latest",
+        """Every parked request (a session may have several), as dicts
+        (``tbctl waits --json``): session_id, pid, uid, session_name, what ("acquire-latest",
         "acquire-next", "acquire-exact", "wait-free"), channel, version,
         age_ms, timeout_ms (-1: none), leases and in_history (for
         "wait-free")."""

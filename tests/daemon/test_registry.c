@@ -1091,8 +1091,6 @@ static void test_modes(void **state) {
   /* NEXT waits for the next publish */
   assert_int_equal(acquire_ex(r, c, "x", NEXT, 3, 5000, NULL, &id), PARKED);
   assert_int_equal(counts(r).waits, 1);
-  /* one parked request per session */
-  assert_int_equal(acquire_ex(r, c, "x", NEXT, 3, 5000, NULL, NULL), TB_EBUSY);
   publish(r, p, "x", b, 0);
   assert_int_equal(parked_reply(c, id, &a), 0);
   assert_int_equal(a.version, 4);
@@ -1112,6 +1110,207 @@ static void test_modes(void **state) {
   publish(r, p, "y", b, 0);
   assert_int_equal(parked_reply(c, id, &a), 0);
   assert_int_equal(a.version, 1);
+  tbt_registry_free(r);
+}
+
+/* A Cancel of request_id from s; its status. */
+static int cancel(struct tbd_registry *r, struct tbd_session *s,
+                  uint64_t request_id) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__Cancel cn = TENSORBROKER__V1__CANCEL__INIT;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_CANCEL;
+  q.cancel = &cn;
+  cn.request_id = request_id;
+  return tbt_req_send(r, s, &q, NULL, 0, NULL);
+}
+
+/* One page of ListWaits after (session, request); its entries' session
+ * and request ids into sid and rid (room for max), how many in *n;
+ * returns whether more follow. */
+static bool list_waits_page(struct tbd_registry *r, struct tbd_session *s,
+                            uint64_t after_sid, uint64_t after_rid,
+                            uint64_t *sid, uint64_t *rid, size_t max,
+                            size_t *n) {
+  req_t q = TENSORBROKER__V1__REQUEST__INIT;
+  Tensorbroker__V1__ListWaits lw = TENSORBROKER__V1__LIST_WAITS__INIT;
+  struct tbt_cap *c;
+  bool more;
+
+  q.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_WAITS;
+  q.list_waits = &lw;
+  lw.after_session_id = after_sid;
+  lw.after_request_id = after_rid;
+  assert_tb_ok(tbt_req_send(r, s, &q, NULL, 0, &c));
+  *n = c->m->reply->list_waits->n_waits;
+  assert_true(*n <= max);
+  for (size_t i = 0; i < *n; i++) {
+    sid[i] = c->m->reply->list_waits->waits[i]->session_id;
+    rid[i] = c->m->reply->list_waits->waits[i]->request_id;
+  }
+  more = c->m->reply->list_waits->more;
+  tbt_cap_free(c);
+  return more;
+}
+
+/* A session parks several requests (FEATURE_MULTI_WAIT): acquires on two
+ * channels and a WaitFree. Each is answered on its own, by its request
+ * id, in the order its event comes (not the order they parked); a Cancel
+ * drops the one it names and leaves the others; a deadline ends only its
+ * own; the session's end drops all that are left. */
+static void test_several_waits(void **state) {
+  struct tbd_registry *r = reg_new(NULL);
+  struct tbd_session *p = session(r, 10), *c = session(r, 11);
+  struct tbd_session *q = session(r, 12);
+  uint64_t b = buffer(r, p), ida, idb, idf, idx, sid[8], rid[8];
+  struct acq a, held;
+  size_t n;
+
+  (void)state;
+  publish(r, p, "f", b, 1);
+  held = acquire(r, q, "f", LATEST, 0);
+  publish(r, p, "f", b, 1); /* version 1 leaves the history, still held */
+  assert_int_equal(acquire_ex(r, c, "a", NEXT, 0, 5000, NULL, &ida), PARKED);
+  assert_int_equal(acquire_ex(r, c, "b", LATEST, 0, -1, NULL, &idb), PARKED);
+  assert_int_equal(wait_free(r, c, "f", 1, -1, &idf), PARKED);
+  assert_int_equal(acquire_ex(r, c, "x", LATEST, 0, 300, NULL, &idx), PARKED);
+  assert_int_equal(counts(r).waits, 4);
+  /* the operator's view lists each, by request id */
+  assert_false(list_waits_page(r, q, 0, 0, sid, rid, 8, &n));
+  assert_int_equal(n, 4);
+  assert_int_equal(rid[0], ida);
+  assert_int_equal(rid[1], idb);
+  assert_int_equal(rid[2], idf);
+  assert_int_equal(rid[3], idx);
+
+  /* the second acquire is answered first; the first still waits */
+  publish(r, p, "b", b, 0);
+  assert_int_equal(parked_reply(c, idb, &a), 0);
+  assert_int_equal(a.version, 1);
+  assert_int_equal(parked_reply(c, ida, NULL), PARKED);
+  assert_int_equal(parked_reply(c, idf, NULL), PARKED);
+  assert_tb_ok(release(r, c, a.lease));
+  /* the WaitFree, when its version is freed */
+  assert_tb_ok(release(r, q, held.lease));
+  assert_int_equal(expect_free(p, 1), 0);
+  assert_int_equal(parked_reply(c, idf, NULL), 0);
+  assert_int_equal(parked_reply(c, ida, NULL), PARKED);
+  /* a deadline ends its own wait only */
+  fake_now += 300;
+  tbd_registry_expire(r);
+  assert_int_equal(parked_reply(c, idx, NULL), TB_ETIMEDOUT);
+  assert_int_equal(parked_reply(c, ida, NULL), PARKED);
+  assert_int_equal(counts(r).waits, 1);
+  /* a Cancel drops the one it names, answered without a reply; one of a
+   * request answered already changes nothing */
+  assert_int_equal(acquire_ex(r, c, "b", NEXT, 1, -1, NULL, &idb), PARKED);
+  assert_tb_ok(cancel(r, c, idx));
+  assert_tb_ok(cancel(r, c, ida));
+  assert_int_equal(counts(r).waits, 1);
+  publish(r, p, "a", b, 0);
+  assert_int_equal(parked_reply(c, ida, NULL), PARKED); /* never answered */
+  publish(r, p, "b", b, 0);
+  assert_int_equal(parked_reply(c, idb, &a), 0);
+  assert_int_equal(a.version, 2);
+  assert_tb_ok(release(r, c, a.lease));
+  /* the session ends with several parked: all dropped */
+  assert_int_equal(acquire_ex(r, c, "a", NEXT, 1, 5000, NULL, NULL), PARKED);
+  assert_int_equal(acquire_ex(r, c, "y", LATEST, 0, -1, NULL, NULL), PARKED);
+  assert_int_equal(wait_free(r, c, "f", 2, 9000, NULL), PARKED);
+  assert_int_equal(counts(r).waits, 3);
+  tbd_session_close(r, c);
+  assert_int_equal(counts(r).waits, 0);
+  assert_null(tbd__waitq_find(r, "a"));
+  assert_null(tbd__waitq_find(r, "y"));
+  assert_int_equal(tbd_registry_next_deadline(r), UINT64_MAX);
+  tbt_registry_free(r);
+}
+
+/* --max-waits bounds a session's parked requests: one more is refused
+ * with TB_ELIMIT naming the flag and changes nothing; another session
+ * still parks, and so does this one once a wait ended. */
+static void test_waits_limit(void **state) {
+  struct tbd_limits lim;
+  struct tbd_registry *r;
+  struct tbd_session *p, *c, *d;
+  uint64_t b, id;
+  struct acq a;
+
+  (void)state;
+  tbd_limits_default(&lim);
+  assert_int_equal(lim.max_waits, 64);
+  lim.max_waits = 2;
+  r = reg_new(&lim);
+  p = session(r, 10);
+  c = session(r, 11);
+  d = session(r, 12);
+  b = buffer(r, p);
+  publish(r, p, "f", b, 0);
+  assert_int_equal(acquire_ex(r, c, "a", LATEST, 0, -1, NULL, &id), PARKED);
+  assert_int_equal(acquire_ex(r, c, "b", LATEST, 0, -1, NULL, NULL), PARKED);
+  assert_int_equal(acquire_ex(r, c, "c", LATEST, 0, -1, NULL, NULL),
+                   TB_ELIMIT);
+  assert_string_equal(tbt_last_message,
+                      "session has 2 parked requests (--max-waits)");
+  assert_int_equal(wait_free(r, c, "f", 1, -1, NULL), TB_ELIMIT);
+  assert_int_equal(counts(r).waits, 2);
+  assert_null(tbd__waitq_find(r, "c"));
+  /* per session: another one parks */
+  assert_int_equal(acquire_ex(r, d, "c", LATEST, 0, -1, NULL, NULL), PARKED);
+  /* a request that does not wait is answered as ever */
+  assert_int_equal(acquire(r, c, "f", LATEST, 0).version, 1);
+  publish(r, p, "a", b, 0);
+  assert_int_equal(parked_reply(c, id, &a), 0);
+  assert_int_equal(acquire_ex(r, c, "c", LATEST, 0, -1, NULL, NULL), PARKED);
+  tbt_registry_free(r);
+}
+
+/* ListWaits pages end inside a session's waits when they must: the
+ * cursor (session id, request id) goes on from there, and every wait is
+ * listed once, in order. A cursor without a request id (older clients)
+ * goes on after the whole session. */
+static void test_list_waits_pages(void **state) {
+  struct tbd_limits lim;
+  struct tbd_registry *r;
+  struct tbd_session *c, *d, *op;
+  uint64_t sid[256], rid[256], want[100], after_s = 0, after_r = 0;
+  size_t n, total = 0, pages = 0;
+  char name[200];
+  bool more;
+
+  (void)state;
+  tbd_limits_default(&lim);
+  lim.max_message = 4096; /* a few waits per page */
+  lim.max_waits = 100;
+  r = reg_new(&lim);
+  c = session(r, 11);
+  d = session(r, 12);
+  op = session(r, 13);
+  for (int i = 0; i < 60; i++) {
+    snprintf(name, sizeof(name), "%0150d", i); /* long: few per page */
+    assert_int_equal(acquire_ex(r, i < 50 ? c : d, name, LATEST, 0, -1, NULL,
+                                &want[i]),
+                     PARKED);
+  }
+  do {
+    more = list_waits_page(r, op, after_s, after_r, sid, rid, 256, &n);
+    assert_true(n > 0);
+    for (size_t i = 0; i < n; i++, total++) {
+      assert_true(total < 60);
+      assert_int_equal(sid[i], tbd_session_id(total < 50 ? c : d));
+      assert_int_equal(rid[i], want[total]);
+    }
+    after_s = sid[n - 1];
+    after_r = rid[n - 1];
+    pages++;
+  } while (more);
+  assert_int_equal(total, 60);
+  assert_true(pages > 2);
+  /* an older client's cursor: after c's waits, d's */
+  (void)list_waits_page(r, op, tbd_session_id(c), 0, sid, rid, 256, &n);
+  assert_true(n > 0);
+  assert_int_equal(sid[0], tbd_session_id(d));
+  assert_int_equal(rid[0], want[50]);
   tbt_registry_free(r);
 }
 
@@ -3004,6 +3203,9 @@ int main(void) {
       T(test_buffer_retire),
       T(test_forget_reattaches),
       T(test_modes),
+      T(test_several_waits),
+      T(test_waits_limit),
+      T(test_list_waits_pages),
       T(test_recent_channel),
       T(test_second_publisher_busy),
       T(test_subscriptions),

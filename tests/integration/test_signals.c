@@ -2,7 +2,8 @@
 /* Signals and the waits that can last (tb_connect_options.interruptible):
  * a handler that interrupts a parked acquire, a wait_free or a notice poll
  * of an interruptible client ends it with TB_EINTR, and the daemon forgets
- * the parked request; a client that did not ask goes on waiting. */
+ * the parked request (only that one, where a client has several parked);
+ * a client that did not ask goes on waiting. */
 #include "tb_test.h"
 
 #include <errno.h>
@@ -120,27 +121,41 @@ static int interrupt(pthread_t th, struct waiter *w) {
   return __atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
 }
 
-static void publish_byte(tb_client *p, tb_buffer *b, uint8_t value,
-                         uint64_t *v) {
+static void publish_on(tb_client *p, tb_buffer *b, const char *channel,
+                       uint8_t value, uint64_t *v) {
   int64_t shape[1] = {64};
   DLTensor t;
 
   memset(tb_buffer_data(b), value, 64);
   tbt_u8_tensor(&t, b, shape, 64);
-  assert_tb_ok(tb_channel_publish(p, "intr", &t, NULL, v));
+  assert_tb_ok(tb_channel_publish(p, channel, &t, NULL, v));
+}
+
+static void publish_byte(tb_client *p, tb_buffer *b, uint8_t value,
+                         uint64_t *v) {
+  publish_on(p, b, "intr", value, v);
+}
+
+/* The operator's view lists no parked request of c's session. */
+static void assert_no_waits(tb_client *watch, tb_client *c) {
+  struct tb_wait_entry *we;
+  size_t n;
+
+  assert_tb_ok(tb_wait_list(watch, sizeof(*we), &we, &n));
+  for (size_t i = 0; i < n; i++)
+    assert_int_not_equal(we[i].session_id, tb_client_session_id(c));
+  tb_free(we);
 }
 
 static void test_interrupted_acquire(void **state) {
   struct tbt_daemon *d = *state;
   struct waiter w = {.call = WAIT_ACQUIRE};
   struct tb_acquire_options o;
-  struct tb_wait_entry *we;
   DLManagedTensorVersioned *t = NULL;
   tb_client *p, *watch;
   tb_buffer *b;
   pthread_t th;
   char why[256];
-  size_t n;
   int returned;
 
   catch_usr1();
@@ -160,17 +175,13 @@ static void test_interrupted_acquire(void **state) {
   tb_client_last_error(w.c, why, sizeof(why));
   assert_non_null(strstr(why, "signal"));
 
-  /* The daemon forgot the parked acquire: the session may park another
-   * (it holds one at a time: the old one would make this TB_EBUSY), which
-   * times out, and the operator's view shows no wait of it. */
+  /* The daemon forgot the parked acquire: the operator's view shows no
+   * wait of the session, which may park another that times out. */
+  assert_no_waits(watch, w.c);
   tb_acquire_options_init(&o);
   o.mode = TB_ACQUIRE_NEXT;
   o.timeout_ms = 50;
   assert_int_equal(tb_lease_acquire(w.c, "intr", &o, &t), TB_ETIMEDOUT);
-  assert_tb_ok(tb_wait_list(watch, sizeof(*we), &we, &n));
-  for (size_t i = 0; i < n; i++)
-    assert_int_not_equal(we[i].session_id, tb_client_session_id(w.c));
-  tb_free(we);
 
   /* and the same call, made again, gets the next version */
   w.done = 0;
@@ -182,6 +193,62 @@ static void test_interrupted_acquire(void **state) {
 
   tb_buffer_destroy(b);
   tb_client_disconnect(w.c);
+  tb_client_disconnect(watch);
+  tb_client_disconnect(p);
+}
+
+/* Two threads of one interruptible client wait in acquires of their own
+ * channels, both parked. A signal to the first ends its wait (TB_EINTR)
+ * and cancels its request alone: the other stays parked and listed, and
+ * gets its version when it comes; a version for the cancelled one is
+ * granted to nobody. */
+static void test_interrupt_one_of_two_waits(void **state) {
+  struct tbt_daemon *d = *state;
+  static struct waiter a, b;
+  a = (struct waiter){.call = WAIT_ACQUIRE, .channel = "two/a"};
+  b = (struct waiter){.call = WAIT_ACQUIRE, .channel = "two/b"};
+  struct tb_wait_entry *we;
+  struct tb_channel_info ci;
+  tb_client *p, *watch, *c;
+  tb_buffer *buf;
+  pthread_t th_a, th_b;
+  size_t n;
+  int returned;
+
+  catch_usr1();
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "watch", &watch));
+  assert_tb_ok(connect_intr(d, "stage", 1, &c));
+  a.c = b.c = c;
+  assert_tb_ok(tb_buffer_create_host(p, 64, 0, &buf));
+
+  start_parked(watch, &a, &th_a);
+  start_parked(watch, &b, &th_b);
+  returned = interrupt(th_a, &a);
+  if (!returned)
+    publish_on(p, buf, "two/a", 1, NULL); /* let it go before failing */
+  assert_int_equal(pthread_join(th_a, NULL), 0);
+  assert_true(returned);
+  assert_int_equal(a.rc, TB_EINTR);
+  /* the Cancel went before the call returned: b's wait alone is left */
+  assert_false(__atomic_load_n(&b.done, __ATOMIC_ACQUIRE));
+  assert_tb_ok(tb_wait_list(watch, sizeof(*we), &we, &n));
+  assert_int_equal(n, 1);
+  assert_int_equal(we[0].session_id, tb_client_session_id(c));
+  assert_string_equal(we[0].channel, "two/b");
+  tb_free(we);
+
+  publish_on(p, buf, "two/a", 7, NULL);
+  publish_on(p, buf, "two/b", 9, NULL);
+  assert_int_equal(pthread_join(th_b, NULL), 0);
+  assert_tb_ok(b.rc);
+  assert_int_equal(b.first, 9);
+  /* nothing was granted for the cancelled acquire */
+  assert_tb_ok(tbt_find_channel(watch, "two/a", &ci));
+  assert_int_equal(ci.leases, 0);
+
+  tb_buffer_destroy(buf);
+  tb_client_disconnect(c);
   tb_client_disconnect(watch);
   tb_client_disconnect(p);
 }
@@ -218,9 +285,9 @@ static void test_interrupted_wait_free_and_notice_poll(void **state) {
   assert_int_equal(pthread_join(th, NULL), 0);
   assert_true(returned);
   assert_int_equal(wf.rc, TB_EINTR);
-  /* forgotten by the daemon: another wait of the session parks (the old
-   * one would make it TB_EBUSY), times out, and is answered once the
-   * lease ends */
+  /* forgotten by the daemon: no wait of the session is listed; another
+   * parks, times out, and is answered once the lease ends */
+  assert_no_waits(watch, wf.c);
   assert_int_equal(tb_channel_wait_free(wf.c, "intr", v, 50, NULL),
                    TB_ETIMEDOUT);
   wf.done = 0;
@@ -404,6 +471,8 @@ int main(void) {
           test_interrupted_wait_free_and_notice_poll, tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(
           test_interrupted_acquire_granted_meanwhile, tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_interrupt_one_of_two_waits,
+                                      tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_signals_do_not_end_waits_by_default,
                                       tbt_setup, tbt_teardown),
   };

@@ -4,8 +4,12 @@
  * up the other threads' calls; the reply of a parked acquire read by
  * another thread's call reaches the parked thread; a notice read by another
  * thread wakes the one that polls; a producer publishes while its
- * wait-free waits; a second call that may park waits for the first
- * instead of failing with TB_EBUSY.
+ * wait-free waits; calls that may park wait at once, each for its own
+ * answer, in whatever order the answers come (acquires on two channels, a
+ * wait-free beside an acquire), up to the daemon's --max-waits, and a
+ * session that ends with several parked leaves none; with a daemon that
+ * parks one request per session, a second call that may park waits for
+ * the first instead of failing with TB_EBUSY.
  *
  * Every waiting thread is given a bounded timeout, so that on a library
  * that holds other threads up the test fails (the waiter times out first)
@@ -25,6 +29,8 @@
  * queued for a sleeping poll (the static library exports them) */
 void tb__client_handoffs(const tb_client *c, uint64_t *stashed,
                          uint64_t *notice_wakes);
+/* rpc.c: pretend the daemon said these HelloReply.features */
+void tb__client_set_features(tb_client *c, uint32_t features);
 
 enum waiter_call { WAIT_ACQUIRE, WAIT_FREE, WAIT_NOTICE };
 
@@ -39,6 +45,7 @@ struct waiter {
   uint8_t first;          /* WAIT_ACQUIRE: byte 0 of the tensor */
   int64_t len;            /* WAIT_ACQUIRE: its shape[0] */
   struct tb_notice notice; /* WAIT_NOTICE's */
+  int timeout_ms;         /* 0: TBT_TIMEOUT_MS */
   pid_t tid;              /* __atomic; 0 until the thread runs */
   int done;               /* __atomic */
 };
@@ -47,13 +54,14 @@ static void *waiter_main(void *arg) {
   struct waiter *w = arg;
   struct tb_acquire_options o;
   DLManagedTensorVersioned *t = NULL;
+  int timeout = w->timeout_ms != 0 ? w->timeout_ms : TBT_TIMEOUT_MS;
 
   __atomic_store_n(&w->tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
   switch (w->call) {
   case WAIT_ACQUIRE:
     tb_acquire_options_init(&o);
     o.mode = TB_ACQUIRE_NEXT;
-    o.timeout_ms = TBT_TIMEOUT_MS;
+    o.timeout_ms = timeout;
     w->rc = tb_lease_acquire(w->c, w->channel, &o, &t);
     if (w->rc == 0) {
       w->first = *(uint8_t *)t->dl_tensor.data;
@@ -62,8 +70,8 @@ static void *waiter_main(void *arg) {
     }
     break;
   case WAIT_FREE:
-    w->rc = tb_channel_wait_free(w->c, w->channel, w->version,
-                                 TBT_TIMEOUT_MS, NULL);
+    w->rc = tb_channel_wait_free(w->c, w->channel, w->version, timeout,
+                                 NULL);
     break;
   case WAIT_NOTICE:
     w->rc = tb_notice_poll(w->c, sizeof(w->notice), &w->notice,
@@ -101,6 +109,19 @@ static void start(tb_client *watch, struct waiter *w, pthread_t *th) {
   assert_int_equal(pthread_create(th, NULL, waiter_main, w), 0);
   if (w->call != WAIT_NOTICE)
     assert_tb_ok(tbt_wait_requests(watch, tb_client_session_id(w->c), n + 1));
+}
+
+/* How many requests of c's session the daemon has parked (its operator's
+ * view, asked on watch). */
+static size_t waits_of(tb_client *watch, tb_client *c) {
+  struct tb_wait_entry *we = NULL;
+  size_t n = 0, mine = 0;
+
+  assert_tb_ok(tb_wait_list(watch, sizeof(*we), &we, &n));
+  for (size_t i = 0; i < n; i++)
+    mine += we[i].session_id == tb_client_session_id(c);
+  tb_free(we);
+  return mine;
 }
 
 /* The state letter of thread tid (/proc/self/task/TID/stat), or 0. */
@@ -144,6 +165,38 @@ static void publish_bytes(tb_client *p, tb_buffer *b, const char *channel,
   memset(tb_buffer_data(b), value, (size_t)len);
   tbt_u8_tensor(&t, b, shape, len);
   assert_tb_ok(tb_channel_publish(p, channel, &t, NULL, NULL));
+}
+
+/* A producer, a client that watches the daemon, and a stage: a client
+ * that never busy-polls, whose threads wait. */
+struct stage {
+  tb_client *p, *watch, *c;
+  tb_buffer *pb; /* the producer's */
+};
+
+static void stage_open(const struct tbt_daemon *d, struct stage *s) {
+  assert_tb_ok(tbt_connect(d, "producer", &s->p));
+  assert_tb_ok(tbt_connect(d, "watch", &s->watch));
+  assert_tb_ok(connect_sleeper(d, "stage", &s->c));
+  assert_tb_ok(tb_buffer_create_host(s->p, 64, 0, &s->pb));
+}
+
+static void stage_close(struct stage *s) {
+  tb_buffer_destroy(s->pb);
+  tb_client_disconnect(s->c);
+  tb_client_disconnect(s->watch);
+  tb_client_disconnect(s->p);
+}
+
+/* The producer publishes len bytes of value on w's channel: w's acquire,
+ * on thread th, returns with them. */
+static void answer(struct stage *s, struct waiter *w, pthread_t th,
+                   uint8_t value, int64_t len) {
+  publish_bytes(s->p, s->pb, w->channel, value, len);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_tb_ok(w->rc);
+  assert_int_equal(w->first, value);
+  assert_int_equal(w->len, len);
 }
 
 /* Thread A waits in an acquire of the next version of "in"; meanwhile the
@@ -322,16 +375,19 @@ static void test_notice_read_by_another_call_wakes_the_poll(void **state) {
   tb_client_disconnect(c);
 }
 
-/* A second call that may park, on another thread of the same client,
- * waits until the first has its answer (the daemon parks one request per
- * session: sent meanwhile, it would be refused with TB_EBUSY), then parks
- * in its turn and gets its own version. */
-static void test_second_waiter_waits_for_the_first(void **state) {
+/* With a daemon that parks one request per session (no
+ * FEATURE_MULTI_WAIT: pretended here), a second call that may park, on
+ * another thread of the same client, waits until the first has its answer
+ * (sent meanwhile, it would be refused with TB_EBUSY): it does not reach
+ * the daemon while the first waits. Then it parks in its turn and gets its
+ * own version. */
+static void test_second_waiter_waits_for_an_old_daemon(void **state) {
   struct tbt_daemon *d = *state;
   static struct waiter a;
   a = (struct waiter){.call = WAIT_ACQUIRE, .channel = "first"};
   static struct waiter b2;
   b2 = (struct waiter){.call = WAIT_ACQUIRE, .channel = "second"};
+  struct tb_session_info si;
   tb_client *p, *watch;
   tb_buffer *pb;
   pthread_t th_a, th_b;
@@ -340,6 +396,7 @@ static void test_second_waiter_waits_for_the_first(void **state) {
   assert_tb_ok(tbt_connect(d, "producer", &p));
   assert_tb_ok(tbt_connect(d, "watch", &watch));
   assert_tb_ok(connect_sleeper(d, "consumer", &a.c));
+  tb__client_set_features(a.c, 0); /* a daemon from before the features */
   b2.c = a.c;
   assert_tb_ok(tb_buffer_create_host(p, 64, 0, &pb));
 
@@ -351,6 +408,10 @@ static void test_second_waiter_waits_for_the_first(void **state) {
   wait_asleep(&b2);
   assert_false(is_done(&b2));
   assert_false(is_done(&a));
+  /* asleep without sending it */
+  assert_tb_ok(tbt_find_session_id(watch, tb_client_session_id(a.c), &si));
+  assert_int_equal(si.requests, n);
+  assert_int_equal(waits_of(watch, a.c), 1);
 
   publish_bytes(p, pb, "first", 1, 16);
   assert_int_equal(pthread_join(th_a, NULL), 0);
@@ -370,6 +431,215 @@ static void test_second_waiter_waits_for_the_first(void **state) {
   tb_client_disconnect(p);
 }
 
+/* Two threads of one client each wait in an acquire of its own channel,
+ * both parked at the daemon at once. The version of the second channel
+ * comes first: the second thread returns with it while the first still
+ * waits, and the first then gets its own. */
+static void test_two_acquires_wait_at_once(void **state) {
+  static struct waiter a, b;
+  a = (struct waiter){.call = WAIT_ACQUIRE, .channel = "in/a"};
+  b = (struct waiter){.call = WAIT_ACQUIRE, .channel = "in/b"};
+  struct stage s;
+  pthread_t th_a, th_b;
+
+  stage_open(*state, &s);
+  a.c = b.c = s.c;
+  start(s.watch, &a, &th_a);
+  start(s.watch, &b, &th_b);
+  assert_int_equal(waits_of(s.watch, s.c), 2);
+
+  answer(&s, &b, th_b, 22, 20);
+  assert_false(is_done(&a));
+  assert_int_equal(waits_of(s.watch, s.c), 1);
+  answer(&s, &a, th_a, 11, 30);
+  stage_close(&s);
+}
+
+/* A producer's thread waits until a version it published is free while
+ * another thread of the same client waits for a frame on a control
+ * channel: both parked. The consumer lets the version go: the wait-free
+ * returns while the acquire still waits, which then gets its frame. */
+static void test_wait_free_beside_an_acquire(void **state) {
+  static struct waiter w, a;
+  w = (struct waiter){.call = WAIT_FREE, .channel = "frames", .version = 1};
+  a = (struct waiter){.call = WAIT_ACQUIRE, .channel = "ctl"};
+  struct tb_acquire_options o;
+  DLManagedTensorVersioned *t = NULL;
+  struct stage s;
+  tb_buffer *b1, *b2;
+  pthread_t th_w, th_a;
+
+  /* the stage publishes the frames; the other client reads one */
+  stage_open(*state, &s);
+  w.c = a.c = s.c;
+  assert_tb_ok(tb_buffer_create_host(s.c, 64, 0, &b1));
+  assert_tb_ok(tb_buffer_create_host(s.c, 64, 0, &b2));
+  publish_bytes(s.c, b1, "frames", 4, 16);
+  tb_acquire_options_init(&o);
+  o.timeout_ms = 0;
+  assert_tb_ok(tb_lease_acquire(s.p, "frames", &o, &t));
+  publish_bytes(s.c, b2, "frames", 5, 16); /* 1 leaves the history */
+
+  start(s.watch, &w, &th_w);
+  start(s.watch, &a, &th_a);
+  assert_int_equal(waits_of(s.watch, s.c), 2);
+
+  assert_tb_ok(tb_lease_release(t, NULL));
+  assert_int_equal(pthread_join(th_w, NULL), 0);
+  assert_tb_ok(w.rc);
+  assert_false(is_done(&a));
+  answer(&s, &a, th_a, 8, 12);
+
+  tb_buffer_destroy(b2);
+  tb_buffer_destroy(b1);
+  stage_close(&s);
+}
+
+/* Of two parked acquires of one client, the one with the short timeout
+ * times out while the other stays parked, and is answered later. */
+static void test_one_of_two_times_out(void **state) {
+  static struct waiter a, b;
+  a = (struct waiter){.call = WAIT_ACQUIRE, .channel = "long"};
+  b = (struct waiter){.call = WAIT_ACQUIRE, .channel = "short",
+                      .timeout_ms = 200};
+  struct stage s;
+  pthread_t th_a, th_b;
+
+  stage_open(*state, &s);
+  a.c = b.c = s.c;
+  start(s.watch, &a, &th_a);
+  start(s.watch, &b, &th_b);
+  assert_int_equal(pthread_join(th_b, NULL), 0);
+  assert_int_equal(b.rc, TB_ETIMEDOUT);
+  assert_false(is_done(&a));
+  assert_int_equal(waits_of(s.watch, s.c), 1);
+
+  answer(&s, &a, th_a, 3, 8);
+  stage_close(&s);
+}
+
+/* The daemon started with --max-waits 2: with two acquires of a client
+ * parked, a third call that would wait is refused with TB_ELIMIT naming
+ * the flag, and one that does not wait is answered; the two waiters still
+ * get their versions. */
+static void test_waits_limit(void **state) {
+  struct tbt_daemon d;
+  static struct waiter a, b;
+  a = (struct waiter){.call = WAIT_ACQUIRE, .channel = "lim/a"};
+  b = (struct waiter){.call = WAIT_ACQUIRE, .channel = "lim/b"};
+  const char *const extra[] = {"--max-waits", "2", NULL};
+  struct tb_acquire_options o;
+  DLManagedTensorVersioned *t = NULL;
+  struct stage s;
+  pthread_t th_a, th_b;
+  char why[256];
+
+  (void)state;
+  assert_int_equal(tbt_daemon_start(&d, extra), 0);
+  stage_open(&d, &s);
+  a.c = b.c = s.c;
+  publish_bytes(s.p, s.pb, "lim/c", 1, 8);
+
+  start(s.watch, &a, &th_a);
+  start(s.watch, &b, &th_b);
+  tb_acquire_options_init(&o);
+  o.mode = TB_ACQUIRE_NEXT;
+  o.version = 1;
+  o.timeout_ms = TBT_TIMEOUT_MS;
+  assert_tb_err(tb_lease_acquire(s.c, "lim/c", &o, &t), TB_ELIMIT);
+  tb_client_last_error(s.c, why, sizeof(why));
+  assert_string_equal(why, "session has 2 parked requests (--max-waits)");
+  assert_tb_err(tb_channel_wait_free(s.c, "lim/c", 1, TBT_TIMEOUT_MS, NULL),
+                TB_ELIMIT);
+  o.version = 0;
+  o.timeout_ms = 0;
+  assert_tb_ok(tb_lease_acquire(s.c, "lim/c", &o, &t));
+  assert_tb_ok(tb_lease_release(t, NULL));
+
+  /* one buffer: each read before the next publish writes it */
+  answer(&s, &a, th_a, 5, 8);
+  answer(&s, &b, th_b, 6, 8);
+  stage_close(&s);
+  assert_int_equal(tbt_daemon_stop(&d), 0);
+  tbt_daemon_cleanup(&d);
+}
+
+/* A child process whose client has three threads parked (two acquires, a
+ * wait-free) is killed: the daemon drops all three with the session, and
+ * the channels they waited on go on. */
+static int parked_child(struct tbt_chan *ch, void *arg) {
+  static struct waiter w[3];
+  const char *sock = arg;
+  struct tb_connect_options o;
+  pthread_t th[3];
+  tb_buffer *b;
+  uint64_t v = 0;
+  int64_t shape[1] = {8};
+  DLTensor dt;
+  tb_client *c;
+  char line[16];
+
+  tb_connect_options_init(&o);
+  o.socket_path = sock;
+  o.client_name = "doomed";
+  o.timeout_ms = TBT_TIMEOUT_MS;
+  TBT_CHECK_OK(tb_client_connect(&o, &c));
+  TBT_CHECK_OK(tb_buffer_create_host(c, 64, 0, &b));
+  tbt_u8_tensor(&dt, b, shape, 8);
+  TBT_CHECK_OK(tb_channel_publish(c, "end/held", &dt, NULL, &v));
+  w[0] = (struct waiter){.c = c, .call = WAIT_ACQUIRE, .channel = "end/a"};
+  w[1] = (struct waiter){.c = c, .call = WAIT_ACQUIRE, .channel = "end/b"};
+  w[2] = (struct waiter){.c = c, .call = WAIT_FREE, .channel = "end/held",
+                         .version = v};
+  for (int i = 0; i < 3; i++)
+    TBT_CHECK(pthread_create(&th[i], NULL, waiter_main, &w[i]) == 0);
+  TBT_CHECK_OK(tbt_send(ch->wr, "%llu",
+                        (unsigned long long)tb_client_session_id(c)));
+  (void)tbt_recv(ch->rd, line, sizeof(line), TBT_TIMEOUT_MS); /* killed */
+  return 3;
+}
+
+static void test_session_ends_with_several_parked(void **state) {
+  struct tbt_daemon *d = *state;
+  struct tbt_child child;
+  tb_client *p, *watch;
+  tb_buffer *pb;
+  char line[32];
+  uint64_t sid, end;
+  struct tb_wait_entry *we = NULL;
+  size_t n = 0, mine = 0;
+
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tbt_connect(d, "watch", &watch));
+  assert_tb_ok(tb_buffer_create_host(p, 64, 0, &pb));
+  assert_int_equal(tbt_child_start(&child, parked_child, d->sock), 0);
+  assert_int_equal(tbt_recv(child.rd, line, sizeof(line), TBT_TIMEOUT_MS), 0);
+  sid = strtoull(line, NULL, 10);
+  /* all three parked (the version waited for is in the history) */
+  end = tbt_now_ms() + TBT_TIMEOUT_MS;
+  while (mine < 3 && tbt_now_ms() < end) {
+    mine = 0;
+    assert_tb_ok(tb_wait_list(watch, sizeof(*we), &we, &n));
+    for (size_t i = 0; i < n; i++)
+      mine += we[i].session_id == sid;
+    tb_free(we);
+  }
+  assert_int_equal(mine, 3);
+
+  tbt_child_kill(&child);
+  assert_tb_ok(tbt_wait_session_gone(watch, sid));
+  assert_tb_ok(tb_wait_list(watch, sizeof(*we), &we, &n));
+  assert_int_equal(n, 0);
+  tb_free(we);
+  /* the names they waited on go on */
+  publish_bytes(p, pb, "end/a", 1, 8);
+  publish_bytes(p, pb, "end/b", 2, 8);
+
+  tb_buffer_destroy(pb);
+  tb_client_disconnect(watch);
+  tb_client_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_calls_go_on_while_an_acquire_waits,
@@ -381,7 +651,17 @@ int main(void) {
       cmocka_unit_test_setup_teardown(
           test_notice_read_by_another_call_wakes_the_poll, tbt_setup,
           tbt_teardown),
-      cmocka_unit_test_setup_teardown(test_second_waiter_waits_for_the_first,
+      cmocka_unit_test_setup_teardown(
+          test_second_waiter_waits_for_an_old_daemon, tbt_setup,
+          tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_two_acquires_wait_at_once,
+                                      tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_wait_free_beside_an_acquire,
+                                      tbt_setup, tbt_teardown),
+      cmocka_unit_test_setup_teardown(test_one_of_two_times_out, tbt_setup,
+                                      tbt_teardown),
+      cmocka_unit_test(test_waits_limit),
+      cmocka_unit_test_setup_teardown(test_session_ends_with_several_parked,
                                       tbt_setup, tbt_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -682,6 +682,50 @@ def test_publish_from_one_thread_while_another_waits():
         assert got == [[7] * 4]
 
 
+def test_two_threads_wait_on_two_channels_of_one_client():
+    """A stage with one Client and an input thread per channel: both
+    threads wait in acquire() at once (the daemon lists both waits). The
+    second channel's frame comes first: its thread gets its data while the
+    first thread still waits, and that one then gets its own frame."""
+    import threading
+
+    def stage_waits(watch, stage):
+        return sorted(w["channel"] for w in watch.waits()
+                      if w["session_id"] == stage.session_id)
+
+    with daemon() as sock, tb.Client(socket=sock, name="stage") as stage, \
+            tb.Client(socket=sock, name="upstream") as upstream, \
+            tb.Client(socket=sock, name="watch") as watch:
+        got = {}
+
+        def take(channel):
+            with stage.acquire(channel, timeout=10) as lease:
+                got[channel] = np.from_dlpack(lease).tolist()
+
+        ta = threading.Thread(target=take, args=("mw/a",))
+        tb_ = threading.Thread(target=take, args=("mw/b",))
+        ta.start()
+        tb_.start()
+        deadline = time.monotonic() + 10
+        while stage_waits(watch, stage) != ["mw/a", "mw/b"]:   # both parked
+            assert time.monotonic() < deadline, stage_waits(watch, stage)
+            assert ta.is_alive() and tb_.is_alive(), got
+
+        b = upstream.empty((3,), np.int32)
+        b[:] = [4, 5, 6]
+        upstream.publish("mw/b", b)
+        tb_.join(10)
+        assert not tb_.is_alive() and got == {"mw/b": [4, 5, 6]}, got
+        assert ta.is_alive() and stage_waits(watch, stage) == ["mw/a"]
+
+        a = upstream.empty((2,), np.int32)
+        a[:] = [7, 8]
+        upstream.publish("mw/a", a)
+        ta.join(10)
+        assert not ta.is_alive()
+        assert got == {"mw/a": [7, 8], "mw/b": [4, 5, 6]}, got
+
+
 def test_ctrl_c_stops_a_waiting_consumer():
     """A consumer waiting for a frame that does not come is stopped from
     the terminal with Ctrl-C (SIGINT: KeyboardInterrupt), in acquire() and
