@@ -518,7 +518,9 @@ static void structured(int k, struct tbf_in *in) {
   case 18:
     q.body_case = TENSORBROKER__V1__REQUEST__BODY_LIST_WAITS;
     q.list_waits = &lw;
-    lw.after_session_id = tbf_u8(in) % 6;
+    b = tbf_u8(in);
+    lw.after_session_id = b % 6;
+    lw.after_request_id = (b & 0x80) ? tbf_u8(in) : 0;
     break;
   case 19:
     q.body_case = TENSORBROKER__V1__REQUEST__BODY_DROP_CHANNEL;

@@ -985,26 +985,29 @@ static void daemon_seeds(void) {
   SAVE("memfd_seals");
 
   {
-    uint8_t parked;
+    uint8_t first, second;
 
     START;
     hello(&o, 0);
-    parked = next_id;
-    acquire(&o, 0, 1, 0, -1, -1); /* parks: nothing on channel b */
-    simple(&o, 0, K_CANCEL, parked); /* dropped, the Cancel answered */
-    simple(&o, 0, K_CANCEL, parked); /* answered already: nothing */
-    simple(&o, 0, K_CANCEL, 0xee);   /* never sent */
-    parked = next_id;
-    acquire(&o, 0, 1, 0, 300, -1); /* may park again */
     hello(&o, 1);
     host_buffer(&o, 1);
-    publish(&o, 1, 1, 0, 0); /* answers the second acquire only */
-    simple(&o, 0, K_CANCEL, parked); /* after its answer */
+    first = next_id;
+    acquire(&o, 0, 1, 0, -1, -1); /* parks: nothing on channel b */
+    second = next_id;
+    acquire(&o, 0, 2, 0, 300, -1); /* parks beside it, on cam/0 */
+    simple(&o, 0, K_CANCEL, first); /* dropped, the Cancel answered */
+    publish(&o, 1, 1, 0, 0);        /* on b: answers nothing */
+    simple(&o, 0, K_CANCEL, first); /* answered already: nothing */
+    simple(&o, 0, K_CANCEL, 0xee);  /* never sent */
+    simple(&o, 0, K_LWAITS, 0);
+    publish(&o, 1, 2, 0, 0);         /* answers the second acquire */
+    simple(&o, 0, K_CANCEL, second); /* after its answer */
+    acquire(&o, 0, 1, 1, 300, -1); /* the next version of b: parks */
     req(&o, 1, K_WAITFREE); /* parks: session 0 holds the version */
     u8(&o, 0x01);           /* forever */
-    u8(&o, 1);
+    u8(&o, 2);
     u8(&o, 0);
-    clock_ms(&o, 500);
+    clock_ms(&o, 500); /* the acquire times out */
     close_session(&o, 1, 1); /* with its WaitFree parked */
     SAVE("acquire_cancelled");
   }
