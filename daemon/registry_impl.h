@@ -527,8 +527,9 @@ int tbd__acquire_park(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t request_id, const char *channel,
                       const struct tbd_channel *ch, int mode, uint64_t after,
                       int64_t timeout_ms);
-/* wait.c: Cancel{request_id}: drop s's parked request of that id without
- * a reply; nothing when there is none (answered already). */
+/* wait.c: Cancel{request_id}: drop s's parked requests of that id (one,
+ * unless the client reused the id) without a reply; nothing when there is
+ * none (answered already). */
 void tbd__wait_cancel(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t request_id);
 /* wait.c: answer the acquires parked on q that ch's new version

@@ -142,13 +142,13 @@ static int park_check(const struct tbd_registry *r,
 
 void tbd__wait_cancel(struct tbd_registry *r, struct tbd_session *s,
                       uint64_t request_id) {
-  struct tbd_wait *w;
+  struct tbd_wait *w, *tmp;
 
-  DL_FOREACH2(s->waits, w, snext) {
-    if (w->request_id == request_id) {
+  /* every one of that id: a client that reused an id while it waited is
+   * answered for none of them after the Cancel */
+  DL_FOREACH_SAFE2(s->waits, w, tmp, snext) {
+    if (w->request_id == request_id)
       tbd__wait_remove(r, w);
-      return;
-    }
   }
 }
 

@@ -58,7 +58,8 @@ static struct {
   bool doomed[NSESS];
   /* request ids (one byte here) whose Cancel was answered: a reply to one
    * of them would break protocol.md's promise; cleared when the id is
-   * used again */
+   * used again. Not 0: the id of one-way messages, and of the answer to a
+   * datagram that does not decode */
   bool cancelled[NSESS][256];
   uint64_t now;
   uint64_t ids[ID_KINDS][NIDS];
@@ -284,7 +285,7 @@ static void deliver(int k, const uint8_t *buf, size_t len, int *fds,
     fz.cancelled[k][req->request_id] = false;
   rc = tbd_session_request(fz.r, fz.s[k], req, fds, nfds);
   if (rc >= 0 && req->body_case == TENSORBROKER__V1__REQUEST__BODY_CANCEL &&
-      req->cancel->request_id < 256 &&
+      req->cancel->request_id != 0 && req->cancel->request_id < 256 &&
       req->cancel->request_id != req->request_id)
     fz.cancelled[k][req->cancel->request_id] = true;
   tb__arena_reset(&fz.arena);
