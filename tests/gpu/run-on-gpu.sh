@@ -61,6 +61,17 @@ export LD_LIBRARY_PATH="$carry:$build/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 } 2>&1 | tee "$logs/gpu-env.txt"
 
 cd "$build" || exit 2
+# ctest writes LastTest.log.tmp and renames it when it ends: a ctest that
+# timeout stopped leaves only the .tmp, whose output is kept all the same
+keep_log() {
+  t=Testing/Temporary
+  if [ -f $t/LastTest.log.tmp ]; then
+    mv $t/LastTest.log.tmp "$logs/LastTest-$1.log"
+  else
+    cp $t/LastTest.log "$logs/LastTest-$1.log" 2>/dev/null
+  fi
+}
+
 status=0
 echo "== ctest -L gpu"
 # TB_GPU_EXCLUDE: a ctest -E regex, to leave tests out when device time is
@@ -70,14 +81,14 @@ timeout "${TB_GPU_TIMEOUT:-420}" ctest -L gpu ${TB_GPU_EXCLUDE:+-E "$TB_GPU_EXCL
   --output-on-failure --timeout 120 2>&1 |
   tee "$logs/ctest-gpu.txt"
 grep -q '100% tests passed' "$logs/ctest-gpu.txt" || status=1
-cp Testing/Temporary/LastTest.log "$logs/LastTest-gpu.log" 2>/dev/null
+keep_log gpu
 
 if [ "${TB_GPU_RUN_ALL:-0}" = 1 ]; then
   echo "== ctest (everything else)"
   timeout 150 ctest -LE gpu --output-on-failure --timeout 60 -j 8 2>&1 |
     tee "$logs/ctest-rest.txt"
   grep -q '100% tests passed' "$logs/ctest-rest.txt" || status=1
-  cp Testing/Temporary/LastTest.log "$logs/LastTest-rest.log" 2>/dev/null
+  keep_log rest
 fi
 
 echo "== run-on-gpu: exit $status (logs in $logs)"
