@@ -385,6 +385,7 @@ static int client_connect(const struct tb_connect_options *opts,
   c = calloc(1, sizeof(*c));
   if (c == NULL)
     return TB_ENOMEM;
+  tb__client_serial(c);
   c->notice_wake = -1;
   k = calloc(1, sizeof(*k));
   if (k == NULL) {

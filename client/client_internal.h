@@ -252,6 +252,9 @@ struct tb_client {
 
   char last_error[TB__LAST_ERROR_MAX];
   size_t last_error_len; /* full length, may exceed the buffer */
+  /* this client among all the process has connected (rpc.c, "errors"):
+   * a thread's own last error names it, never a freed client's address */
+  uint64_t serial;
 
   /* The socket connected to, and its file's identity then: when the daemon
    * goes away, a socket file with another identity at the same path means
@@ -285,6 +288,8 @@ uint64_t tb__thread_id(void);
 int tb__set_error(struct tb_client *c, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void tb__clear_error(struct tb_client *c);
+/* Give a new client its serial (rpc.c, "errors"). */
+void tb__client_serial(struct tb_client *c);
 
 /* Send r (its request_id is assigned here) with nfds descriptors, and wait
  * up to extra_ms (<0: forever) plus the client's timeout for its reply,

@@ -110,6 +110,25 @@ void tb__fork_close(struct tb__conn *k) {
 
 /* ---- errors ---- */
 
+/* Each call's explanation (empty when it succeeded) goes to its client
+ * (under call_lock) and to its thread: tb_client_last_error gives a thread
+ * what its own last call on that client said, so a thread reading it after
+ * its call failed is not told of another thread's failure meanwhile. One
+ * slot a thread, for the client of its last call, by serial (never
+ * reused); a thread whose last call was on another client reads the
+ * client's, the last said by any thread. */
+static _Thread_local struct {
+  uint64_t client; /* that client's serial; 0: none */
+  size_t len;
+  char msg[TB__LAST_ERROR_MAX];
+} mine;
+
+static uint64_t client_serials;
+
+void tb__client_serial(struct tb_client *c) {
+  c->serial = __atomic_add_fetch(&client_serials, 1, __ATOMIC_RELAXED);
+}
+
 int tb__set_error(struct tb_client *c, int err, const char *fmt, ...) {
   va_list ap;
   int n;
@@ -118,12 +137,30 @@ int tb__set_error(struct tb_client *c, int err, const char *fmt, ...) {
   n = vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
   va_end(ap);
   c->last_error_len = n < 0 ? 0 : (size_t)n;
+  mine.client = c->serial;
+  mine.len = c->last_error_len;
+  memcpy(mine.msg, c->last_error, sizeof(mine.msg));
   return err;
 }
 
 void tb__clear_error(struct tb_client *c) {
   c->last_error[0] = '\0';
   c->last_error_len = 0;
+  mine.client = c->serial; /* this thread's last call on c: no error */
+  mine.len = 0;
+  mine.msg[0] = '\0';
+}
+
+static size_t copy_error(const char *msg, size_t full, size_t cap, char *buf,
+                         size_t len) {
+  if (buf != NULL && len > 0) {
+    size_t k = strnlen(msg, cap);
+    if (k >= len)
+      k = len - 1;
+    memcpy(buf, msg, k);
+    buf[k] = '\0';
+  }
+  return full;
 }
 
 size_t tb_client_last_error(tb_client *c, char *buf, size_t len) {
@@ -145,15 +182,11 @@ size_t tb_client_last_error(tb_client *c, char *buf, size_t len) {
       snprintf(buf, len, "%s", why);
     return w > 0 ? (size_t)w : 0;
   }
+  if (mine.client != 0 && mine.client == c->serial)
+    return copy_error(mine.msg, mine.len, sizeof(mine.msg), buf, len);
   pthread_mutex_lock(&c->call_lock);
-  n = c->last_error_len;
-  if (buf != NULL && len > 0) {
-    size_t k = strnlen(c->last_error, sizeof(c->last_error));
-    if (k >= len)
-      k = len - 1;
-    memcpy(buf, c->last_error, k);
-    buf[k] = '\0';
-  }
+  n = copy_error(c->last_error, c->last_error_len, sizeof(c->last_error), buf,
+                 len);
   pthread_mutex_unlock(&c->call_lock);
   return n;
 }

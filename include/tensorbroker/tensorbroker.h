@@ -22,11 +22,13 @@
  *    instead: another thread's tb_lease_acquire with a timeout other than
  *    0, or tb_channel_wait_free that must ask the daemon, waits until the
  *    first has its answer. A second tb_notice_poll with a timeout waits
- *    until the first returns. Other calls are serialised by a lock inside the client
- *    only while they exchange a request and its reply (and while a waiting
- *    call busy-polls, spin_us). tb_client_last_error() says what the
- *    client's last failed call said, whichever thread made it. Ending a
- *    lease (tb_lease_release, a DLPack deleter) never waits for that lock.
+ *    until the first returns. Other calls are serialised by a lock inside
+ *    the client only while they exchange a request and its reply (and
+ *    while a waiting call busy-polls, spin_us). tb_client_last_error()
+ *    says what the calling thread's last call on that client said,
+ *    whatever other threads' calls said meanwhile (a thread that made
+ *    none reads the client's last, from any thread). Ending a lease
+ *    (tb_lease_release, a DLPack deleter) never waits for that lock.
  *  - The library never prints, never exits and never aborts on runtime
  *    errors.
  *  - A client belongs to the process that connected it. A child made by
@@ -297,10 +299,11 @@ TB_EXPORT uint64_t tb_client_session_id(const tb_client *c);
 /* The stream contract negotiated at connect time. */
 TB_EXPORT int tb_client_contract(const tb_client *c);
 
-/* Copy the explanation of the last failed call on this client (the daemon's
- * message, or the library's) into buf, NUL-terminated and truncated to len.
- * Returns the length of the full message. An empty string when the last call
- * succeeded. */
+/* Copy the explanation of the calling thread's last failed call on this
+ * client (the daemon's message, or the library's) into buf, NUL-terminated
+ * and truncated to len; a thread that has made no call on it gets the
+ * client's last, whichever thread made it. Returns the length of the full
+ * message. An empty string when the last call succeeded. */
 TB_EXPORT size_t tb_client_last_error(tb_client *c, char *buf, size_t len);
 
 /* ---- host buffers ------------------------------------------------------ */

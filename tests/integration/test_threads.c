@@ -9,7 +9,8 @@
  * wait-free beside an acquire), up to the daemon's --max-waits, and a
  * session that ends with several parked leaves none; with a daemon that
  * parks one request per session, a second call that may park waits for
- * the first instead of failing with TB_EBUSY.
+ * the first instead of failing with TB_EBUSY; each thread reads its own
+ * last error.
  *
  * Every waiting thread is given a bounded timeout, so that on a library
  * that holds other threads up the test fails (the waiter times out first)
@@ -17,6 +18,7 @@
 #include "tb_test.h"
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -640,6 +642,98 @@ static void test_session_ends_with_several_parked(void **state) {
   tb_client_disconnect(p);
 }
 
+/* Each thread reads its own last error: thread A's acquire of a channel
+ * that does not exist fails; then the main thread's, of another channel,
+ * fails on the same client; A still reads its own explanation, the main
+ * thread its own, and a thread that made no call on the client reads the
+ * client's last. A successful call empties the caller's. (Before, the
+ * client kept one message: A read the main thread's.) */
+struct misser {
+  tb_client *c;
+  sem_t failed, go, read;
+  int rc;
+  char why[256];
+};
+
+static int acquire_now(tb_client *c, const char *channel) {
+  struct tb_acquire_options o;
+  DLManagedTensorVersioned *t = NULL;
+
+  tb_acquire_options_init(&o);
+  o.timeout_ms = 0;
+  return tb_lease_acquire(c, channel, &o, &t);
+}
+
+static void *misser_main(void *arg) {
+  struct misser *m = arg;
+
+  m->rc = acquire_now(m->c, "missing/a");
+  sem_post(&m->failed);
+  sem_wait(&m->go);
+  tb_client_last_error(m->c, m->why, sizeof(m->why));
+  sem_post(&m->read);
+  return NULL;
+}
+
+static void *bystander_main(void *arg) {
+  struct misser *m = arg;
+
+  tb_client_last_error(m->c, m->why, sizeof(m->why));
+  return NULL;
+}
+
+static void test_each_thread_reads_its_own_error(void **state) {
+  static struct misser a, by;
+  char why[256];
+  struct tbt_daemon *d = *state;
+  tb_client *c, *p;
+  tb_buffer *pb;
+  pthread_t th;
+
+  assert_tb_ok(tbt_connect(d, "stage", &c));
+  a = (struct misser){.c = c};
+  by = (struct misser){.c = c};
+  assert_int_equal(sem_init(&a.failed, 0, 0), 0);
+  assert_int_equal(sem_init(&a.go, 0, 0), 0);
+  assert_int_equal(sem_init(&a.read, 0, 0), 0);
+  assert_int_equal(pthread_create(&th, NULL, misser_main, &a), 0);
+  assert_int_equal(sem_wait(&a.failed), 0);
+  assert_int_equal(a.rc, TB_ENOTFOUND);
+
+  assert_int_equal(acquire_now(c, "missing/main"), TB_ENOTFOUND);
+  sem_post(&a.go);
+  assert_int_equal(sem_wait(&a.read), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_non_null(strstr(a.why, "missing/a"));
+  tb_client_last_error(c, why, sizeof(why));
+  assert_non_null(strstr(why, "missing/main"));
+  assert_int_equal(pthread_create(&th, NULL, bystander_main, &by), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_non_null(strstr(by.why, "missing/main"));
+
+  /* a successful call empties the caller's explanation */
+  assert_tb_ok(tbt_connect(d, "producer", &p));
+  assert_tb_ok(tb_buffer_create_host(p, 64, 0, &pb));
+  publish_bytes(p, pb, "there", 1, 16);
+  {
+    struct tb_acquire_options o;
+    DLManagedTensorVersioned *t = NULL;
+    tb_acquire_options_init(&o);
+    o.timeout_ms = 0;
+    assert_tb_ok(tb_lease_acquire(c, "there", &o, &t));
+    assert_tb_ok(tb_lease_release(t, NULL));
+  }
+  assert_int_equal(tb_client_last_error(c, why, sizeof(why)), 0);
+  assert_string_equal(why, "");
+
+  sem_destroy(&a.failed);
+  sem_destroy(&a.go);
+  sem_destroy(&a.read);
+  tb_buffer_destroy(pb);
+  tb_client_disconnect(p);
+  tb_client_disconnect(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_calls_go_on_while_an_acquire_waits,
@@ -661,6 +755,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_one_of_two_times_out, tbt_setup,
                                       tbt_teardown),
       cmocka_unit_test(test_waits_limit),
+      cmocka_unit_test_setup_teardown(test_each_thread_reads_its_own_error,
+                                      tbt_setup, tbt_teardown),
       cmocka_unit_test_setup_teardown(test_session_ends_with_several_parked,
                                       tbt_setup, tbt_teardown),
   };
