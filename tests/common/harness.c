@@ -509,6 +509,20 @@ int tbt_wait_requests(tb_client *c, uint64_t id, uint64_t min) {
   return TB_ETIMEDOUT;
 }
 
+int tbt_parked(tb_client *c, uint64_t id, size_t *n) {
+  struct tb_wait_entry *we = NULL;
+  size_t nw = 0;
+  int rc = tb_wait_list(c, sizeof(*we), &we, &nw);
+
+  if (rc < 0)
+    return rc;
+  *n = 0;
+  for (size_t i = 0; i < nw; i++)
+    *n += we[i].session_id == id;
+  tb_free(we);
+  return 0;
+}
+
 int tbt_wait_session_gone(tb_client *c, uint64_t id) {
   uint64_t deadline = tbt_now_ms() + TBT_TIMEOUT_MS;
   struct tb_session_info s;

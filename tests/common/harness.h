@@ -155,6 +155,10 @@ int tbt_own_requests(tb_client *c, uint64_t *n);
  * TBT_TIMEOUT_MS; 0 or TB_ETIMEDOUT. */
 int tbt_wait_requests(tb_client *c, uint64_t id, uint64_t min);
 
+/* How many requests of session id the daemon has parked now (ListWaits,
+ * asked on c) into *n; 0 or the listing's error. */
+int tbt_parked(tb_client *c, uint64_t id, size_t *n);
+
 /* Wait until session id is no longer listed (its connection closed and the
  * daemon cleaned up after it). Bounded; 0 or TB_ETIMEDOUT. */
 int tbt_wait_session_gone(tb_client *c, uint64_t id);

@@ -92,14 +92,10 @@ static void reader_start(tb_client *watch, struct reader *r, pthread_t *th) {
 }
 
 static size_t parked(tb_client *watch, tb_client *c) {
-  struct tb_wait_entry *we = NULL;
-  size_t n = 0, mine = 0;
+  size_t n = 0;
 
-  TBG_OK(watch, tb_wait_list(watch, sizeof(*we), &we, &n));
-  for (size_t i = 0; i < n; i++)
-    mine += we[i].session_id == tb_client_session_id(c);
-  tb_free(we);
-  return mine;
+  TBG_OK(watch, tbt_parked(watch, tb_client_session_id(c), &n));
+  return n;
 }
 
 static void reader_join(struct reader *r, pthread_t th, const char *who) {

@@ -116,14 +116,10 @@ static void start(tb_client *watch, struct waiter *w, pthread_t *th) {
 /* How many requests of c's session the daemon has parked (its operator's
  * view, asked on watch). */
 static size_t waits_of(tb_client *watch, tb_client *c) {
-  struct tb_wait_entry *we = NULL;
-  size_t n = 0, mine = 0;
+  size_t n = 0;
 
-  assert_tb_ok(tb_wait_list(watch, sizeof(*we), &we, &n));
-  for (size_t i = 0; i < n; i++)
-    mine += we[i].session_id == tb_client_session_id(c);
-  tb_free(we);
-  return mine;
+  assert_tb_ok(tbt_parked(watch, tb_client_session_id(c), &n));
+  return n;
 }
 
 /* The state letter of thread tid (/proc/self/task/TID/stat), or 0. */
@@ -619,13 +615,8 @@ static void test_session_ends_with_several_parked(void **state) {
   sid = strtoull(line, NULL, 10);
   /* all three parked (the version waited for is in the history) */
   end = tbt_now_ms() + TBT_TIMEOUT_MS;
-  while (mine < 3 && tbt_now_ms() < end) {
-    mine = 0;
-    assert_tb_ok(tb_wait_list(watch, sizeof(*we), &we, &n));
-    for (size_t i = 0; i < n; i++)
-      mine += we[i].session_id == sid;
-    tb_free(we);
-  }
+  while (mine < 3 && tbt_now_ms() < end)
+    assert_tb_ok(tbt_parked(watch, sid, &mine));
   assert_int_equal(mine, 3);
 
   tbt_child_kill(&child);
