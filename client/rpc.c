@@ -182,7 +182,7 @@ size_t tb_client_last_error(tb_client *c, char *buf, size_t len) {
       snprintf(buf, len, "%s", why);
     return w > 0 ? (size_t)w : 0;
   }
-  if (mine.client != 0 && mine.client == c->serial)
+  if (mine.client == c->serial) /* serials start at 1 */
     return copy_error(mine.msg, mine.len, sizeof(mine.msg), buf, len);
   pthread_mutex_lock(&c->call_lock);
   n = copy_error(c->last_error, c->last_error_len, sizeof(c->last_error), buf,

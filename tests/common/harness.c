@@ -509,6 +509,18 @@ int tbt_wait_requests(tb_client *c, uint64_t id, uint64_t min) {
   return TB_ETIMEDOUT;
 }
 
+int tbt_start_request(tb_client *watch, tb_client *c, void *(*fn)(void *),
+                      void *arg, pthread_t *th) {
+  uint64_t n = 0;
+  int rc = tbt_own_requests(c, &n);
+
+  if (rc < 0)
+    return rc;
+  if (pthread_create(th, NULL, fn, arg) != 0)
+    return TB_ESYS;
+  return tbt_wait_requests(watch, tb_client_session_id(c), n + 1);
+}
+
 int tbt_parked(tb_client *c, uint64_t id, size_t *n) {
   struct tb_wait_entry *we = NULL;
   size_t nw = 0;

@@ -10,6 +10,7 @@
 #ifndef TB_TEST_HARNESS_H
 #define TB_TEST_HARNESS_H
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -154,6 +155,13 @@ int tbt_own_requests(tb_client *c, uint64_t *n);
  * (so a request the session sent has reached it). Bounded by
  * TBT_TIMEOUT_MS; 0 or TB_ETIMEDOUT. */
 int tbt_wait_requests(tb_client *c, uint64_t id, uint64_t min);
+
+/* Start thread *th running fn(arg), which sends c one request that waits
+ * at the daemon (an acquire of a version to come, say), and return once
+ * the daemon has counted it (asked on watch), so that it is parked there.
+ * 0, TB_ESYS (no thread), or tbt_wait_requests' error. */
+int tbt_start_request(tb_client *watch, tb_client *c, void *(*fn)(void *),
+                      void *arg, pthread_t *th);
 
 /* How many requests of session id the daemon has parked now (ListWaits,
  * asked on c) into *n; 0 or the listing's error. */

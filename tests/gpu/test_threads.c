@@ -80,17 +80,6 @@ static void *reader_main(void *arg) {
   return NULL;
 }
 
-/* Start r's thread and wait until its acquire has reached the daemon (it
- * parks there: nothing is published on its channel). */
-static void reader_start(tb_client *watch, struct reader *r, pthread_t *th) {
-  uint64_t n = 0;
-
-  TBG_OK(r->c, tbt_own_requests(r->c, &n));
-  if (pthread_create(th, NULL, reader_main, r) != 0)
-    TBG_FAIL("pthread_create failed");
-  TBG_OK(watch, tbt_wait_requests(watch, tb_client_session_id(r->c), n + 1));
-}
-
 static size_t parked(tb_client *watch, tb_client *c) {
   size_t n = 0;
 
@@ -119,8 +108,9 @@ static int consumer(struct tbt_chan *ch, void *arg) {
   tb_client *watch = tbg_connect(&daemon_, "watch", TB_CONTRACT_SPEC);
   a.c = b.c = c;
 
-  reader_start(watch, &a, &tha);
-  reader_start(watch, &b, &thb);
+  /* each acquire parks at the daemon: nothing is published yet */
+  TBG_OK(watch, tbt_start_request(watch, c, reader_main, &a, &tha));
+  TBG_OK(watch, tbt_start_request(watch, c, reader_main, &b, &thb));
   if (parked(watch, c) != 2)
     TBG_FAIL("%zu of the stage's acquires parked at the daemon, expected "
              "both", parked(watch, c));

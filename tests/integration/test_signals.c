@@ -97,13 +97,10 @@ static void *waiter_main(void *arg) {
 /* Start w on a thread and return once the daemon has its request (a
  * notice poll sends none: then at once). */
 static void start_parked(tb_client *watch, struct waiter *w, pthread_t *th) {
-  uint64_t n = 0;
-
-  if (w->call != WAIT_NOTICE)
-    assert_tb_ok(tbt_own_requests(w->c, &n));
-  assert_int_equal(pthread_create(th, NULL, waiter_main, w), 0);
-  if (w->call != WAIT_NOTICE)
-    assert_tb_ok(tbt_wait_requests(watch, tb_client_session_id(w->c), n + 1));
+  if (w->call == WAIT_NOTICE)
+    assert_int_equal(pthread_create(th, NULL, waiter_main, w), 0);
+  else
+    assert_tb_ok(tbt_start_request(watch, w->c, waiter_main, w, th));
 }
 
 /* Signal th until w's call returns, at most ~10 s. A signal that comes

@@ -104,13 +104,10 @@ static int connect_sleeper(const struct tbt_daemon *d, const char *name,
 /* Start w's call on a thread. An acquire or a wait-free: return once the
  * daemon has its request (counted by watch). */
 static void start(tb_client *watch, struct waiter *w, pthread_t *th) {
-  uint64_t n = 0;
-
-  if (w->call != WAIT_NOTICE)
-    assert_tb_ok(tbt_own_requests(w->c, &n));
-  assert_int_equal(pthread_create(th, NULL, waiter_main, w), 0);
-  if (w->call != WAIT_NOTICE)
-    assert_tb_ok(tbt_wait_requests(watch, tb_client_session_id(w->c), n + 1));
+  if (w->call == WAIT_NOTICE)
+    assert_int_equal(pthread_create(th, NULL, waiter_main, w), 0);
+  else
+    assert_tb_ok(tbt_start_request(watch, w->c, waiter_main, w, th));
 }
 
 /* How many requests of c's session the daemon has parked (its operator's
